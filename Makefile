@@ -1,0 +1,28 @@
+# `make demo` and `make test` work on a fresh clone: each creates .venv when missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch 2.13.0 is what this project is tested with; ROCm/CUDA users
+# install their own torch into the venv first (see README) and set TORCH_SPEC= to keep it.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test clean-venv
+
+$(BIN)/scaletrain: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip >/dev/null
+	if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/pip install -q "$(TORCH_SPEC)"; fi
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(BIN)/scaletrain
+
+install: $(BIN)/scaletrain
+
+demo: install
+	$(BIN)/python examples/make_demo_data.py examples/data
+	$(BIN)/scaletrain train examples/classify.yaml scaling.num_workers=2
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,165 @@
+"""Save and restore everything a resume needs, atomically and with checksums.
+
+Layout: ``checkpoints/step-<N>/`` holds ``model.pt`` (trainable parameters, unsharded),
+``optimizer.pt`` (unsharded), ``trainer_state.pt`` (step, epoch, data position, scheduler,
+grad-scaler), ``rng-rank<R>.pt`` per rank and ``manifest.json`` (sha256 of every file).
+A checkpoint is written under ``.tmp-step-<N>`` and renamed once complete, so a crash leaves
+either a whole checkpoint or an ignorable temporary directory. Written on a filesystem all
+ranks share (the run directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("scaletrain.checkpoint")
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    micro_batches_in_epoch: int = 0  # data position inside `epoch`
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+
+
+def save(run_dir, state: TrainState, model, optimizer, scheduler, scaler, rank: int, keep: int,
+         trainable_only: bool) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint directory."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    root = checkpoints_dir(run_dir)
+    final = root / f"step-{state.step}"
+    tmp = root / f".tmp-step-{state.step}"
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # our own leftover from a crash at this very step
+        tmp.mkdir(parents=True, mode=0o750)
+        torch.save(model_sd, tmp / "model.pt")
+        torch.save(optim_sd, tmp / "optimizer.pt")
+        torch.save({"train_state": asdict(state), "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt")
+    _barrier()
+    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        files = sorted(p for p in tmp.iterdir() if p.is_file())
+        manifest = {"step": state.step, "files": {p.name: _sha256(p) for p in files}}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp, final)
+        _rotate(root, keep)
+    _barrier()
+    return final
+
+
+def _rotate(root: Path, keep: int) -> None:
+    """Keep this run's newest ``keep`` checkpoints (checkpoint.save_total_limit)."""
+    for old in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def verify(ckpt: Path) -> str | None:
+    """None when the checkpoint is whole, else what is wrong with it."""
+    mf = ckpt / MANIFEST
+    if not mf.is_file():
+        return "no manifest (partial write)"
+    try:
+        files = json.loads(mf.read_text())["files"]
+    except (json.JSONDecodeError, KeyError):
+        return "unreadable manifest"
+    for name, digest in files.items():
+        p = ckpt / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if _sha256(p) != digest:
+            return f"{name} fails its checksum"
+    return None
+
+
+def latest_valid(run_dir) -> Path | None:
+    """Newest checkpoint that passes its checksums; a broken newer one is skipped with a warning."""
+    for ckpt in reversed(list_checkpoints(checkpoints_dir(run_dir))):
+        problem = verify(ckpt)
+        if problem is None:
+            return ckpt
+        log.warning("checkpoint %s is unusable (%s); falling back to the previous one", ckpt.name, problem)
+    return None
+
+
+def restore(ckpt: Path, model, optimizer, scheduler, scaler, rank: int, trainable_only: bool) -> TrainState:
+    """Collective under FSDP. Every rank reads the full state from the shared run directory."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    model_sd = torch.load(ckpt / "model.pt", weights_only=True)
+    optim_sd = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    opts = StateDictOptions(full_state_dict=True, strict=not trainable_only)
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
+    trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    scheduler.load_state_dict(trainer["scheduler"])
+    if scaler is not None and trainer["scaler"]:
+        scaler.load_state_dict(trainer["scaler"])
+    rng_file = ckpt / f"rng-rank{rank}.pt"
+    if rng_file.exists():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return TrainState(**trainer["train_state"])

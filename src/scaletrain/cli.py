@@ -1,0 +1,37 @@
+"""`scaletrain` entry point: registers sub-commands; each lives in its own module under commands/."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scaletrain.errors import ScaletrainError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from scaletrain.commands import train
+
+    parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.split(":")[0])
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ScaletrainError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

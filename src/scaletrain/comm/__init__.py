@@ -1,0 +1,1 @@
+"""Backend and device detection, environment variables, distributed context."""

@@ -1,0 +1,57 @@
+"""The frozen distributed context handed to the worker loop; built once per worker process.
+
+The worker loop, model and data code never read ranks from the environment: they get this object.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from scaletrain.comm.device import Platform, local_device_index
+
+
+@dataclass(frozen=True)
+class DistContext:
+    world_rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: str  # "cpu", "cuda:0" (ROCm GPUs are "cuda" devices in torch too)
+    backend: str  # "nccl" (RCCL on ROCm) or "gloo"
+    node_id: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.world_rank == 0
+
+
+def context_from_ray(backend: str) -> DistContext:
+    """Read Ray Train's worker context and pick this worker's device."""
+    import ray
+    import ray.train
+
+    rc = ray.train.get_context()
+    local_rank = rc.get_local_rank()
+    device = "cpu"
+    if backend == "nccl":
+        platform = Platform.detect()
+        index = local_device_index(
+            platform.vendor, os.environ, local_rank, platform.device_count,
+            [str(i) for i in ray.get_gpu_ids()],
+        )
+        import torch
+
+        torch.cuda.set_device(index)
+        device = f"cuda:{index}"
+    return DistContext(
+        world_rank=rc.get_world_rank(),
+        local_rank=local_rank,
+        world_size=rc.get_world_size(),
+        local_world_size=rc.get_local_world_size(),
+        node_rank=rc.get_node_rank(),
+        device=device,
+        backend=backend,
+        node_id=ray.get_runtime_context().get_node_id(),
+    )

@@ -1,0 +1,42 @@
+"""`scaletrain train CONFIG [section.key=value ...]` and `scaletrain train --resume RUN_DIR`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scaletrain.config import load_config
+from scaletrain.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="fine-tune on 1..N workers from a YAML config")
+    p.add_argument("config", nargs="?", help="YAML config (optional with --resume)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. scaling.num_workers=2")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scaletrain.console import console, summary_table
+    from scaletrain.launch.job import RESOLVED_CONFIG, run_job
+
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None:
+        saved = resume / RESOLVED_CONFIG
+        if not saved.is_file():
+            raise ConfigError(f"--resume {resume}: no {RESOLVED_CONFIG} there; pass the directory of an earlier run")
+        if args.config and "=" in args.config:  # `train --resume DIR key=value`
+            args.overrides.insert(0, args.config)
+            args.config = None
+        cfg = load_config(saved, args.overrides)
+        config_path = saved
+    else:
+        if not args.config:
+            raise ConfigError("scaletrain train needs a config file: scaletrain train CONFIG.yaml [section.key=value ...]")
+        cfg = load_config(args.config, args.overrides)
+        config_path = Path(args.config)
+    result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress)
+    console.print(summary_table(result.summary, result.run_dir))
+    return 0

@@ -1,0 +1,134 @@
+"""YAML loading, ``section.key=value`` overrides and ``${VAR}`` interpolation.
+
+Every failure becomes one ``ConfigError`` line naming the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from scaletrain.config.schema import Config
+from scaletrain.errors import ConfigError
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def load_config(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Read ``path``, apply overrides, interpolate ``${VAR}``, validate; raise ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; pass the path of a YAML config")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem}; fix the syntax") from None
+    if raw is None:
+        raise ConfigError(f"{path} is empty; it needs at least the model: and data: sections")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
+    for item in overrides:
+        apply_override(raw, item)
+    raw = interpolate_env(raw, os.environ if environ is None else environ)
+    return validate(raw, source=str(path))
+
+
+def validate(raw: dict, source: str = "config") -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{source}: {_explain(e.errors()[0], raw)}") from None
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """Apply one ``section.key=value``; the value is parsed as YAML (4, true, [a, b], 1e-4)."""
+    key, sep, text = item.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(f"override {item!r} must look like section.key=value, e.g. scaling.num_workers=2")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a section")
+    node[parts[-1]] = value
+
+
+def interpolate_env(value: Any, environ: Mapping[str, str], key: str = "") -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string value of a nested structure."""
+    if isinstance(value, dict):
+        return {k: interpolate_env(v, environ, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate_env(v, environ, f"{key}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{key}: environment variable {name} is not set; export it or write ${{{name}:-default}}"
+        )
+
+    return _ENV_PATTERN.sub(sub, value)
+
+
+def _explain(err: dict, raw: dict) -> str:
+    loc = [str(p) for p in err["loc"]]
+    dotted = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        model = _model_at(Config, loc[:-1])
+        valid = list(model.model_fields) if model else []
+        near = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
+        hint = f"did you mean '{'.'.join(loc[:-1] + near)}'?" if near else f"valid keys: {', '.join(valid)}"
+        return f"unknown key '{dotted}'; {hint}"
+    if err["type"] == "missing":
+        return f"'{dotted}' is required; add it to the config"
+    if not loc:  # a cross-section rule of the root model
+        return err["msg"].removeprefix("Value error, ")
+    got = _value_at(raw, loc)
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{dotted}={got!r} is not valid: {msg}"
+
+
+def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    for part in loc:
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def _value_at(raw: Any, loc: list[str]) -> Any:
+    for part in loc:
+        if isinstance(raw, dict) and part in raw:
+            raw = raw[part]
+        else:
+            return None
+    return raw
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

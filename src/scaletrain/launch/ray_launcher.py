@@ -1,0 +1,168 @@
+"""Launch the worker loop on Ray Train V2 (TorchTrainer): embedded local Ray, or join a cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from scaletrain.comm import env as envvars
+from scaletrain.comm.device import Platform, reconcile_rocr, select_backend
+from scaletrain.config.schema import Config
+from scaletrain.errors import LaunchError, ScaletrainError, TrainingError
+from scaletrain.worker.spec import JobSpec
+
+# Train V2 is the default from Ray 2.51; set it so an older default can never pick V1.
+os.environ.setdefault(envvars.RAY_TRAIN_V2_ENABLED, "1")
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    use_gpu: bool
+    backend: str
+    resources_per_worker: dict[str, float]
+    note: str | None = None
+
+
+def ensure_ray(address: str | None) -> bool:
+    """Connect to ``address`` (or RAY_ADDRESS), else start an embedded local Ray. True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or envvars.read(envvars.RAY_ADDRESS)
+    kwargs = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False,
+                  configure_logging=True)
+    if address:
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise LaunchError(f"scaling.address={address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]}); "
+                              f"start a head node with `ray start --head` or unset scaling.address/RAY_ADDRESS "
+                              f"to train on this machine") from None
+        return False
+    ray.init(**kwargs)
+    return True
+
+
+def plan_cluster(cfg: Config, resources: dict[str, float], vendor: str) -> ClusterPlan:
+    """Decide GPU use, backend and per-worker resources from the cluster's totals; check they fit."""
+    gpus = int(resources.get("GPU", 0))
+    use_gpu = gpus > 0 if cfg.scaling.use_gpu == "auto" else bool(cfg.scaling.use_gpu)
+    choice = select_backend(cfg.comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))  # type: ignore[arg-type]
+    per_worker = dict(cfg.scaling.resources_per_worker or {"CPU": 1})
+    if use_gpu:
+        per_worker.setdefault("GPU", 1)
+    n = cfg.scaling.num_workers
+    for name, amount in per_worker.items():
+        have = resources.get(name, 0)
+        if amount * n > have:
+            what = "GPUs" if name == "GPU" else "CPUs" if name == "CPU" else f"'{name}' resources"
+            raise LaunchError(
+                f"scaling.num_workers={n} needs {amount * n:g} {what} ({amount:g} per worker) but the cluster "
+                f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
+                f"or scaling.resources_per_worker"
+            )
+    return ClusterPlan(use_gpu, choice.backend, per_worker, choice.note)
+
+
+def cluster_resources() -> dict[str, float]:
+    import ray
+
+    return dict(ray.cluster_resources())
+
+
+def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[str, str]) -> None:
+    """Run the loop on ``num_workers`` Ray Train workers; raise TrainingError grouped by rank."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(
+        train_loop_per_worker=_ray_worker_entry,
+        train_loop_config={"spec": spec},
+        torch_config=TorchConfig(backend=plan.backend, timeout_s=cfg.comm.timeout_s),
+        scaling_config=ScalingConfig(num_workers=cfg.scaling.num_workers, use_gpu=plan.use_gpu,
+                                     resources_per_worker=plan.resources_per_worker,
+                                     placement_strategy=cfg.scaling.placement_strategy),
+        run_config=RunConfig(
+            # Ray's own bookkeeping goes to <run_dir>/ray; our checkpoints live in <run_dir>/checkpoints.
+            name="ray", storage_path=spec.run_dir,
+            failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.save_total_limit),
+            worker_runtime_env={"env_vars": worker_env},
+        ),
+    )
+    try:
+        trainer.fit()
+    except Exception as e:  # Ray wraps worker errors; regroup them by rank
+        raise _as_training_error(e, spec.run_dir) from None
+
+
+def prepare_driver_env(vendor: str) -> list[str]:
+    """Fix what would break Ray on AMD before ``ray.init``; returns the notes to log."""
+    notes = []
+    changes, note = reconcile_rocr(os.environ)
+    if note:
+        os.environ.update(changes)
+        notes.append(note)
+    return notes
+
+
+def worker_env_for(cfg: Config, vendor: str) -> dict[str, str]:
+    out = envvars.worker_env(cfg.comm.env)
+    if vendor == "rocm":
+        # Ray would give each ROCm worker HIP_VISIBLE_DEVICES=<its GPU> while Train V2 shares
+        # CUDA_VISIBLE_DEVICES=<all GPUs of the node>; the two views disagree and device indices break
+        # (ray-project/ray#49260). Keep HIP's view whole so both index the same list.
+        out.setdefault("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", "1")
+    return out
+
+
+def _ray_worker_entry(config: dict) -> None:
+    from scaletrain.comm.context import context_from_ray
+    from scaletrain.worker.loop import train
+
+    spec: JobSpec = config["spec"]
+    train(context_from_ray(spec.backend), spec)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
+
+
+def group_failures(failures: dict[int, BaseException]) -> tuple[list[tuple[list[int], str]], BaseException | None]:
+    """Group per-rank failures by message: [([0, 3], "ValueError: ..."), ...]; plus a shared user error."""
+    groups: dict[str, list[int]] = {}
+    causes = {}
+    for rank, exc in sorted(failures.items()):
+        cause = _root_cause(exc)
+        text = f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
+        groups.setdefault(text, []).append(rank)
+        causes[text] = cause
+    user = None
+    if len(groups) == 1:
+        only = next(iter(causes.values()))
+        user = only if isinstance(only, ScaletrainError) else None
+    return [(ranks, text) for text, ranks in groups.items()], user
+
+
+def _as_training_error(e: Exception, run_dir: str) -> ScaletrainError:
+    failures = getattr(e, "worker_failures", None)
+    if not failures:
+        cause = _root_cause(e)
+        if isinstance(cause, ScaletrainError):
+            return cause
+        return TrainingError(f"training failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; "
+                             f"see {run_dir}/logs/")
+    groups, user = group_failures(failures)
+    if user is not None:
+        return user
+    text = "; ".join(f"[rank {', '.join(map(str, ranks))}]: {msg}" for ranks, msg in groups)
+    return TrainingError(f"training failed: {text}; see {run_dir}/logs/worker-<rank>.log")

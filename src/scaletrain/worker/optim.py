@@ -1,0 +1,64 @@
+"""Step planning, LR scaling, optimizer and scheduler: pure functions of the config."""
+
+from __future__ import annotations
+
+import math
+
+from scaletrain.config.schema import Config, TrainConfig
+from scaletrain.errors import ConfigError
+
+
+def global_batch_size(train: TrainConfig, world_size: int) -> int:
+    return train.per_device_train_batch_size * train.gradient_accumulation_steps * world_size
+
+
+def scaled_learning_rate(train: TrainConfig, world_size: int) -> float:
+    """``learning_rate`` scaled by global batch / reference batch (linear or sqrt rule).
+
+    The reference defaults to the 1-worker global batch, so the 1-worker baseline keeps its LR.
+    """
+    if train.lr_scaling == "none":
+        return train.learning_rate
+    ref = train.lr_reference_batch or global_batch_size(train, 1)
+    ratio = global_batch_size(train, world_size) / ref
+    return train.learning_rate * (ratio if train.lr_scaling == "linear" else math.sqrt(ratio))
+
+
+def steps_per_epoch(num_train: int, train: TrainConfig, world_size: int) -> int:
+    # Each rank drops its last partial micro-batch, and a partial accumulation window is dropped too.
+    per_rank = num_train // world_size
+    return per_rank // train.per_device_train_batch_size // train.gradient_accumulation_steps
+
+
+def total_steps(num_train: int, cfg: Config, world_size: int) -> int:
+    spe = steps_per_epoch(num_train, cfg.train, world_size)
+    if spe == 0:
+        gb = global_batch_size(cfg.train, world_size)
+        raise ConfigError(
+            f"data.train_file has {num_train} training example(s), fewer than one global batch of {gb} "
+            f"(per_device_train_batch_size x gradient_accumulation_steps x num_workers); "
+            f"lower train.per_device_train_batch_size or add data"
+        )
+    if cfg.train.max_steps > 0:
+        return cfg.train.max_steps
+    return max(1, math.ceil(cfg.train.num_train_epochs * spe))
+
+
+def warmup_steps(train: TrainConfig, total: int) -> int:
+    return train.warmup_steps or int(math.ceil(train.warmup_ratio * total))
+
+
+def build_optimizer(model, train: TrainConfig, lr: float, total: int):
+    import torch
+    from transformers import get_scheduler
+
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # foreach=False keeps the update order fixed, so CPU runs are bit-reproducible.
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=(train.adam_beta1, train.adam_beta2), foreach=False)
+    scheduler = get_scheduler(train.lr_scheduler_type, optimizer,
+                              num_warmup_steps=warmup_steps(train, total), num_training_steps=total)
+    return optimizer, scheduler

@@ -1,0 +1,77 @@
+"""Data-parallel wrapping (DDP or FSDP2 ``fully_shard``) and the few operations that differ between them."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.comm.context import DistContext
+
+
+def wrap_model(model: nn.Module, ctx: DistContext, strategy: str) -> nn.Module:
+    model.to(ctx.device)
+    if ctx.world_size == 1 and strategy == "ddp":
+        return model  # nothing to synchronise; keeps the 1-worker baseline free of DDP overhead
+    if strategy == "ddp":
+        ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(torch.device(ctx.device).type, (ctx.world_size,))
+    # Shard each transformer block separately so only one block is gathered at a time, then the rest.
+    for block in _transformer_blocks(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated layers of an HF model: children of the largest ModuleList."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        return []
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+
+
+def grad_sync(model: nn.Module, strategy: str, enabled: bool):
+    """Context for one micro-batch: skip the gradient all-reduce/reduce-scatter unless ``enabled``.
+
+    Non-final micro-batches of an accumulation window only accumulate locally.
+    """
+    if strategy == "fsdp" and hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    if isinstance(model, nn.parallel.DistributedDataParallel) and not enabled:
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def full_model_state(model: nn.Module, trainable_only: bool) -> dict:
+    """Unsharded CPU state dict on every rank (a collective under FSDP: call on all ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # get_model_state_dict strips the DDP "module." prefix and gathers FSDP shards.
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
+    return get_model_state_dict(model, options=opts)
+
+
+def all_reduce_sum(values: list[float], device: str) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(values: list[float], device: str) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()

@@ -12,9 +12,11 @@ def build_parser() -> argparse.ArgumentParser:
     from scaletrain.commands import train
 
     parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.split(":")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    train.register(sub)
+    train.register(sub, [common])
     return parser
 
 

@@ -9,8 +9,8 @@ from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="fine-tune on 1..N workers from a YAML config")
+def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("train", parents=parents, help="fine-tune on 1..N workers from a YAML config")
     p.add_argument("config", nargs="?", help="YAML config (optional with --resume)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. scaling.num_workers=2")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its latest checkpoint")

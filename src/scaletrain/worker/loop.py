@@ -83,6 +83,7 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
     final_eval = {}
     eval_time += _timed(lambda: final_eval.update(_eval_metrics(model, eval_data, collate, ctx, cfg, precision)))
     metrics.write({"kind": "eval", "step": state.step, **final_eval})
+    log.info("eval step %d: %s", state.step, json.dumps(final_eval, sort_keys=True))
     events("eval", _fmt(final_eval))
     save_final(model, spec.run_dir, ctx, lora)
     summary = metrics.summary(train_time, eval_time, final_eval, state)

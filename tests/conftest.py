@@ -1,0 +1,55 @@
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scaletrain.demo_data import alpaca_rows, sentiment_rows
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("demo")
+    with open(d / "sentiment.jsonl", "w") as f:
+        for r in sentiment_rows(400, seed=1):
+            f.write(json.dumps(r) + "\n")
+    (d / "alpaca.json").write_text(json.dumps(alpaca_rows(240, seed=1)))
+    return d
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def classify_cfg(demo_dir, tmp_path) -> dict:
+    return {
+        "model": {"name_or_path": "builtin:tiny-bert", "task": "sequence-classification", "num_labels": 2},
+        "data": {"train_file": str(demo_dir / "sentiment.jsonl"), "eval_ratio": 0.2, "max_length": 32},
+        "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-3, "max_steps": 12, "logging_steps": 2,
+                  "seed": 7, "warmup_ratio": 0.0},
+        "scaling": {"num_workers": 1},
+        "output": {"output_dir": str(tmp_path / "runs")},
+    }
+
+
+def local_spec(cfg_dict: dict, run_dir: Path):
+    """Prepare a job exactly as the driver does, for the in-process launcher."""
+    from scaletrain.config import validate
+    from scaletrain.data import prepare_data
+    from scaletrain.launch.job import build_spec
+    from scaletrain.model import load_tokenizer
+
+    cfg = validate(cfg_dict)
+    tok = load_tokenizer(cfg.model.name_or_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return cfg, tok, build_spec(cfg, prepare_data(cfg, tok), tok, run_dir, "gloo")
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    from scaletrain.metrics.records import read_jsonl
+
+    return [r["train/loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]

@@ -1,0 +1,105 @@
+import pytest
+
+from scaletrain.config import load_config
+from scaletrain.config.load import apply_override, interpolate_env
+from scaletrain.errors import ConfigError
+from tests.conftest import write_config
+
+
+def test_valid_config_loads_with_defaults(classify_cfg, tmp_path):
+    cfg = load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+    assert cfg.train.per_device_train_batch_size == 8
+    assert cfg.train.gradient_accumulation_steps == 1  # default
+    assert cfg.comm.backend == "auto"
+    assert cfg.scaling.placement_strategy == "PACK"
+
+
+def test_unknown_key_names_nearest(classify_cfg, tmp_path):
+    classify_cfg["train"]["learnig_rate"] = 1e-4
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+    msg = str(e.value)
+    assert "unknown key 'train.learnig_rate'" in msg and "did you mean 'train.learning_rate'" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_section_is_named(classify_cfg, tmp_path):
+    classify_cfg["trian"] = {"seed": 1}
+    with pytest.raises(ConfigError, match=r"unknown key 'trian'; did you mean 'train'"):
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+
+
+def test_wrong_type_names_key_value_and_allowed(classify_cfg, tmp_path):
+    classify_cfg["train"]["strategy"] = "zero3"
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+    assert "train.strategy='zero3'" in str(e.value) and "'ddp' or 'fsdp'" in str(e.value)
+
+
+def test_num_workers_zero_rejected(classify_cfg, tmp_path):
+    with pytest.raises(ConfigError, match=r"scaling.num_workers=0 .*greater than or equal to 1"):
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg), ["scaling.num_workers=0"])
+
+
+def test_overrides_are_typed(classify_cfg, tmp_path):
+    path = write_config(tmp_path / "c.yaml", classify_cfg)
+    cfg = load_config(path, ["scaling.num_workers=4", "train.learning_rate=3e-4", "train.bf16=true",
+                             "model.lora_target=[q_proj,v_proj]"])
+    assert cfg.scaling.num_workers == 4 and cfg.train.learning_rate == 3e-4 and cfg.train.bf16 is True
+    assert cfg.model.lora_target == ["q_proj", "v_proj"]
+    with pytest.raises(ConfigError, match="train.per_device_train_batch_size='many'"):
+        load_config(path, ["train.per_device_train_batch_size=many"])
+    with pytest.raises(ConfigError, match="must look like section.key=value"):
+        load_config(path, ["num_workers"])
+    with pytest.raises(ConfigError, match="unknown key 'scaling.num_worker'"):
+        load_config(path, ["scaling.num_worker=2"])
+
+
+def test_env_interpolation():
+    env = {"DATA": "/data", "EMPTY": ""}
+    out = interpolate_env({"a": {"b": "${DATA}/x.jsonl", "c": "${MISSING:-fallback}", "d": ["${EMPTY}z"]}}, env)
+    assert out == {"a": {"b": "/data/x.jsonl", "c": "fallback", "d": ["z"]}}
+    with pytest.raises(ConfigError, match=r"a.b: environment variable NOPE is not set"):
+        interpolate_env({"a": {"b": "${NOPE}"}}, env)
+
+
+def test_env_interpolation_in_file(classify_cfg, tmp_path, monkeypatch):
+    classify_cfg["output"]["output_dir"] = "${OUT_ROOT:-runs}/exp"
+    path = write_config(tmp_path / "c.yaml", classify_cfg)
+    monkeypatch.setenv("OUT_ROOT", "/scratch")
+    assert load_config(path).output.output_dir == "/scratch/exp"
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model:\n  name_or_path: [unclosed\ndata: {}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: malformed YAML at line \d+"):
+        load_config(p)
+
+
+def test_missing_and_empty_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_config(tmp_path / "empty.yaml")
+
+
+def test_required_section_missing(tmp_path):
+    p = write_config(tmp_path / "c.yaml", {"model": {"name_or_path": "builtin:tiny-bert"}})
+    with pytest.raises(ConfigError, match="'data' is required"):
+        load_config(p)
+
+
+def test_cross_field_rules(classify_cfg, tmp_path):
+    path = write_config(tmp_path / "c.yaml", classify_cfg)
+    with pytest.raises(ConfigError, match="bf16 and fp16 are both true"):
+        load_config(path, ["train.bf16=true", "train.fp16=true"])
+    with pytest.raises(ConfigError, match="max_steps=0"):
+        load_config(path, ["train.max_steps=0"])
+
+
+def test_apply_override_creates_nested():
+    raw = {}
+    apply_override(raw, "comm.env.NCCL_DEBUG=INFO")
+    assert raw == {"comm": {"env": {"NCCL_DEBUG": "INFO"}}}

@@ -1,0 +1,92 @@
+"""LR scaling, step planning, run-dir naming, cluster planning and failure grouping: no cluster needed."""
+
+import math
+
+import pytest
+
+from scaletrain.config import validate
+from scaletrain.errors import ConfigError, LaunchError, TrainingError
+from scaletrain.launch.ray_launcher import group_failures, plan_cluster
+from scaletrain.launch.rundir import create_run_dir, default_run_name
+from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, steps_per_epoch, total_steps
+
+
+def cfg_with(**train):
+    return validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x.jsonl"},
+                     "train": {"per_device_train_batch_size": 8, "learning_rate": 1e-4, **train}})
+
+
+def test_global_batch():
+    c = cfg_with(gradient_accumulation_steps=4)
+    assert global_batch_size(c.train, 1) == 32 and global_batch_size(c.train, 8) == 256
+
+
+@pytest.mark.parametrize("rule,workers,expected", [
+    ("none", 8, 1e-4), ("linear", 1, 1e-4), ("linear", 4, 4e-4), ("sqrt", 4, 2e-4), ("sqrt", 2, 1e-4 * math.sqrt(2)),
+])
+def test_lr_scaling_relative_to_one_worker(rule, workers, expected):
+    assert scaled_learning_rate(cfg_with(lr_scaling=rule).train, workers) == pytest.approx(expected)
+
+
+def test_lr_scaling_with_stated_reference():
+    c = cfg_with(lr_scaling="linear", lr_reference_batch=32)
+    assert scaled_learning_rate(c.train, 2) == pytest.approx(1e-4 * 16 / 32)
+
+
+def test_steps_per_epoch_and_total():
+    c = cfg_with(gradient_accumulation_steps=2, num_train_epochs=1.5)
+    # 100 samples, 2 ranks -> 50 per rank -> 6 micro-batches of 8 -> 3 windows of 2
+    assert steps_per_epoch(100, c.train, 2) == 3
+    assert total_steps(100, c, 2) == 5  # ceil(1.5 * 3)
+    assert total_steps(100, cfg_with(max_steps=7), 2) == 7
+
+
+def test_dataset_smaller_than_global_batch_is_an_error():
+    with pytest.raises(ConfigError, match="fewer than one global batch of 64"):
+        total_steps(50, cfg_with(), 8)
+
+
+def test_run_dir_never_reused(tmp_path):
+    a = create_run_dir(tmp_path, None, "exp.yaml", now=0)
+    b = create_run_dir(tmp_path, None, "exp.yaml", now=0)
+    assert a != b and a.name == default_run_name("exp.yaml", 0) and b.name == a.name + "-2"
+    assert (a.stat().st_mode & 0o007) == 0  # not world-accessible
+    named = create_run_dir(tmp_path, "mine", "exp.yaml")
+    (named / "keep.txt").write_text("precious")
+    with pytest.raises(LaunchError, match=r"output.run_name=mine: .* already exists .* --resume"):
+        create_run_dir(tmp_path, "mine", "exp.yaml")
+    assert (named / "keep.txt").read_text() == "precious"
+
+
+def test_plan_cluster_counts_cpus_and_gpus():
+    c = validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"},
+                  "scaling": {"num_workers": 4}})
+    with pytest.raises(LaunchError, match=r"scaling.num_workers=4 needs 4 CPUs .* the cluster has 2; lower scaling.num_workers to 2"):
+        plan_cluster(c, {"CPU": 2.0}, "cpu")
+    plan = plan_cluster(c, {"CPU": 64.0, "GPU": 8.0}, "rocm")
+    assert plan.use_gpu and plan.backend == "nccl" and plan.resources_per_worker == {"CPU": 1, "GPU": 1}
+    with pytest.raises(LaunchError, match=r"needs 4 GPUs .* the cluster has 2"):
+        plan_cluster(c, {"CPU": 64.0, "GPU": 2.0}, "cuda")
+    cpu_plan = plan_cluster(c, {"CPU": 8.0}, "cpu")
+    assert not cpu_plan.use_gpu and cpu_plan.backend == "gloo"
+
+
+def test_plan_cluster_nccl_without_gpus():
+    c = validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"},
+                  "comm": {"backend": "nccl"}})
+    with pytest.raises(LaunchError, match="comm.backend=nccl needs a GPU"):
+        plan_cluster(c, {"CPU": 2.0}, "cpu")
+
+
+def test_failures_grouped_by_rank():
+    class Wrapped(Exception):
+        def __init__(self, cause):
+            super().__init__("wrapped")
+            self.cause = cause
+
+    failures = {3: Wrapped(ValueError("bad batch")), 0: Wrapped(ValueError("bad batch")), 1: RuntimeError("oom")}
+    groups, user = group_failures(failures)
+    assert ([0, 3], "ValueError: bad batch") in groups and ([1], "RuntimeError: oom") in groups
+    assert user is None
+    _, user = group_failures({0: Wrapped(TrainingError("x")), 1: Wrapped(TrainingError("x"))})
+    assert isinstance(user, TrainingError)

@@ -18,7 +18,7 @@ $(BIN)/scaletrain: pyproject.toml
 install: $(BIN)/scaletrain
 
 demo: install
-	$(BIN)/python examples/make_demo_data.py examples/data
+	$(BIN)/python -m scaletrain.demo_data examples/data
 	$(BIN)/scaletrain train examples/classify.yaml scaling.num_workers=2
 
 test: install

@@ -46,6 +46,12 @@ def test_dataset_smaller_than_global_batch_is_an_error():
         total_steps(50, cfg_with(), 8)
 
 
+def test_run_dir_is_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    d = create_run_dir("runs", "x", "exp.yaml")
+    assert d.is_absolute() and d == tmp_path / "runs" / "x"
+
+
 def test_run_dir_never_reused(tmp_path):
     a = create_run_dir(tmp_path, None, "exp.yaml", now=0)
     b = create_run_dir(tmp_path, None, "exp.yaml", now=0)

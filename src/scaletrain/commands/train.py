@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.console import console, summary_table
     from scaletrain.launch.job import RESOLVED_CONFIG, run_job
 
-    resume = Path(args.resume) if args.resume else None
+    resume = Path(args.resume).expanduser().resolve() if args.resume else None
     if resume is not None:
         saved = resume / RESOLVED_CONFIG
         if not saved.is_file():

@@ -19,7 +19,8 @@ def default_run_name(config_path: str | Path, now: float | None = None) -> str:
 def create_run_dir(output_dir: str | Path, run_name: str | None, config_path: str | Path,
                    now: float | None = None) -> Path:
     """Create a fresh run directory atomically (mkdir fails if it exists, so no run is overwritten)."""
-    root = Path(output_dir)
+    # Absolute: Ray's storage_path and every worker (whatever its cwd) must resolve it the same way.
+    root = Path(output_dir).expanduser().resolve()
     try:
         root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
     except OSError as e:

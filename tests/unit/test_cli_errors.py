@@ -1,0 +1,84 @@
+"""Bad input through the real CLI: one line naming the key/file and the fix, exit != 0, no traceback,
+and no run directory created or touched. All of these fail before Ray starts."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import write_config
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def _assert_one_line_error(proc, *needles):
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture
+def earlier_run(tmp_path):
+    d = tmp_path / "runs" / "earlier"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text('{"keep": true}')
+    return d
+
+
+def _untouched(earlier_run):
+    runs = earlier_run.parent
+    assert [p.name for p in runs.iterdir()] == ["earlier"]
+    assert json.loads((earlier_run / "summary.json").read_text()) == {"keep": True}
+
+
+@pytest.mark.parametrize("mutate,needles", [
+    (lambda c: c["train"].update(learnig_rate=1), ["unknown key 'train.learnig_rate'", "did you mean 'train.learning_rate'"]),
+    (lambda c: c["train"].update(per_device_train_batch_size="big"), ["train.per_device_train_batch_size='big'", "valid integer"]),
+    (lambda c: c["scaling"].update(num_workers=0), ["scaling.num_workers=0", "greater than or equal to 1"]),
+    (lambda c: c["data"].update(train_file="/nonexistent/train.jsonl"), ["data.train_file=/nonexistent/train.jsonl", "file not found"]),
+    (lambda c: c["data"].update(label_column="stars"), ["column 'stars' is missing", "set data.label_column"]),
+    (lambda c: c["model"].update(name_or_path="meta-llama/Llama-3-8B"), ["model.name_or_path=meta-llama/Llama-3-8B", "never downloads", "huggingface-cli download"]),
+])
+def test_bad_config_values(classify_cfg, tmp_path, earlier_run, mutate, needles):
+    classify_cfg["output"]["output_dir"] = str(earlier_run.parent)
+    mutate(classify_cfg)
+    proc = run_cli("train", write_config(tmp_path / "c.yaml", classify_cfg))
+    _assert_one_line_error(proc, *needles)
+    _untouched(earlier_run)
+
+
+def test_empty_data_file(classify_cfg, tmp_path, earlier_run):
+    (tmp_path / "empty.jsonl").write_text("")
+    classify_cfg["data"]["train_file"] = str(tmp_path / "empty.jsonl")
+    classify_cfg["output"]["output_dir"] = str(earlier_run.parent)
+    _assert_one_line_error(run_cli("train", write_config(tmp_path / "c.yaml", classify_cfg)), "empty.jsonl", "no records")
+    _untouched(earlier_run)
+
+
+def test_malformed_yaml(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("model: {name_or_path: x\n")
+    _assert_one_line_error(run_cli("train", p), "broken.yaml", "malformed YAML at line")
+
+
+def test_bad_override(classify_cfg, tmp_path):
+    p = write_config(tmp_path / "c.yaml", classify_cfg)
+    _assert_one_line_error(run_cli("train", p, "scaling.num_workerz=2"), "unknown key 'scaling.num_workerz'")
+
+
+def test_debug_shows_traceback(classify_cfg, tmp_path):
+    classify_cfg["train"]["strategy"] = "zero"
+    proc = run_cli("train", write_config(tmp_path / "c.yaml", classify_cfg), "--debug")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_resume_needs_a_run_dir(tmp_path):
+    _assert_one_line_error(run_cli("train", "--resume", tmp_path), "--resume", "config.resolved.yaml")

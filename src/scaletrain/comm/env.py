@@ -64,3 +64,58 @@ def worker_env(
             )
         out[key] = value
     return out
+
+
+# --- Hang detection and collective timeouts (nccl; RCCL reads the same TORCH_NCCL_* names) -------------
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+TORCH_NCCL_TRACE_BUFFER_SIZE = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # flight recorder entries
+TORCH_NCCL_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+TORCH_FR_DUMP_TEMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"  # flight recorder dump path prefix
+
+
+def nccl_watchdog_env(flight_dir: str) -> dict[str, str]:
+    """Make an nccl/RCCL collective that outlives the process-group timeout fail loudly and leave a trace."""
+    return {
+        TORCH_NCCL_ASYNC_ERROR_HANDLING: "1",
+        TORCH_NCCL_TRACE_BUFFER_SIZE: "2000",
+        TORCH_NCCL_DUMP_ON_TIMEOUT: "1",
+        TORCH_FR_DUMP_TEMP_FILE: f"{flight_dir}/nccl_trace_rank_",
+    }
+
+
+# Names that are widely quoted but do not exist (or no longer work), with what to use instead.
+MISQUOTED_ENV: dict[str, str] = {
+    "NCCL_TIMEOUT": "NCCL has no timeout variable; set comm.timeout_s (the process-group timeout)",
+    "RCCL_TIMEOUT": "RCCL has no timeout variable; set comm.timeout_s (the process-group timeout)",
+    "RCCL_MIN_NRINGS": "not an RCCL variable; use NCCL_MIN_NCHANNELS (RCCL reads the NCCL_ names)",
+    "RCCL_MAX_NRINGS": "not an RCCL variable; use NCCL_MAX_NCHANNELS (RCCL reads the NCCL_ names)",
+    "NCCL_MIN_NRINGS": "renamed long ago; use NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NRINGS": "renamed long ago; use NCCL_MAX_NCHANNELS",
+    "NCCL_ASYNC_ERROR_HANDLING": "deprecated in torch 2.2; use TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_BLOCKING_WAIT": "deprecated in torch 2.2; use TORCH_NCCL_BLOCKING_WAIT",
+    "NCCL_DEBUG_LEVEL": "not an NCCL variable; use NCCL_DEBUG=INFO (or WARN, TRACE)",
+}
+
+
+def misquoted(names) -> list[str]:
+    """One warning line per variable name that does not do what its users think."""
+    return [f"{n}: {MISQUOTED_ENV[n]}" for n in names if n in MISQUOTED_ENV]
+
+
+# --- Fault injection for tests and drills (never set in normal runs) -----------------------------------
+# "KIND:RANK:STEP[:TIMES]" entries separated by ",": KIND is raise, exit or hang; the fault fires at the
+# start of optimizer step STEP on rank RANK, at most TIMES times per run (default 1).
+SCALETRAIN_FAULTS = "SCALETRAIN_FAULTS"
+
+# --- Secrets: variables whose values never reach a log, config dump or error message ------------------
+SECRET_NAME_PATTERNS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "*_API_KEY", "*_SECRET*", "*_TOKEN", "AWS_*",
+                        "*PASSWORD*")
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of secret-looking variables in the environment (at least 6 characters, to avoid noise)."""
+    import fnmatch
+
+    environ = os.environ if environ is None else environ
+    return [v for k, v in environ.items()
+            if len(v) >= 6 and any(fnmatch.fnmatchcase(k.upper(), p) for p in SECRET_NAME_PATTERNS)]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
+from scaletrain.launch.resume import resume_conflicts
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -14,6 +15,8 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
     p.add_argument("config", nargs="?", help="YAML config (optional with --resume)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. scaling.num_workers=2")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its latest checkpoint")
+    p.add_argument("--force-resume", action="store_true",
+                   help="resume even if the config changes the model, task or data order")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
     p.set_defaults(func=run)
 
@@ -27,10 +30,16 @@ def run(args: argparse.Namespace) -> int:
         saved = resume / RESOLVED_CONFIG
         if not saved.is_file():
             raise ConfigError(f"--resume {resume}: no {RESOLVED_CONFIG} there; pass the directory of an earlier run")
+        if (resume / "summary.json").is_file():
+            raise ConfigError(f"--resume {resume}: this run finished (summary.json exists); start a new run instead")
         if args.config and "=" in args.config:  # `train --resume DIR key=value`
             args.overrides.insert(0, args.config)
             args.config = None
-        cfg = load_config(saved, args.overrides)
+        cfg = load_config(args.config or saved, args.overrides)
+        conflicts = resume_conflicts(load_config(saved), cfg)
+        if conflicts and not args.force_resume:
+            raise ConfigError(f"--resume {resume}: the config changes {'; '.join(conflicts)}, which breaks an exact "
+                              f"resume; undo the change or pass --force-resume")
         config_path = saved
     else:
         if not args.config:

@@ -128,8 +128,10 @@ class CheckpointConfig(_Section):
 
 
 class FaultToleranceConfig(_Section):
-    # Worker-group restarts from the last checkpoint before the run is failed.
+    # Worker-group restarts from the last checkpoint before the run is failed (-1: unlimited).
     max_failures: int = Field(0, ge=-1)
+    # Restarts after a hang (a collective that hit comm.timeout_s), on top of max_failures (-1: unlimited).
+    hang_retries: int = Field(1, ge=-1)
 
 
 class OutputConfig(_Section):

@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+import os
+import signal
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import yaml
+
+from scaletrain.comm import env as envvars
+from scaletrain.comm.env import secret_values
 from scaletrain.comm.device import Platform
-from scaletrain.config import Config, dump_config
+from scaletrain.config import Config
 from scaletrain.console import LiveProgress, console
 from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ScaletrainError
 from scaletrain.launch import ray_launcher
+from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
+from scaletrain.redact import Redactor
+from scaletrain.worker.faults import parse_faults
+from scaletrain.worker.loop import RUN_UMASK, STOP_FILE
 from scaletrain.launch.rundir import create_run_dir
 from scaletrain.metrics.logs import EventLog
 from scaletrain.model import load_tokenizer, model_dir
@@ -26,6 +37,10 @@ from scaletrain.worker.spec import JobSpec
 RESOLVED_CONFIG = "config.resolved.yaml"
 
 
+class Interrupted(ScaletrainError):
+    exit_code = 130
+
+
 @dataclass(frozen=True)
 class JobResult:
     run_dir: Path
@@ -33,30 +48,34 @@ class JobResult:
 
 
 def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None, show_progress: bool = True) -> JobResult:
+    os.umask(RUN_UMASK)
     _quiet_libraries()
+    redact = Redactor(secret_values())
     vendor = Platform.detect().vendor
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     data = prepare_data(cfg, tokenizer)
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
-    notes = ray_launcher.prepare_driver_env(vendor)
+    faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
+    notes = ray_launcher.prepare_driver_env(vendor) + envvars.misquoted(cfg.comm.env)
     started = ray_launcher.ensure_ray(cfg.scaling.address)
     try:
         plan = ray_launcher.plan_cluster(cfg, ray_launcher.cluster_resources(), vendor)
         run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
-        events = EventLog(run_dir, "driver")
+        events = EventLog(run_dir, "driver", redact)
         if resume_dir is None:
-            (run_dir / RESOLVED_CONFIG).write_text(dump_config(cfg))
-        spec = build_spec(cfg, data, tokenizer, run_dir, plan.backend)
+            (run_dir / RESOLVED_CONFIG).write_text(yaml.safe_dump(redact.mapping(cfg.model_dump(mode="json")),
+                                                                  sort_keys=False))
+        (run_dir / STOP_FILE).unlink(missing_ok=True)  # a stop request of the previous session is done
+        spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
         _announce(cfg, spec, plan, notes + ([plan.note] if plan.note else []), len(data.train), len(data.eval),
                   events, resumed=resume_dir is not None)
-        env = ray_launcher.worker_env_for(cfg, vendor)
-        try:
-            with LiveProgress(run_dir, spec.total_steps) if show_progress else contextlib.nullcontext():
-                ray_launcher.run_workers(spec, cfg, plan, env)
-        except ScaletrainError as e:
-            events("failure", str(e))
-            raise
+        env = ray_launcher.worker_env_for(cfg, vendor, plan.backend, str(run_dir))
+        with StopOnSignal(run_dir, events), (LiveProgress(run_dir, spec.total_steps) if show_progress
+                                             else contextlib.nullcontext()):
+            _run_with_hang_retries(spec, cfg, plan, env, redact, events)
+        if (run_dir / STOP_FILE).exists():
+            raise Interrupted(f"stopped at a checkpoint on request; continue with: scaletrain train --resume {run_dir}")
         finish_final(cfg, run_dir, tokenizer)
         summary = json.loads((run_dir / "summary.json").read_text())
         return JobResult(run_dir, summary)
@@ -65,6 +84,52 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
             import ray
 
             ray.shutdown()
+
+
+def _run_with_hang_retries(spec: JobSpec, cfg: Config, plan, env: dict, redact: Redactor, events) -> None:
+    policy = HangRetryPolicy(cfg.fault_tolerance.hang_retries)
+    used = 0
+    while True:
+        try:
+            return ray_launcher.run_workers(spec, cfg, plan, env, redact)
+        except Exception as e:  # Ray wraps worker errors; regroup them by rank and look for a hang
+            error, hang = training_error(e, Path(spec.run_dir), cfg.scaling.num_workers, cfg.comm.timeout_s)
+            error = type(error)(redact(str(error)))
+            decision = policy.decide(hang is not None, used)
+            events("failure", f"{error} (hang retries used {used} of {cfg.fault_tolerance.hang_retries}; "
+                              f"decision: {decision.value})")
+            if decision is Decision.RAISE:
+                raise error from None
+            used += 1
+            console.print(f"[yellow]hang detected[/]: retrying from the newest checkpoint "
+                          f"({used} of {cfg.fault_tolerance.hang_retries})", soft_wrap=True)
+
+
+class StopOnSignal:
+    """First Ctrl-C/SIGTERM: ask every rank to checkpoint and stop (the STOP file). Second: abort now."""
+
+    def __init__(self, run_dir: Path, events):
+        self.run_dir, self.events = run_dir, events
+        self.previous = {}
+
+    def _handle(self, signum, frame):
+        stop = self.run_dir / STOP_FILE
+        if stop.exists():
+            raise KeyboardInterrupt
+        stop.write_text(signal.Signals(signum).name)
+        self.events("stop requested", f"{signal.Signals(signum).name}: saving a checkpoint at the next step")
+        console.print(f"[yellow]{signal.Signals(signum).name}[/]: stopping at the next step with a checkpoint "
+                      f"(again to abort without one)", soft_wrap=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, n_eval: int, events,

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform, reconcile_rocr, select_backend
 from scaletrain.config.schema import Config
-from scaletrain.errors import LaunchError, ScaletrainError, TrainingError
+from scaletrain.errors import LaunchError
+from scaletrain.launch.failures import FailureEvents
 from scaletrain.worker.spec import JobSpec
 
 # Train V2 is the default from Ray 2.51; set it so an older default can never pick V1.
@@ -72,8 +73,8 @@ def cluster_resources() -> dict[str, float]:
     return dict(ray.cluster_resources())
 
 
-def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[str, str]) -> None:
-    """Run the loop on ``num_workers`` Ray Train workers; raise TrainingError grouped by rank."""
+def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[str, str], redactor=None) -> None:
+    """Run the loop on ``num_workers`` Ray Train workers; Ray's errors propagate (see launch/failures.py)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -90,12 +91,11 @@ def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[
             failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.save_total_limit),
             worker_runtime_env={"env_vars": worker_env},
+            callbacks=[FailureEvents(spec.run_dir, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures,
+                                     redactor)],
         ),
     )
-    try:
-        trainer.fit()
-    except Exception as e:  # Ray wraps worker errors; regroup them by rank
-        raise _as_training_error(e, spec.run_dir) from None
+    trainer.fit()
 
 
 def prepare_driver_env(vendor: str) -> list[str]:
@@ -108,8 +108,12 @@ def prepare_driver_env(vendor: str) -> list[str]:
     return notes
 
 
-def worker_env_for(cfg: Config, vendor: str) -> dict[str, str]:
+def worker_env_for(cfg: Config, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
     out = envvars.worker_env(cfg.comm.env)
+    if backend == "nccl":
+        # A stuck collective fails after comm.timeout_s and leaves a flight-recorder trace; a user's values win.
+        for k, v in envvars.nccl_watchdog_env(f"{run_dir}/flight").items():
+            out.setdefault(k, v)
     if vendor == "rocm":
         # Ray would give each ROCm worker HIP_VISIBLE_DEVICES=<its GPU> while Train V2 shares
         # CUDA_VISIBLE_DEVICES=<all GPUs of the node>; the two views disagree and device indices break
@@ -124,45 +128,3 @@ def _ray_worker_entry(config: dict) -> None:
 
     spec: JobSpec = config["spec"]
     train(context_from_ray(spec.backend), spec)
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    seen = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        inner = getattr(exc, "cause", None) or exc.__cause__
-        if not isinstance(inner, BaseException):
-            break
-        exc = inner
-    return exc
-
-
-def group_failures(failures: dict[int, BaseException]) -> tuple[list[tuple[list[int], str]], BaseException | None]:
-    """Group per-rank failures by message: [([0, 3], "ValueError: ..."), ...]; plus a shared user error."""
-    groups: dict[str, list[int]] = {}
-    causes = {}
-    for rank, exc in sorted(failures.items()):
-        cause = _root_cause(exc)
-        text = f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
-        groups.setdefault(text, []).append(rank)
-        causes[text] = cause
-    user = None
-    if len(groups) == 1:
-        only = next(iter(causes.values()))
-        user = only if isinstance(only, ScaletrainError) else None
-    return [(ranks, text) for text, ranks in groups.items()], user
-
-
-def _as_training_error(e: Exception, run_dir: str) -> ScaletrainError:
-    failures = getattr(e, "worker_failures", None)
-    if not failures:
-        cause = _root_cause(e)
-        if isinstance(cause, ScaletrainError):
-            return cause
-        return TrainingError(f"training failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}; "
-                             f"see {run_dir}/logs/")
-    groups, user = group_failures(failures)
-    if user is not None:
-        return user
-    text = "; ".join(f"[rank {', '.join(map(str, ranks))}]: {msg}" for ranks, msg in groups)
-    return TrainingError(f"training failed: {text}; see {run_dir}/logs/worker-<rank>.log")

@@ -14,7 +14,7 @@ def worker_log_path(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / "logs" / f"worker-{rank}.log"
 
 
-def setup_worker_logging(run_dir: str | Path, rank: int) -> logging.Logger:
+def setup_worker_logging(run_dir: str | Path, rank: int, redactor=None) -> logging.Logger:
     """Send this process's logging and warnings to its per-rank file (appending across restarts)."""
     path = worker_log_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,6 +25,10 @@ def setup_worker_logging(run_dir: str | Path, rank: int) -> logging.Logger:
     handler = logging.FileHandler(path)
     handler._scaletrain = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    if redactor is not None:
+        from scaletrain.redact import RedactingFilter
+
+        handler.addFilter(RedactingFilter(redactor))
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
@@ -37,13 +41,14 @@ class EventLog:
     Lines are short single writes in append mode, so the driver and rank 0 can share the file.
     """
 
-    def __init__(self, run_dir: str | Path, who: str):
+    def __init__(self, run_dir: str | Path, who: str, redactor=None):
         self.path = Path(run_dir) / MAIN_LOG
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.who = who
+        self.redact = redactor or (lambda text: text)
 
     def __call__(self, event: str, message: str = "") -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        line = f"{stamp} [{self.who}] {event}" + (f": {message}" if message else "") + "\n"
+        line = self.redact(f"{stamp} [{self.who}] {event}" + (f": {message}" if message else "")) + "\n"
         with open(self.path, "a") as f:
             f.write(line)

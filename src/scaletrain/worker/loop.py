@@ -14,11 +14,15 @@ import torch.distributed as dist
 
 from scaletrain import checkpoint
 from scaletrain.comm.context import DistContext
+from scaletrain.comm.env import secret_values
+from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
 from scaletrain.metrics.logs import EventLog, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink, ProcessStats
 from scaletrain.model import build_model, count_parameters
+from scaletrain.redact import Redactor
+from scaletrain.worker.faults import maybe_fire
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.optim import build_optimizer, global_batch_size
 from scaletrain.worker.parallel import all_reduce_max, all_reduce_sum, full_model_state, grad_sync, unwrap, wrap_model
@@ -26,10 +30,29 @@ from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
 
 
+RUN_UMASK = 0o027  # files of a run are not world-readable
+STOP_FILE = "STOP"  # the driver creates it on Ctrl-C/SIGTERM: every rank checkpoints and stops
+
+
 def train(ctx: DistContext, spec: JobSpec) -> dict:
+    os.umask(RUN_UMASK)
     cfg = Config.model_validate(spec.config)
-    log = setup_worker_logging(spec.run_dir, ctx.world_rank)
-    events = EventLog(spec.run_dir, f"rank {ctx.world_rank}") if ctx.is_main else (lambda *a, **k: None)
+    redact = Redactor(secret_values())
+    log = setup_worker_logging(spec.run_dir, ctx.world_rank, redact)
+    events = EventLog(spec.run_dir, f"rank {ctx.world_rank}", redact) if ctx.is_main else (lambda *a, **k: None)
+    beat = Heartbeat(spec.run_dir, ctx.world_rank, stall_s=max(5.0, cfg.comm.timeout_s / 2))
+    try:
+        summary = run_loop(ctx, spec, cfg, log, events, beat)
+        beat.close(clean=True)
+        return summary
+    except BaseException as e:
+        log.error("rank %d failed at step %d (phase %s): %s: %s", ctx.world_rank, beat.step_done, beat.phase,
+                  type(e).__name__, e, exc_info=True)
+        beat.close(clean=False)  # keep the phase it failed in: the driver's hang diagnosis reads it
+        raise
+
+
+def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: Heartbeat) -> dict:
     _write_pid(spec.run_dir, ctx)
     log.info("worker up: %s", ctx)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
@@ -42,15 +65,18 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
     state = checkpoint.TrainState()
     if ckpt := checkpoint.latest_valid(spec.run_dir):
         state = checkpoint.restore(ckpt, model, optimizer, scheduler, precision.scaler, ctx.world_rank, lora)
-        events("resume", f"from {ckpt.name}: step {state.step}, epoch {state.epoch}")
-    if ctx.is_main:
-        events("workers up", f"{ctx.world_size} x {ctx.device} ({ctx.backend}); {trainable:,} of {total:,} "
-                             f"parameters trainable; global batch {global_batch_size(cfg.train, ctx.world_size)}; "
-                             f"{spec.total_steps} steps; lr {spec.learning_rate:g}; {precision.note}")
+        events("resume", f"from {ckpt.name}: step {state.step}, epoch {state.epoch}, "
+                         f"{state.micro_batches_in_epoch} micro-batches into the epoch")
+    beat.finished_step(state.step)
+    events("workers up", f"{ctx.world_size} x {ctx.device} ({ctx.backend}); {trainable:,} of {total:,} "
+                         f"parameters trainable; global batch {global_batch_size(cfg.train, ctx.world_size)}; "
+                         f"{spec.total_steps} steps; lr {spec.learning_rate:g}; {precision.note}")
     train_data, eval_data = load_split(spec.train_path), load_split(spec.eval_path)
     collate = Collator(spec.pad_token_id)
     sampler = ResumableSampler(len(train_data), ctx.world_size, ctx.world_rank, cfg.train.seed)
-    metrics = Meter(ctx, cfg, spec)
+    metrics = Meter(ctx, cfg, spec, beat)
+    save = lambda: checkpoint.save(spec.run_dir, state, model, optimizer, scheduler, precision.scaler,  # noqa: E731
+                                   ctx.world_rank, cfg.checkpoint.save_total_limit, lora)
     accum = cfg.train.gradient_accumulation_steps
     t_start, eval_time = time.perf_counter(), 0.0
     model.train()
@@ -61,19 +87,28 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
                                              num_workers=cfg.data.loader_workers)
         batches = iter(loader)
         while state.step < spec.total_steps:
+            maybe_fire(spec.faults, spec.run_dir, ctx.world_rank, state.step + 1)
+            beat.enter("data", state.step + 1)
             window = _next_window(batches, accum, metrics)
             if window is None:
                 break  # epoch exhausted (a partial accumulation window is dropped)
-            loss = train_step(model, optimizer, scheduler, window, cfg, ctx, precision)
+            loss = train_step(model, optimizer, scheduler, window, cfg, ctx, precision, beat, state.step + 1)
             state.step += 1
             state.micro_batches_in_epoch += accum
+            beat.finished_step(state.step)
             metrics.step_done(state, loss, window, scheduler.get_last_lr()[0])
             if cfg.train.eval_steps and state.step % cfg.train.eval_steps == 0 and state.step < spec.total_steps:
+                beat.enter("eval", state.step)
                 eval_time += _run_eval(model, eval_data, collate, ctx, cfg, precision, state, metrics, events)
             if cfg.checkpoint.save_steps and state.step % cfg.checkpoint.save_steps == 0:
-                path = checkpoint.save(spec.run_dir, state, model, optimizer, scheduler, precision.scaler,
-                                       ctx.world_rank, cfg.checkpoint.save_total_limit, lora)
-                events("checkpoint", f"{path.name} saved")
+                beat.enter("checkpoint", state.step)
+                events("checkpoint", f"{save().name} saved")
+            beat.enter("stop-check", state.step)
+            if stop_requested(spec.run_dir, ctx.device):
+                beat.enter("checkpoint", state.step)
+                path = save()
+                events("stopped", f"on request at step {state.step}; {path.name} saved")
+                return {"stopped": True, "step": state.step}
         if state.step >= spec.total_steps:
             break
         state.epoch += 1
@@ -81,10 +116,12 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
         events("epoch", f"epoch {state.epoch} done at step {state.step}")
     train_time = time.perf_counter() - t_start - eval_time
     final_eval = {}
+    beat.enter("eval", state.step)
     eval_time += _timed(lambda: final_eval.update(_eval_metrics(model, eval_data, collate, ctx, cfg, precision)))
     metrics.write({"kind": "eval", "step": state.step, **final_eval})
     log.info("eval step %d: %s", state.step, json.dumps(final_eval, sort_keys=True))
     events("eval", _fmt(final_eval))
+    beat.enter("final", state.step)
     save_final(model, spec.run_dir, ctx, lora)
     summary = metrics.summary(train_time, eval_time, final_eval, state)
     if ctx.is_main:
@@ -93,15 +130,27 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
     return summary
 
 
-def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx: DistContext, precision) -> float:
+def stop_requested(run_dir: str, device: str) -> bool:
+    """True on every rank once any rank sees the stop file, so all ranks stop at the same step."""
+    seen = 1.0 if os.path.exists(os.path.join(run_dir, STOP_FILE)) else 0.0
+    return all_reduce_max([seen], device)[0] > 0
+
+
+def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx: DistContext, precision,
+               beat: Heartbeat, step: int) -> float:
     """One optimizer step over ``window`` micro-batches; gradients sync on the last one only."""
     loss_sum = 0.0
     for i, batch in enumerate(window):
+        last = i == len(window) - 1
         batch = {k: v.to(ctx.device, non_blocking=True) for k, v in batch.items()}
-        with grad_sync(model, cfg.train.strategy, enabled=i == len(window) - 1), precision.autocast():
+        beat.enter("forward", step)
+        with grad_sync(model, cfg.train.strategy, enabled=last), precision.autocast():
             loss = model(**batch).loss / len(window)
+        if last:
+            beat.enter("sync", step)  # backward of the last micro-batch all-reduces gradients
         precision.backward(loss)
         loss_sum += loss.item()
+    beat.enter("optimizer", step)
     precision.unscale(optimizer)
     if cfg.train.max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None],
@@ -184,8 +233,8 @@ class Precision:
 class Meter:
     """Step timing and the metric record every ``logging_steps`` (aggregated over ranks, written by rank 0)."""
 
-    def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec):
-        self.ctx, self.cfg, self.spec = ctx, cfg, spec
+    def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec, beat: Heartbeat):
+        self.ctx, self.cfg, self.spec, self.beat = ctx, cfg, spec, beat
         self.sink = JsonlSink(Path(spec.run_dir) / "metrics.jsonl") if ctx.is_main else None
         self.stats = ProcessStats()
         self.samples_total = self.tokens_total = 0.0
@@ -209,6 +258,7 @@ class Meter:
 
     def _flush(self, state, lr: float) -> None:
         elapsed = time.perf_counter() - self.t0
+        self.beat.enter("metrics", state.step)
         loss, samples, tokens = all_reduce_sum([self.loss, self.samples, self.tokens], self.ctx.device)
         slowest, wait = all_reduce_max([elapsed, self.wait], self.ctx.device)
         self.samples_total += samples

@@ -16,3 +16,4 @@ class JobSpec:
     backend: str  # "nccl" or "gloo", chosen by the driver
     total_steps: int
     learning_rate: float  # after lr_scaling
+    faults: tuple = ()  # injected faults (tests and drills), see worker/faults.py

@@ -1,0 +1,119 @@
+"""What happens when workers fail: the record in main.log, the error the user sees, and whether to retry.
+
+Crashes (exceptions, killed processes) are retried by Ray Train itself, up to
+``fault_tolerance.max_failures`` (FailureConfig), each time from the newest valid checkpoint.
+A hang (a collective that hit ``comm.timeout_s``) is retried by our own policy,
+``fault_tolerance.hang_retries`` times (default 1: restarting often clears a transient fault).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaletrain.comm.watchdog import HangReport, diagnose
+from scaletrain.errors import ScaletrainError, TrainingError
+from scaletrain.metrics.logs import EventLog
+
+try:  # DeveloperAPI in Ray Train V2: runs in the Train controller process
+    from ray.train.v2.api.callback import UserCallback
+except ImportError:  # pragma: no cover - Ray without Train V2
+    UserCallback = object  # type: ignore[assignment,misc]
+
+
+class Decision(enum.Enum):
+    RETRY = "retry"
+    RAISE = "raise"
+
+
+@dataclass(frozen=True)
+class HangRetryPolicy:
+    hang_retries: int
+
+    def decide(self, is_hang: bool, retries_used: int) -> Decision:
+        if is_hang and (self.hang_retries < 0 or retries_used < self.hang_retries):
+            return Decision.RETRY
+        return Decision.RAISE
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: last line of the message`` of the innermost cause (Ray wraps worker errors)."""
+    cause = _root_cause(exc)
+    text = str(cause).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Ray's "actor died" messages put the useful part (exit code / signal) first.
+    pick = next((ln for ln in lines if "SIGKILL" in ln or "exit code" in ln.lower() or "signal" in ln.lower()),
+                lines[-1] if lines else "")
+    return f"{type(cause).__name__}: {pick}"
+
+
+def group_failures(failures: dict[int, BaseException]) -> tuple[list[tuple[list[int], str]], BaseException | None]:
+    """Group per-rank failures by message: [([0, 3], "ValueError: ..."), ...]; plus a shared user error."""
+    groups: dict[str, list[int]] = {}
+    causes = {}
+    for rank, exc in sorted(failures.items()):
+        text = describe(exc)
+        groups.setdefault(text, []).append(rank)
+        causes[text] = _root_cause(exc)
+    user = None
+    if len(groups) == 1:
+        only = next(iter(causes.values()))
+        user = only if isinstance(only, ScaletrainError) else None
+    return [(ranks, text) for text, ranks in groups.items()], user
+
+
+def format_groups(groups: list[tuple[list[int], str]]) -> str:
+    return "; ".join(f"[rank {', '.join(map(str, ranks))}]: {msg}" for ranks, msg in groups)
+
+
+class FailureEvents(UserCallback):
+    """Writes each worker-group failure to main.log: ranks, causes, attempt k of N, what happens next."""
+
+    def __init__(self, run_dir: str, world_size: int, max_failures: int, redactor=None):
+        self.run_dir, self.world_size, self.max_failures = run_dir, world_size, max_failures
+        self.redactor = redactor
+        self.attempt = 0
+
+    def after_exception(self, run_context, worker_exceptions: dict) -> None:
+        self.attempt += 1
+        groups, _ = group_failures(worker_exceptions)
+        allowed = "unlimited" if self.max_failures < 0 else str(self.max_failures)
+        restart = self.max_failures < 0 or self.attempt <= self.max_failures
+        hang = diagnose(self.run_dir, self.world_size)
+        text = f"failure {self.attempt} (max_failures={allowed}): {format_groups(groups)}"
+        if hang:
+            text += f"; {hang.message(0).split('; rank(s)')[0]}"
+        text += "; restarting the worker group from the newest checkpoint" if restart else "; no restarts left"
+        EventLog(self.run_dir, "controller", self.redactor)("failure", text)
+
+
+def training_error(e: Exception, run_dir: Path, world_size: int, timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:
+    """The one-line error for a failed fit(), and the hang diagnosis if the heartbeats show one."""
+    hang = diagnose(run_dir, world_size)
+    failures = getattr(e, "worker_failures", None)
+    if not failures:
+        cause = _root_cause(e)
+        if isinstance(cause, ScaletrainError):
+            return cause, None
+        failures = {}
+        text = describe(e)
+    else:
+        groups, user = group_failures(failures)
+        if user is not None and hang is None:
+            return user, None
+        text = format_groups(groups)
+    if hang is not None:
+        text = f"{hang.message(timeout_s)}; worker errors: {text}"
+    return TrainingError(f"training failed: {text}; see {run_dir}/logs/worker-<rank>.log"), hang

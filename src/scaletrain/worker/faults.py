@@ -1,0 +1,67 @@
+"""Fault injection for tests and failure drills: ``SCALETRAIN_FAULTS=KIND:RANK:STEP[:TIMES],...``.
+
+KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill) or ``hang``
+(the rank sleeps forever before its next collective). A fault fires at the start of optimizer step STEP
+on rank RANK, at most TIMES times per run (counted in ``faults/`` of the run directory, so a restarted
+worker group does not fire it again unless TIMES allows).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaletrain.errors import ConfigError
+
+log = logging.getLogger("scaletrain.faults")
+KINDS = ("raise", "exit", "hang")
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    step: int
+    times: int = 1
+
+
+def parse_faults(text: str) -> tuple[Fault, ...]:
+    faults = []
+    for item in filter(None, (t.strip() for t in (text or "").split(","))):
+        parts = item.split(":")
+        try:
+            kind, rank, step, *rest = parts
+            fault = Fault(kind, int(rank), int(step), int(rest[0]) if rest else 1)
+        except ValueError:
+            fault = None
+        if fault is None or fault.kind not in KINDS or len(parts) > 4:
+            raise ConfigError(f"SCALETRAIN_FAULTS: '{item}' must be KIND:RANK:STEP[:TIMES] with KIND in {', '.join(KINDS)}")
+        faults.append(fault)
+    return tuple(faults)
+
+
+def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int) -> None:
+    for f in faults:
+        if f.rank != rank or f.step != step:
+            continue
+        marker = Path(run_dir) / "faults" / f"{f.kind}-rank{rank}-step{step}"
+        fired = int(marker.read_text()) if marker.exists() else 0
+        if fired >= f.times:
+            continue
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(str(fired + 1))
+        log.warning("injected fault '%s' at step %d on rank %d (%d of %d)", f.kind, step, rank, fired + 1, f.times)
+        if f.kind == "raise":
+            raise InjectedFault(f"injected fault at step {step} on rank {rank}")
+        if f.kind == "exit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # hang
+            time.sleep(3600)

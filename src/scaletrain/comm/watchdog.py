@@ -24,6 +24,7 @@ log = logging.getLogger("scaletrain.watchdog")
 # Phases in which a rank waits for every other rank.
 COLLECTIVE_PHASES = {
     "sync": "the gradient sync",
+    "forward-gather": "the FSDP parameter all-gather (forward)",
     "eval": "evaluation",
     "checkpoint": "a checkpoint save",
     "metrics": "the metrics all-reduce",
@@ -131,7 +132,9 @@ def diagnose(run_dir: str | Path, world_size: int) -> HangReport | None:
     at = {r: (b["phase"], b["phase_step"]) for r, b in beats.items() if b["phase"] in COLLECTIVE_PHASES}
     if not at:
         return None
-    (phase, step), _ = Counter(at.values()).most_common(1)[0]
+    # The collective the others wait in is the furthest one along; a stuck rank's stale phase is older.
+    counts = Counter(at.values())
+    phase, step = max(counts, key=lambda ps: (ps[1], counts[ps]))
     waiting = sorted(r for r, p in at.items() if p == (phase, step))
     missing = [r for r in range(world_size) if r not in waiting]
     if not missing:
@@ -139,3 +142,11 @@ def diagnose(run_dir: str | Path, world_size: int) -> HangReport | None:
     stacks = [stacks_path(run_dir, r) for r in range(world_size) if stacks_path(run_dir, r).exists()]
     last = {r: beats[r]["step_done"] if r in beats else None for r in range(world_size)}
     return HangReport(phase, step, waiting, missing, last, stacks)
+
+
+_TIMEOUT_MARKERS = ("timed out", "timeout", "watchdog caught collective", "nccl communicator was aborted")
+
+
+def looks_like_timeout(messages) -> bool:
+    """True if any worker error reads like a collective that hit the process-group timeout."""
+    return any(m in text.lower() for text in messages for m in _TIMEOUT_MARKERS)

@@ -9,10 +9,11 @@ A hang (a collective that hit ``comm.timeout_s``) is retried by our own policy,
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaletrain.comm.watchdog import HangReport, diagnose
+from scaletrain.comm.watchdog import HangReport, diagnose, looks_like_timeout
 from scaletrain.errors import ScaletrainError, TrainingError
 from scaletrain.metrics.logs import EventLog
 
@@ -48,22 +49,32 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+_EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
+_EXIT_DETAIL = re.compile(r"Worker exit detail: ([^.]*)")
+MAX_CAUSE_CHARS = 240
+
+
 def describe(exc: BaseException) -> str:
-    """``Type: last line of the message`` of the innermost cause (Ray wraps worker errors)."""
+    """One line for a worker failure: a dead process, or ``Type: message`` of the innermost cause."""
     cause = _root_cause(exc)
     text = str(cause).strip()
+    kind = _EXIT_TYPE.search(text)
+    if kind:  # Ray reports a dead worker process; the signal itself is not passed on
+        detail = _EXIT_DETAIL.search(text)
+        return (f"worker process died ({kind.group(1)}: {detail.group(1).strip() if detail else 'no detail'}); "
+                f"killed by a signal (SIGKILL, the OOM killer) or crashed")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # Ray's "actor died" messages put the useful part (exit code / signal) first.
-    pick = next((ln for ln in lines if "SIGKILL" in ln or "exit code" in ln.lower() or "signal" in ln.lower()),
-                lines[-1] if lines else "")
-    return f"{type(cause).__name__}: {pick}"
+    line = lines[-1] if lines else ""
+    return f"{type(cause).__name__}: {line[:MAX_CAUSE_CHARS]}"
 
 
 def group_failures(failures: dict[int, BaseException]) -> tuple[list[tuple[list[int], str]], BaseException | None]:
     """Group per-rank failures by message: [([0, 3], "ValueError: ..."), ...]; plus a shared user error."""
     groups: dict[str, list[int]] = {}
     causes = {}
-    for rank, exc in sorted(failures.items()):
+    # A dead process is the cause; errors of its peers ("connection reset") follow from it: list it first.
+    ordered = sorted(failures.items(), key=lambda kv: (not describe(kv[1]).startswith("worker process died"), kv[0]))
+    for rank, exc in ordered:
         text = describe(exc)
         groups.setdefault(text, []).append(rank)
         causes[text] = _root_cause(exc)
@@ -91,7 +102,7 @@ class FailureEvents(UserCallback):
         groups, _ = group_failures(worker_exceptions)
         allowed = "unlimited" if self.max_failures < 0 else str(self.max_failures)
         restart = self.max_failures < 0 or self.attempt <= self.max_failures
-        hang = diagnose(self.run_dir, self.world_size)
+        hang = diagnose(self.run_dir, self.world_size) if looks_like_timeout(m for _, m in groups) else None
         text = f"failure {self.attempt} (max_failures={allowed}): {format_groups(groups)}"
         if hang:
             text += f"; {hang.message(0).split('; rank(s)')[0]}"
@@ -101,19 +112,18 @@ class FailureEvents(UserCallback):
 
 def training_error(e: Exception, run_dir: Path, world_size: int, timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:
     """The one-line error for a failed fit(), and the hang diagnosis if the heartbeats show one."""
-    hang = diagnose(run_dir, world_size)
     failures = getattr(e, "worker_failures", None)
     if not failures:
         cause = _root_cause(e)
         if isinstance(cause, ScaletrainError):
             return cause, None
-        failures = {}
         text = describe(e)
     else:
         groups, user = group_failures(failures)
-        if user is not None and hang is None:
+        if user is not None:
             return user, None
         text = format_groups(groups)
+    hang = diagnose(run_dir, world_size) if looks_like_timeout([text]) else None
     if hang is not None:
         text = f"{hang.message(timeout_s)}; worker errors: {text}"
     return TrainingError(f"training failed: {text}; see {run_dir}/logs/worker-<rank>.log"), hang

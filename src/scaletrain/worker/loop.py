@@ -87,8 +87,8 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
                                              num_workers=cfg.data.loader_workers)
         batches = iter(loader)
         while state.step < spec.total_steps:
-            maybe_fire(spec.faults, spec.run_dir, ctx.world_rank, state.step + 1)
             beat.enter("data", state.step + 1)
+            maybe_fire(spec.faults, spec.run_dir, ctx.world_rank, state.step + 1)
             window = _next_window(batches, accum, metrics)
             if window is None:
                 break  # epoch exhausted (a partial accumulation window is dropped)
@@ -143,7 +143,8 @@ def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx
     for i, batch in enumerate(window):
         last = i == len(window) - 1
         batch = {k: v.to(ctx.device, non_blocking=True) for k, v in batch.items()}
-        beat.enter("forward", step)
+        # FSDP all-gathers parameters in forward, so there forward is a collective phase.
+        beat.enter("forward-gather" if cfg.train.strategy == "fsdp" else "forward", step)
         with grad_sync(model, cfg.train.strategy, enabled=last), precision.autocast():
             loss = model(**batch).loss / len(window)
         if last:

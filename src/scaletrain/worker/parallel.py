@@ -17,7 +17,9 @@ def wrap_model(model: nn.Module, ctx: DistContext, strategy: str) -> nn.Module:
         return model  # nothing to synchronise; keeps the 1-worker baseline free of DDP overhead
     if strategy == "ddp":
         ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        # HF models' buffers (position ids) never change: broadcasting them each forward is a wasted
+        # collective, and it would make forward a sync point (a stuck rank would look like a forward hang).
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 

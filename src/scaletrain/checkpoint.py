@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -100,6 +101,11 @@ def save(run_dir, state: TrainState, model, optimizer, scheduler, scaler, rank: 
         files = sorted(p for p in tmp.iterdir() if p.is_file())
         manifest = {"step": state.step, "files": {p.name: _sha256(p) for p in files}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if final.exists():
+            # Only after resuming past it (it failed verification): keep it for inspection, out of the way.
+            aside = final.with_name(f"{final.name}.unusable-{int(time.time())}")
+            os.replace(final, aside)
+            log.warning("moved the earlier %s aside to %s", final.name, aside.name)
         os.replace(tmp, final)
         _rotate(root, keep)
     _barrier()

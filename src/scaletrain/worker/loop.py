@@ -84,7 +84,10 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
         sampler.set_position(state.epoch, state.micro_batches_in_epoch * cfg.train.per_device_train_batch_size)
         loader = torch.utils.data.DataLoader(train_data, batch_size=cfg.train.per_device_train_batch_size,
                                              sampler=sampler, collate_fn=collate, drop_last=True,
-                                             num_workers=cfg.data.loader_workers)
+                                             num_workers=cfg.data.loader_workers,
+                                             # its own generator: creating an iterator must not draw from the
+                                             # global RNG, or a resumed run's dropout masks would differ
+                                             generator=torch.Generator().manual_seed(cfg.train.seed + state.epoch))
         batches = iter(loader)
         while state.step < spec.total_steps:
             beat.enter("data", state.step + 1)

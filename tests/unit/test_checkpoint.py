@@ -1,0 +1,55 @@
+"""Checkpoints: atomic + checksummed, corrupt newest falls back, and resume is bit-exact (in-process)."""
+
+import shutil
+
+import torch
+from safetensors.torch import load_file
+
+from scaletrain import checkpoint
+from scaletrain.launch.local import run_in_process
+from tests.conftest import local_spec
+
+
+def _weights(run_dir):
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def test_corrupt_latest_falls_back_and_resume_is_bit_identical(classify_cfg, tmp_path, caplog):
+    classify_cfg["train"].update(max_steps=12, logging_steps=4)
+    classify_cfg["checkpoint"] = {"save_steps": 4, "save_total_limit": 3}
+    _, _, ref = local_spec(classify_cfg, tmp_path / "ref")
+    run_in_process(ref)
+    ckpts = [p.name for p in checkpoint.list_checkpoints(tmp_path / "ref" / "checkpoints")]
+    assert ckpts == ["step-4", "step-8", "step-12"]
+    assert all(checkpoint.verify(tmp_path / "ref" / "checkpoints" / c) is None for c in ckpts)
+    manifest = (tmp_path / "ref" / "checkpoints" / "step-4" / "manifest.json").read_text()
+    for name in ("model.pt", "optimizer.pt", "trainer_state.pt", "rng-rank0.pt"):
+        assert name in manifest
+
+    # A copy of the run as it was after step 8 crashed mid-way through writing step 12 ...
+    _, _, spec = local_spec(classify_cfg, tmp_path / "b")
+    shutil.copytree(tmp_path / "ref" / "checkpoints", tmp_path / "b" / "checkpoints")
+    shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-12")
+    # ... and step-8 is corrupt on disk: one flipped byte.
+    model_pt = tmp_path / "b" / "checkpoints" / "step-8" / "model.pt"
+    data = bytearray(model_pt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model_pt.write_bytes(bytes(data))
+    assert "fails its checksum" in checkpoint.verify(model_pt.parent)
+    with caplog.at_level("WARNING"):
+        assert checkpoint.latest_valid(tmp_path / "b").name == "step-4"
+    assert "step-8 is unusable" in caplog.text
+
+    run_in_process(spec)  # resumes from step-4 and runs steps 5..12 again
+    main_log = (tmp_path / "b" / "logs" / "main.log").read_text()
+    assert "resume: from step-4: step 4" in main_log
+    a, b = _weights(tmp_path / "ref"), _weights(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_partial_checkpoint_is_ignored(tmp_path):
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-step-9").mkdir(parents=True)  # a crash before the rename
+    (root / "step-5").mkdir()  # no manifest: not a finished checkpoint
+    assert checkpoint.latest_valid(tmp_path) is None
+    assert checkpoint.verify(root / "step-5") == "no manifest (partial write)"

@@ -25,7 +25,7 @@ from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ScaletrainError
 from scaletrain.launch import ray_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
-from scaletrain.redact import Redactor
+from scaletrain.redact import Redactor, is_secret_name
 from scaletrain.worker.faults import parse_faults
 from scaletrain.worker.loop import RUN_UMASK, STOP_FILE
 from scaletrain.launch.rundir import create_run_dir
@@ -50,7 +50,7 @@ class JobResult:
 def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None, show_progress: bool = True) -> JobResult:
     os.umask(RUN_UMASK)
     _quiet_libraries()
-    redact = Redactor(secret_values())
+    redact = Redactor(secret_values() + [v for k, v in cfg.comm.env.items() if is_secret_name(k)])
     vendor = Platform.detect().vendor
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)

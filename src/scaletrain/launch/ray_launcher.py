@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 
 from scaletrain.comm import env as envvars
@@ -95,7 +96,22 @@ def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[
                                      redactor)],
         ),
     )
-    trainer.fit()
+    # fit() runs in a helper thread so the main thread stays in Python, where our SIGINT/SIGTERM handler can
+    # ask the workers to checkpoint and stop; a signal inside Ray's blocking C++ call would kill the driver.
+    outcome: dict = {}
+
+    def target():
+        try:
+            trainer.fit()
+        except BaseException as e:  # re-raised in the main thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name="scaletrain-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if "error" in outcome:
+        raise outcome["error"]
 
 
 def prepare_driver_env(vendor: str) -> list[str]:

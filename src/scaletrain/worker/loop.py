@@ -55,6 +55,7 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
 def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: Heartbeat) -> dict:
     _write_pid(spec.run_dir, ctx)
     log.info("worker up: %s", ctx)
+    log.info("comm.env: %s", cfg.comm.env)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
     model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id)
     trainable, total = count_parameters(model)

@@ -9,14 +9,15 @@ from scaletrain.errors import ScaletrainError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from scaletrain.commands import train
+    from scaletrain.commands import env, topo, train
 
     parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.split(":")[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    train.register(sub, [common])
+    for command in (train, env, topo):
+        command.register(sub, [common])
     return parser
 
 

@@ -1,6 +1,7 @@
 import logging
 
-from scaletrain.comm.env import misquoted, secret_values
+from scaletrain.comm.env import secret_values
+from scaletrain.comm.profiles import check_names
 from scaletrain.redact import MASK, Redactor, RedactingFilter
 
 
@@ -45,6 +46,6 @@ def test_logging_filter(tmp_path):
 
 
 def test_misquoted_env_names():
-    lines = misquoted({"NCCL_TIMEOUT": "100", "RCCL_MIN_NRINGS": "8", "NCCL_DEBUG": "INFO"})
+    lines = check_names({"NCCL_TIMEOUT": "100", "RCCL_MIN_NRINGS": "8", "NCCL_DEBUG": "INFO"})
     assert len(lines) == 2
     assert "comm.timeout_s" in lines[0] and "NCCL_MIN_NCHANNELS" in lines[1]

@@ -97,11 +97,6 @@ MISQUOTED_ENV: dict[str, str] = {
 }
 
 
-def misquoted(names) -> list[str]:
-    """One warning line per variable name that does not do what its users think."""
-    return [f"{n}: {MISQUOTED_ENV[n]}" for n in names if n in MISQUOTED_ENV]
-
-
 # --- Fault injection for tests and drills (never set in normal runs) -----------------------------------
 # "KIND:RANK:STEP[:TIMES]" entries separated by ",": KIND is raise, exit or hang; the fault fires at the
 # start of optimizer step STEP on rank RANK, at most TIMES times per run (default 1).

@@ -110,6 +110,8 @@ class CommConfig(_Section):
     backend: Literal["auto", "nccl", "rccl", "gloo"] = "auto"
     # Process-group timeout: a collective that waits longer fails instead of hanging.
     timeout_s: int = Field(1800, ge=10)
+    # A shipped profile (debug, rocm-mi300x, tcp-only) or a YAML file with env:; comm.env wins over it.
+    profile: Optional[str] = None
     # Environment variables for every worker (NCCL_*, RCCL_*, TORCH_NCCL_*, ...).
     env: dict[str, str] = Field(default_factory=dict)
 

@@ -19,6 +19,7 @@ import yaml
 from scaletrain.comm import env as envvars
 from scaletrain.comm.env import secret_values
 from scaletrain.comm.device import Platform
+from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
 from scaletrain.console import LiveProgress, console
 from scaletrain.data import PreparedData, prepare_data
@@ -57,7 +58,7 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
     data = prepare_data(cfg, tokenizer)
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
-    notes = ray_launcher.prepare_driver_env(vendor) + envvars.misquoted(cfg.comm.env)
+    notes = ray_launcher.prepare_driver_env(vendor) + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     started = ray_launcher.ensure_ray(cfg.scaling.address)
     try:
         plan = ray_launcher.plan_cluster(cfg, ray_launcher.cluster_resources(), vendor)

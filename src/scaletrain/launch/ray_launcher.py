@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform, reconcile_rocr, select_backend
-from scaletrain.config.schema import Config
+from scaletrain.comm.profiles import effective_env
+from scaletrain.config.schema import CommConfig, Config
+from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
 from scaletrain.launch.failures import FailureEvents
 from scaletrain.worker.spec import JobSpec
@@ -49,13 +51,17 @@ def ensure_ray(address: str | None) -> bool:
 
 def plan_cluster(cfg: Config, resources: dict[str, float], vendor: str) -> ClusterPlan:
     """Decide GPU use, backend and per-worker resources from the cluster's totals; check they fit."""
+    return plan_scaling(cfg.scaling, cfg.comm, resources, vendor)
+
+
+def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str, float], vendor: str) -> ClusterPlan:
     gpus = int(resources.get("GPU", 0))
-    use_gpu = gpus > 0 if cfg.scaling.use_gpu == "auto" else bool(cfg.scaling.use_gpu)
-    choice = select_backend(cfg.comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))  # type: ignore[arg-type]
-    per_worker = dict(cfg.scaling.resources_per_worker or {"CPU": 1})
+    use_gpu = gpus > 0 if scaling.use_gpu == "auto" else bool(scaling.use_gpu)
+    choice = select_backend(comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))  # type: ignore[arg-type]
+    per_worker = dict(scaling.resources_per_worker or {"CPU": 1})
     if use_gpu:
         per_worker.setdefault("GPU", 1)
-    n = cfg.scaling.num_workers
+    n = scaling.num_workers
     for name, amount in per_worker.items():
         have = resources.get(name, 0)
         if amount * n > have:
@@ -75,25 +81,34 @@ def cluster_resources() -> dict[str, float]:
 
 
 def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[str, str], redactor=None) -> None:
-    """Run the loop on ``num_workers`` Ray Train workers; Ray's errors propagate (see launch/failures.py)."""
+    """Run the train loop on ``num_workers`` Ray Train workers; Ray's errors propagate (see launch/failures.py)."""
+    run_on_workers(
+        _ray_worker_entry, {"spec": spec}, cfg.scaling, plan, worker_env, spec.run_dir, cfg.comm.timeout_s,
+        max_failures=cfg.fault_tolerance.max_failures, keep=cfg.checkpoint.save_total_limit,
+        callbacks=[FailureEvents(spec.run_dir, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures, redactor)],
+    )
+
+
+def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, worker_env: dict[str, str],
+                   storage_dir: str, timeout_s: int, max_failures: int = 0, keep: int = 1, callbacks=()) -> None:
+    """Run ``entry(entry_config)`` on every worker of a Ray Train TorchTrainer (process group set up by Ray)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     trainer = TorchTrainer(
-        train_loop_per_worker=_ray_worker_entry,
-        train_loop_config={"spec": spec},
-        torch_config=TorchConfig(backend=plan.backend, timeout_s=cfg.comm.timeout_s),
-        scaling_config=ScalingConfig(num_workers=cfg.scaling.num_workers, use_gpu=plan.use_gpu,
+        train_loop_per_worker=entry,
+        train_loop_config=entry_config,
+        torch_config=TorchConfig(backend=plan.backend, timeout_s=timeout_s),
+        scaling_config=ScalingConfig(num_workers=scaling.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=plan.resources_per_worker,
-                                     placement_strategy=cfg.scaling.placement_strategy),
+                                     placement_strategy=scaling.placement_strategy),
         run_config=RunConfig(
-            # Ray's own bookkeeping goes to <run_dir>/ray; our checkpoints live in <run_dir>/checkpoints.
-            name="ray", storage_path=spec.run_dir,
-            failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.save_total_limit),
+            # Ray's own bookkeeping goes to <storage_dir>/ray; our checkpoints live beside it.
+            name="ray", storage_path=str(storage_dir),
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=keep),
             worker_runtime_env={"env_vars": worker_env},
-            callbacks=[FailureEvents(spec.run_dir, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures,
-                                     redactor)],
+            callbacks=list(callbacks),
         ),
     )
     # fit() runs in a helper thread so the main thread stays in Python, where our SIGINT/SIGTERM handler can
@@ -125,7 +140,11 @@ def prepare_driver_env(vendor: str) -> list[str]:
 
 
 def worker_env_for(cfg: Config, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
-    out = envvars.worker_env(cfg.comm.env)
+    return comm_worker_env(cfg.comm, vendor, backend, run_dir)
+
+
+def comm_worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
+    out = envvars.worker_env(effective_env(comm.profile, comm.env))
     if backend == "nccl":
         # A stuck collective fails after comm.timeout_s and leaves a flight-recorder trace; a user's values win.
         for k, v in envvars.nccl_watchdog_env(f"{run_dir}/flight").items():

@@ -114,3 +114,8 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     environ = os.environ if environ is None else environ
     return [v for k, v in environ.items()
             if len(v) >= 6 and any(fnmatch.fnmatchcase(k.upper(), p) for p in SECRET_NAME_PATTERNS)]
+
+
+def snapshot() -> dict[str, str]:
+    """A copy of this process's environment, for preflight checks that inspect it."""
+    return dict(os.environ)

@@ -1,0 +1,146 @@
+"""`scaletrain doctor [CONFIG]`: preflight checks as rows (name, ok/warn/fail, detail, fix); exit 1 on a failure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction, parents) -> None:
+    p = sub.add_parser("doctor", parents=parents, help="preflight checks before spending GPU-hours")
+    p.add_argument("config", nargs="?", help="the training config to check (workers, paths, batch/LR)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    p.add_argument("--no-smoke", action="store_true", help="skip the all-reduce smoke test (no workers started)")
+    p.set_defaults(func=run)
+
+
+def _free_port(environ) -> bool:
+    port = int(environ.get("MASTER_PORT", 0) or 0)
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+def gather_facts(cfg, smoke: bool):
+    from scaletrain.comm.device import Platform
+    from scaletrain.comm.env import snapshot
+    from scaletrain.comm.topo import detect
+    from scaletrain.doctor import Facts
+
+    environ = snapshot()
+    platform = Platform.detect()
+    shm = shutil.disk_usage("/dev/shm").total if Path("/dev/shm").exists() else None
+    out = Path(cfg.output.output_dir if cfg else ".").resolve()
+    while not out.exists():
+        out = out.parent
+    try:
+        cmdline = Path("/proc/cmdline").read_text()
+    except OSError:
+        cmdline = ""
+    topo = detect()
+    facts = Facts(environ=environ, vendor=platform.vendor, gpu_count=max(platform.device_count, topo.count),
+                  shm_bytes=shm, nofile_soft=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                  disk_free_bytes=shutil.disk_usage(out).free, port_free=_free_port(environ), kernel_cmdline=cmdline,
+                  topology_warnings=topo.warnings(), config=cfg)
+    if cfg is not None:
+        facts.path_errors = _path_errors(cfg)
+        if smoke:
+            facts.cluster, facts.smoke = _cluster_and_smoke(cfg, platform.vendor)
+    return facts
+
+
+def _path_errors(cfg) -> list[str]:
+    from scaletrain.data import read_records
+    from scaletrain.errors import ScaletrainError
+    from scaletrain.model import model_dir
+
+    errors = []
+    for check in (lambda: model_dir(cfg.model.name_or_path), lambda: read_records(cfg.data.train_file, cfg.data.format),
+                  lambda: cfg.data.eval_file and read_records(cfg.data.eval_file, cfg.data.format, "data.eval_file")):
+        try:
+            check()
+        except ScaletrainError as e:
+            errors.append(str(e))
+    return errors
+
+
+def _cluster_and_smoke(cfg, vendor):
+    from scaletrain.errors import ScaletrainError
+    from scaletrain.launch import ray_launcher
+
+    started = ray_launcher.ensure_ray(cfg.scaling.address)
+    try:
+        resources = ray_launcher.cluster_resources()
+        try:
+            plan = ray_launcher.plan_cluster(cfg, resources, vendor)
+        except ScaletrainError:
+            return resources, None  # check_workers reports it
+        if cfg.scaling.num_workers < 2:
+            return resources, (True, "1 worker: no collective to test")
+        out = Path(tempfile.mkdtemp(prefix="scaletrain-doctor-"))
+        env = ray_launcher.worker_env_for(cfg, vendor, plan.backend, str(out))
+        t0 = time.perf_counter()
+        try:
+            ray_launcher.run_on_workers(_smoke_entry, {"backend": plan.backend, "result": str(out / "smoke.json")},
+                                        cfg.scaling, plan, env, str(out), timeout_s=30)
+            result = json.loads((out / "smoke.json").read_text())
+        except Exception as e:  # a hang or a crash is exactly what this check reports
+            return resources, (False, f"all-reduce across {cfg.scaling.num_workers} workers failed: {type(e).__name__}: "
+                                      f"{str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}")
+        ok = result["value"] == result["expected"]
+        return resources, (ok, f"{cfg.scaling.num_workers} workers, {plan.backend}: sum {result['value']:g} "
+                               f"(expected {result['expected']:g}) in {time.perf_counter() - t0:.1f} s with start-up; "
+                               f"nodes {result['nodes']}")
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def _smoke_entry(config: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from scaletrain.comm.context import context_from_ray
+
+    ctx = context_from_ray(config["backend"])
+    t = torch.full((1024,), float(ctx.world_rank + 1), device=ctx.device)
+    dist.all_reduce(t)
+    nodes = [None] * ctx.world_size
+    dist.all_gather_object(nodes, ctx.node_id[:8])
+    if ctx.is_main:
+        Path(config["result"]).write_text(json.dumps({"value": t[0].item(), "nodes": sorted(set(nodes)),
+                                                      "expected": ctx.world_size * (ctx.world_size + 1) / 2}))
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from scaletrain.config import load_config
+    from scaletrain.console import console
+    from scaletrain.doctor import Status, run_checks
+
+    cfg = load_config(args.config, args.overrides) if args.config else None
+    results = run_checks(gather_facts(cfg, smoke=not args.no_smoke))
+    table = Table(title="scaletrain doctor")
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    colors = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "red"}
+    for r in results:
+        table.add_row(r.name, f"[{colors[r.status]}]{r.status.value}[/]", r.detail, r.fix)
+    console.print(table)
+    failed = [r.name for r in results if r.status is Status.FAIL]
+    if failed:
+        console.print(f"[red]{len(failed)} check(s) failed[/]: {', '.join(failed)}")
+        return 1
+    return 0

@@ -1,0 +1,187 @@
+"""Preflight checks: each is a small function of gathered ``Facts`` returning (name, status, detail, fix).
+
+Facts are collected once (``gather_facts``); checks never touch the machine themselves, so each is
+unit-tested with fakes. The two checks that need workers (cluster size, smoke all-reduce) take their
+facts from a local or joined Ray cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from scaletrain.comm.env import CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES
+from scaletrain.config.schema import Config
+
+GIB = 1024**3
+
+
+class Status(enum.Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Facts:
+    environ: Mapping[str, str]
+    vendor: str  # "rocm", "cuda" or "cpu" (the torch build)
+    gpu_count: int
+    shm_bytes: int | None
+    nofile_soft: int | None
+    disk_free_bytes: int | None
+    port_free: bool
+    kernel_cmdline: str = ""
+    topology_warnings: list[str] = field(default_factory=list)
+    cluster: dict[str, float] | None = None  # Ray cluster resources, when a cluster was reached
+    smoke: tuple[bool, str] | None = None  # (passed, detail) of the all-reduce smoke test
+    config: Config | None = None
+    path_errors: list[str] = field(default_factory=list)
+
+
+Check = Callable[[Facts], "CheckResult | None"]
+
+
+def check_workers(f: Facts) -> CheckResult | None:
+    if f.config is None or f.cluster is None:
+        return None
+    n = f.config.scaling.num_workers
+    gpus, cpus = int(f.cluster.get("GPU", 0)), int(f.cluster.get("CPU", 0))
+    use_gpu = gpus > 0 if f.config.scaling.use_gpu == "auto" else bool(f.config.scaling.use_gpu)
+    have, what = (gpus, "GPUs") if use_gpu else (cpus, "CPUs")
+    per = (f.config.scaling.resources_per_worker or {}).get("GPU" if use_gpu else "CPU", 1)
+    if n * per > have:
+        return CheckResult("workers", Status.FAIL, f"scaling.num_workers={n} needs {n * per:g} {what}; the cluster has {have}",
+                           f"lower scaling.num_workers to {int(have // per)} or add nodes")
+    return CheckResult("workers", Status.OK, f"{n} worker(s) on {have} {what} ({cpus} CPUs, {gpus} GPUs in the cluster)")
+
+
+def check_visible_devices(f: Facts) -> CheckResult:
+    env = f.environ
+    rocr, hip, cuda = env.get(ROCR_VISIBLE_DEVICES), env.get(HIP_VISIBLE_DEVICES), env.get(CUDA_VISIBLE_DEVICES)
+    shown = ", ".join(f"{k}={v}" for k, v in ((ROCR_VISIBLE_DEVICES, rocr), (HIP_VISIBLE_DEVICES, hip),
+                                              (CUDA_VISIBLE_DEVICES, cuda)) if v is not None) or "none set"
+    name = "visible devices"
+    if f.vendor == "rocm":
+        if rocr is not None and hip is None:
+            return CheckResult(name, Status.WARN, f"{shown}: Ray reads only HIP_VISIBLE_DEVICES and refuses ROCR alone",
+                               "scaletrain sets the equivalent HIP_VISIBLE_DEVICES for you; or export it yourself")
+        if hip is not None and cuda is not None and hip != cuda:
+            return CheckResult(name, Status.FAIL, f"{shown}: HIP and CUDA lists disagree; on ROCm both filter devices "
+                                                  f"and ranks map to the wrong GPU", "unset CUDA_VISIBLE_DEVICES and keep HIP_VISIBLE_DEVICES")
+    elif f.vendor == "cuda" and (hip is not None or rocr is not None):
+        return CheckResult(name, Status.WARN, f"{shown}: HIP/ROCR variables do nothing on a CUDA build",
+                           "use CUDA_VISIBLE_DEVICES")
+    return CheckResult(name, Status.OK, shown)
+
+
+def check_shm(f: Facts) -> CheckResult | None:
+    if f.shm_bytes is None:
+        return None
+    gib = f.shm_bytes / GIB
+    fix = "run the container with --ipc=host or --shm-size=16g"
+    if f.shm_bytes < 256 * 1024**2:
+        return CheckResult("/dev/shm", Status.FAIL, f"{gib:.2f} GiB: NCCL/RCCL and data loaders hang or crash with this little", fix)
+    if f.shm_bytes < 2 * GIB:
+        return CheckResult("/dev/shm", Status.WARN, f"{gib:.2f} GiB: small for multi-GPU jobs (Docker's default is 64 MiB)", fix)
+    return CheckResult("/dev/shm", Status.OK, f"{gib:.1f} GiB")
+
+
+def check_port(f: Facts) -> CheckResult:
+    if f.port_free:
+        return CheckResult("rendezvous port", Status.OK, "a free TCP port can be bound on this node")
+    return CheckResult("rendezvous port", Status.FAIL, "MASTER_PORT is taken (or no port can be bound)",
+                       "unset MASTER_PORT so one is chosen, or pick a free one")
+
+
+def check_nofile(f: Facts) -> CheckResult | None:
+    if f.nofile_soft is None:
+        return None
+    if f.nofile_soft < 4096:
+        return CheckResult("open files", Status.WARN, f"ulimit -n is {f.nofile_soft}: Ray and NCCL open many sockets/files",
+                           "ulimit -n 65536 (or raise nofile in /etc/security/limits.conf)")
+    return CheckResult("open files", Status.OK, f"ulimit -n {f.nofile_soft}")
+
+
+def check_disk(f: Facts) -> CheckResult | None:
+    if f.disk_free_bytes is None:
+        return None
+    gib = f.disk_free_bytes / GIB
+    where = f.config.output.output_dir if f.config else "the output directory"
+    if gib < 1:
+        return CheckResult("disk", Status.FAIL, f"{gib:.2f} GiB free under {where}", "free space or set output.output_dir")
+    if gib < 10:
+        return CheckResult("disk", Status.WARN, f"{gib:.1f} GiB free under {where}: checkpoints may not fit",
+                           "free space or lower checkpoint.save_total_limit")
+    return CheckResult("disk", Status.OK, f"{gib:.0f} GiB free under {where}")
+
+
+def check_paths(f: Facts) -> CheckResult | None:
+    if f.config is None:
+        return None
+    if f.path_errors:
+        return CheckResult("data and model", Status.FAIL, f.path_errors[0], "fix the path in the config")
+    return CheckResult("data and model", Status.OK, f"{f.config.data.train_file} and {f.config.model.name_or_path} readable")
+
+
+def check_batch_lr(f: Facts) -> CheckResult | None:
+    if f.config is None:
+        return None
+    from scaletrain.worker.optim import global_batch_size, scaled_learning_rate
+
+    t, n = f.config.train, f.config.scaling.num_workers
+    gb1, gbn = global_batch_size(t, 1), global_batch_size(t, n)
+    lr = scaled_learning_rate(t, n)
+    detail = f"global batch {gbn} ({gb1} on 1 worker), lr {lr:g} ({t.lr_scaling} scaling)"
+    if n > 1 and t.lr_scaling == "none":
+        return CheckResult("batch and LR", Status.WARN, detail + f": the global batch is {n}x the 1-worker baseline "
+                           f"with the same LR, so fewer, larger steps; results will differ from 1 worker",
+                           "set train.lr_scaling=linear (or sqrt), or divide per_device_train_batch_size by the workers")
+    return CheckResult("batch and LR", Status.OK, detail)
+
+
+def check_rocm_hints(f: Facts) -> CheckResult | None:
+    if f.vendor != "rocm":
+        return None
+    hints = []
+    if "iommu=pt" not in f.kernel_cmdline:
+        hints.append("the kernel command line lacks iommu=pt (AMD recommends it for multi-GPU peer-to-peer)")
+    if f.environ.get("HSA_FORCE_FINE_GRAIN_PCIE") != "1" and any("PCIE" in w for w in f.topology_warnings):
+        hints.append("GPUs talk over PCIe and HSA_FORCE_FINE_GRAIN_PCIE is not 1 (RCCL needs it for PCIe peer access)")
+    if hints:
+        return CheckResult("ROCm hints", Status.WARN, "; ".join(hints),
+                           "add iommu=pt to the kernel command line; export HSA_FORCE_FINE_GRAIN_PCIE=1 on PCIe boxes")
+    return CheckResult("ROCm hints", Status.OK, "iommu=pt set")
+
+
+def check_topology(f: Facts) -> CheckResult | None:
+    if f.gpu_count == 0:
+        return CheckResult("topology", Status.OK, "no GPU on this node (CPU workers, gloo)")
+    if f.topology_warnings:
+        return CheckResult("topology", Status.WARN, f.topology_warnings[0], "see `scaletrain topo`")
+    return CheckResult("topology", Status.OK, "no slow GPU pairs")
+
+
+def check_smoke(f: Facts) -> CheckResult | None:
+    if f.smoke is None:
+        return None
+    ok, detail = f.smoke
+    return CheckResult("all-reduce smoke test", Status.OK if ok else Status.FAIL, detail,
+                       "" if ok else "run with the debug comm profile (comm.profile=debug) and read the worker logs")
+
+
+CHECKS: tuple[Check, ...] = (check_workers, check_visible_devices, check_shm, check_port, check_nofile, check_disk,
+                             check_paths, check_batch_lr, check_rocm_hints, check_topology, check_smoke)
+
+
+def run_checks(facts: Facts, checks: tuple[Check, ...] = CHECKS) -> list[CheckResult]:
+    return [r for r in (c(facts) for c in checks) if r is not None]

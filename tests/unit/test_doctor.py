@@ -1,0 +1,79 @@
+"""Each preflight check with faked facts: it passes on a healthy machine and fails/warns on the broken one."""
+
+from scaletrain.config import validate
+from scaletrain.doctor import (GIB, Facts, Status, check_batch_lr, check_disk, check_nofile, check_paths, check_port,
+                               check_rocm_hints, check_shm, check_smoke, check_topology, check_visible_devices,
+                               check_workers, run_checks)
+
+
+def facts(**kw):
+    base = dict(environ={}, vendor="cpu", gpu_count=0, shm_bytes=16 * GIB, nofile_soft=65536,
+                disk_free_bytes=100 * GIB, port_free=True)
+    base.update(kw)
+    return Facts(**base)
+
+
+def cfg(workers=2, **train):
+    return validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x.jsonl"},
+                     "scaling": {"num_workers": workers}, "train": train})
+
+
+def test_healthy_machine_all_ok():
+    results = run_checks(facts(config=cfg(2, lr_scaling="linear"), cluster={"CPU": 4.0}, smoke=(True, "sum 3")))
+    assert {r.status for r in results} == {Status.OK}
+    assert {r.name for r in results} >= {"workers", "visible devices", "/dev/shm", "rendezvous port", "open files",
+                                         "disk", "data and model", "batch and LR", "topology", "all-reduce smoke test"}
+
+
+def test_workers_vs_cluster():
+    r = check_workers(facts(config=cfg(8), cluster={"CPU": 64.0, "GPU": 4.0}))
+    assert r.status is Status.FAIL and "needs 8 GPUs; the cluster has 4" in r.detail and "lower scaling.num_workers to 4" in r.fix
+    assert check_workers(facts(config=cfg(4), cluster={"CPU": 64.0, "GPU": 4.0})).status is Status.OK
+    assert check_workers(facts()) is None  # no config: nothing to compare
+
+
+def test_visible_device_conflicts():
+    rocm = lambda env: check_visible_devices(facts(vendor="rocm", environ=env))
+    assert rocm({"ROCR_VISIBLE_DEVICES": "0,1"}).status is Status.WARN
+    bad = rocm({"HIP_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert bad.status is Status.FAIL and "unset CUDA_VISIBLE_DEVICES" in bad.fix
+    assert rocm({"HIP_VISIBLE_DEVICES": "0,1"}).status is Status.OK
+    assert check_visible_devices(facts(vendor="cuda", environ={"HIP_VISIBLE_DEVICES": "1"})).status is Status.WARN
+
+
+def test_shm_sizes():
+    assert check_shm(facts(shm_bytes=64 * 1024**2)).status is Status.FAIL  # Docker's default
+    assert check_shm(facts(shm_bytes=1 * GIB)).status is Status.WARN
+    assert "--shm-size" in check_shm(facts(shm_bytes=1 * GIB)).fix
+    assert check_shm(facts(shm_bytes=32 * GIB)).status is Status.OK
+
+
+def test_port_nofile_disk():
+    assert check_port(facts(port_free=False)).status is Status.FAIL
+    assert check_nofile(facts(nofile_soft=1024)).status is Status.WARN
+    assert check_disk(facts(disk_free_bytes=GIB // 2)).status is Status.FAIL
+    assert check_disk(facts(disk_free_bytes=5 * GIB)).status is Status.WARN
+
+
+def test_paths_and_batch_lr():
+    r = check_paths(facts(config=cfg(), path_errors=["data.train_file=x.jsonl: file not found"]))
+    assert r.status is Status.FAIL and "x.jsonl" in r.detail
+    warn = check_batch_lr(facts(config=cfg(4)))
+    assert warn.status is Status.WARN and "global batch 32 (8 on 1 worker)" in warn.detail
+    assert check_batch_lr(facts(config=cfg(4, lr_scaling="sqrt"))).status is Status.OK
+    assert check_batch_lr(facts(config=cfg(1))).status is Status.OK
+
+
+def test_rocm_hints_only_on_rocm():
+    assert check_rocm_hints(facts(vendor="cuda")) is None
+    r = check_rocm_hints(facts(vendor="rocm", kernel_cmdline="quiet", topology_warnings=["... talk over PCIe: GPU0-GPU1 (PCIE)"]))
+    assert r.status is Status.WARN and "iommu=pt" in r.detail and "HSA_FORCE_FINE_GRAIN_PCIE" in r.detail
+    ok = check_rocm_hints(facts(vendor="rocm", kernel_cmdline="iommu=pt", environ={"HSA_FORCE_FINE_GRAIN_PCIE": "1"}))
+    assert ok.status is Status.OK
+
+
+def test_topology_and_smoke():
+    assert check_topology(facts(gpu_count=8, topology_warnings=["2 GPU pair(s) ..."])).status is Status.WARN
+    assert check_topology(facts(gpu_count=8)).status is Status.OK
+    assert check_smoke(facts(smoke=(False, "timed out"))).status is Status.FAIL
+    assert check_smoke(facts()) is None

@@ -5,52 +5,37 @@ Reading the file rather than a Ray channel keeps the progress view the same for 
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from scaletrain.metrics.records import read_jsonl
-
 console = Console(stderr=True)
 
 
-class LiveProgress:
-    """Context manager: polls ``metrics.jsonl`` and shows step/total, loss, samples/s and ETA."""
+class ProgressView:
+    """The live progress bar: step/total, loss, aggregated samples/s, the slowest rank, ETA."""
 
-    def __init__(self, run_dir: str | Path, total_steps: int, interval_s: float = 0.5):
-        self.path = Path(run_dir) / "metrics.jsonl"
-        self.total, self.interval = total_steps, interval_s
-        self._stop = threading.Event()
+    def __init__(self, total_steps: int):
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False,
         )
         self.task = self.progress.add_task("train", total=total_steps, info="starting workers")
 
-    def _poll(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.refresh()
+    def show(self, r: dict) -> None:
+        info = f"loss {r['train/loss']:.4f}  {r['throughput/samples_per_s']:.1f} samples/s"
+        times = r.get("ranks/step_s")
+        if times and len(times) > 1:
+            slow = max(range(len(times)), key=times.__getitem__)
+            info += f"  slowest rank {slow} ({times[slow]:.2f} s/step)"
+        self.progress.update(self.task, completed=r["step"], info=info)
 
-    def refresh(self) -> None:
-        records = [r for r in read_jsonl(self.path) if r.get("kind") == "train"]
-        if records:
-            r = records[-1]
-            info = f"loss {r['train/loss']:.4f}  {r['throughput/samples_per_s']:.1f} samples/s"
-            self.progress.update(self.task, completed=r["step"], info=info)
-
-    def __enter__(self) -> "LiveProgress":
+    def start(self) -> None:
         self.progress.start()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.refresh()
+    def stop(self) -> None:
         self.progress.stop()
 
 

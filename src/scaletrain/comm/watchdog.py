@@ -28,7 +28,7 @@ COLLECTIVE_PHASES = {
     "eval": "evaluation",
     "checkpoint": "a checkpoint save",
     "metrics": "the metrics all-reduce",
-    "stop-check": "the per-step stop check",
+    "step-check": "the per-step NaN/stop check",
     "final": "the final model gather",
 }
 

@@ -136,6 +136,24 @@ class FaultToleranceConfig(_Section):
     hang_retries: int = Field(1, ge=-1)
 
 
+class AlertsConfig(_Section):
+    # 0 disables a rule. Each fires into main.log, alerts.jsonl and the console.
+    gpu_util_min_pct: float = Field(10.0, ge=0, le=100)
+    gpu_util_intervals: int = Field(3, ge=1)  # consecutive system samples below the minimum
+    straggler_factor: float = Field(1.5, ge=0)  # a rank's step time above this x the median of ranks
+    throughput_drop_pct: float = Field(50.0, ge=0, lt=100)  # samples/s below this % of its running median
+    memory_growth_pct: float = Field(25.0, ge=0)  # RSS or device memory grew steadily by more than this %
+    data_wait_pct: float = Field(30.0, ge=0, le=100)  # share of step time spent waiting for data
+
+
+class MonitorConfig(_Section):
+    interval_s: float = Field(5.0, gt=0)  # system sampler period on every worker
+    report_to: list[Literal["jsonl", "tensorboard"]] = Field(default_factory=lambda: ["jsonl"])
+    prometheus_port: Optional[int] = Field(None, ge=1, le=65535)  # driver endpoint with per-rank metrics
+    report: bool = True  # write report.md and plots when training ends
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+
+
 class OutputConfig(_Section):
     output_dir: str = "runs"
     # Default: <config file stem>-<YYYYmmdd-HHMMSS>.
@@ -159,6 +177,7 @@ class Config(_Section):
     comm: CommConfig = Field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
 
     @model_validator(mode="after")

@@ -6,7 +6,6 @@ columns, batch size, cluster size) is checked before a run directory is created.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ from scaletrain.comm.env import secret_values
 from scaletrain.comm.device import Platform
 from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
-from scaletrain.console import LiveProgress, console
+from scaletrain.console import ProgressView, console
 from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ScaletrainError
 from scaletrain.launch import ray_launcher
@@ -31,6 +30,7 @@ from scaletrain.worker.faults import parse_faults
 from scaletrain.worker.loop import RUN_UMASK, STOP_FILE
 from scaletrain.launch.rundir import create_run_dir
 from scaletrain.metrics.logs import EventLog
+from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.model import load_tokenizer, model_dir
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
@@ -58,6 +58,7 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
     data = prepare_data(cfg, tokenizer)
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
+    check_sinks(cfg.monitor)
     notes = ray_launcher.prepare_driver_env(vendor) + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     started = ray_launcher.ensure_ray(cfg.scaling.address)
     try:
@@ -72,9 +73,14 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
         _announce(cfg, spec, plan, notes + ([plan.note] if plan.note else []), len(data.train), len(data.eval),
                   events, resumed=resume_dir is not None)
         env = ray_launcher.worker_env_for(cfg, vendor, plan.backend, str(run_dir))
-        with StopOnSignal(run_dir, events), (LiveProgress(run_dir, spec.total_steps) if show_progress
-                                             else contextlib.nullcontext()):
-            _run_with_hang_retries(spec, cfg, plan, env, redact, events)
+        monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
+                             console)
+        try:
+            with StopOnSignal(run_dir, events), monitor:
+                _run_with_hang_retries(spec, cfg, plan, env, redact, events)
+        finally:
+            if cfg.monitor.report:
+                _write_report(run_dir)
         if (run_dir / STOP_FILE).exists():
             raise Interrupted(f"stopped at a checkpoint on request; continue with: scaletrain train --resume {run_dir}")
         finish_final(cfg, run_dir, tokenizer)
@@ -131,6 +137,15 @@ class StopOnSignal:
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def _write_report(run_dir: Path) -> None:
+    from scaletrain.report.markdown import write_report
+
+    try:
+        console.print(f"report: {write_report(run_dir)}", soft_wrap=True)
+    except Exception as e:  # a report must never hide the run's own outcome
+        console.print(f"[yellow]report not written[/]: {type(e).__name__}: {e}", soft_wrap=True)
 
 
 def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, n_eval: int, events,

@@ -7,8 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 GIB = 1024**3
 
 
@@ -32,27 +30,6 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line being written right now
     return out
-
-
-class ProcessStats:
-    """CPU % and memory of this process; cheap enough to call every logging step."""
-
-    def __init__(self):
-        self.proc = psutil.Process()
-        self.proc.cpu_percent(None)  # first call primes the counter
-
-    def sample(self, device: str) -> dict[str, float]:
-        out = {
-            "system/cpu_pct": self.proc.cpu_percent(None),
-            "memory/rss_gib": self.proc.memory_info().rss / GIB,
-            "memory/host_used_pct": psutil.virtual_memory().percent,
-        }
-        if device.startswith("cuda"):
-            import torch
-
-            out["memory/allocated_gib"] = torch.cuda.memory_allocated() / GIB
-            out["memory/peak_gib"] = torch.cuda.max_memory_allocated() / GIB
-        return out
 
 
 def now() -> float:

@@ -1,7 +1,7 @@
 """Fault injection for tests and failure drills: ``SCALETRAIN_FAULTS=KIND:RANK:STEP[:TIMES],...``.
 
-KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill) or ``hang``
-(the rank sleeps forever before its next collective). A fault fires at the start of optimizer step STEP
+KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill), ``hang``
+(the rank sleeps forever before its next collective) or ``nan`` (that step's loss becomes NaN). A fault fires at the start of optimizer step STEP
 on rank RANK, at most TIMES times per run (counted in ``faults/`` of the run directory, so a restarted
 worker group does not fire it again unless TIMES allows).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from scaletrain.errors import ConfigError
 
 log = logging.getLogger("scaletrain.faults")
-KINDS = ("raise", "exit", "hang")
+KINDS = ("raise", "exit", "hang", "nan")
 
 
 class InjectedFault(RuntimeError):
@@ -48,9 +48,11 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
-def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int) -> None:
+def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int, only: str | None = None) -> bool:
+    """Fire the faults due now. ``only="nan"`` handles the nan kind (returns True: poison this step's loss);
+    otherwise the other kinds, which raise, die or hang."""
     for f in faults:
-        if f.rank != rank or f.step != step:
+        if f.rank != rank or f.step != step or (f.kind == "nan") != (only == "nan"):
             continue
         marker = Path(run_dir) / "faults" / f"{f.kind}-rank{rank}-step{step}"
         fired = int(marker.read_text()) if marker.exists() else 0
@@ -59,9 +61,12 @@ def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int) ->
         marker.parent.mkdir(exist_ok=True)
         marker.write_text(str(fired + 1))
         log.warning("injected fault '%s' at step %d on rank %d (%d of %d)", f.kind, step, rank, fired + 1, f.times)
+        if f.kind == "nan":
+            return True
         if f.kind == "raise":
             raise InjectedFault(f"injected fault at step {step} on rank {rank}")
         if f.kind == "exit":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # hang
             time.sleep(3600)
+    return False

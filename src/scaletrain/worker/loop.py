@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import time
@@ -19,13 +20,18 @@ from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
 from scaletrain.metrics.logs import EventLog, setup_worker_logging
-from scaletrain.metrics.records import JsonlSink, ProcessStats
+from scaletrain.errors import TrainingError
+from scaletrain.metrics.alerts import Alert, write_alert
+from scaletrain.metrics.gpu import reader_for
+from scaletrain.metrics.records import JsonlSink
+from scaletrain.metrics.sampler import SystemSampler
 from scaletrain.model import build_model, count_parameters
 from scaletrain.redact import Redactor
 from scaletrain.worker.faults import maybe_fire
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.optim import build_optimizer, global_batch_size
-from scaletrain.worker.parallel import all_reduce_max, all_reduce_sum, full_model_state, grad_sync, unwrap, wrap_model
+from scaletrain.worker.parallel import (all_gather_floats, all_reduce_max, all_reduce_sum, full_model_state, grad_sync,
+                                        unwrap, wrap_model)
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
 
@@ -41,18 +47,23 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
     log = setup_worker_logging(spec.run_dir, ctx.world_rank, redact)
     events = EventLog(spec.run_dir, f"rank {ctx.world_rank}", redact) if ctx.is_main else (lambda *a, **k: None)
     beat = Heartbeat(spec.run_dir, ctx.world_rank, stall_s=max(5.0, cfg.comm.timeout_s / 2))
+    system = SystemSampler(JsonlSink(Path(spec.run_dir) / "metrics.jsonl"), ctx.world_rank, ctx.device,
+                           cfg.monitor.interval_s, reader_for(ctx.device, _vendor())).start()
     try:
-        summary = run_loop(ctx, spec, cfg, log, events, beat)
+        summary = run_loop(ctx, spec, cfg, log, events, beat, system)
         beat.close(clean=True)
+        log.info("system sampler: %d samples, %.4f s spent sampling", system.samples, system.busy_s)
         return summary
     except BaseException as e:
         log.error("rank %d failed at step %d (phase %s): %s: %s", ctx.world_rank, beat.step_done, beat.phase,
                   type(e).__name__, e, exc_info=True)
         beat.close(clean=False)  # keep the phase it failed in: the driver's hang diagnosis reads it
         raise
+    finally:
+        system.stop()
 
 
-def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: Heartbeat) -> dict:
+def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: Heartbeat, system: SystemSampler) -> dict:
     _write_pid(spec.run_dir, ctx)
     log.info("worker up: %s", ctx)
     log.info("comm.env: %s", cfg.comm.env)
@@ -75,7 +86,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
     train_data, eval_data = load_split(spec.train_path), load_split(spec.eval_path)
     collate = Collator(spec.pad_token_id)
     sampler = ResumableSampler(len(train_data), ctx.world_size, ctx.world_rank, cfg.train.seed)
-    metrics = Meter(ctx, cfg, spec, beat)
+    metrics = Meter(ctx, cfg, spec, beat, system)
     save = lambda: checkpoint.save(spec.run_dir, state, model, optimizer, scheduler, precision.scaler,  # noqa: E731
                                    ctx.world_rank, cfg.checkpoint.save_total_limit, lora)
     accum = cfg.train.gradient_accumulation_steps
@@ -96,7 +107,12 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
             window = _next_window(batches, accum, metrics)
             if window is None:
                 break  # epoch exhausted (a partial accumulation window is dropped)
-            loss = train_step(model, optimizer, scheduler, window, cfg, ctx, precision, beat, state.step + 1)
+            poison = maybe_fire(spec.faults, spec.run_dir, ctx.world_rank, state.step + 1, "nan")
+            loss = train_step(model, optimizer, scheduler, window, cfg, ctx, precision, beat, state.step + 1, poison)
+            beat.enter("step-check", state.step + 1)
+            bad_loss, stop = step_flags(loss, spec.run_dir, ctx.device)
+            if bad_loss:  # before any metric, eval or checkpoint of the corrupted weights
+                raise non_finite_loss(spec.run_dir, state.step + 1, loss, ctx.world_rank, events)
             state.step += 1
             state.micro_batches_in_epoch += accum
             beat.finished_step(state.step)
@@ -107,8 +123,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
             if cfg.checkpoint.save_steps and state.step % cfg.checkpoint.save_steps == 0:
                 beat.enter("checkpoint", state.step)
                 events("checkpoint", f"{save().name} saved")
-            beat.enter("stop-check", state.step)
-            if stop_requested(spec.run_dir, ctx.device):
+            if stop:
                 beat.enter("checkpoint", state.step)
                 path = save()
                 events("stopped", f"on request at step {state.step}; {path.name} saved")
@@ -134,14 +149,28 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
     return summary
 
 
-def stop_requested(run_dir: str, device: str) -> bool:
-    """True on every rank once any rank sees the stop file, so all ranks stop at the same step."""
+def step_flags(loss: float, run_dir: str, device: str) -> tuple[bool, bool]:
+    """(some rank's loss is NaN/Inf, some rank saw the stop file): one small all-reduce per step, so every
+    rank takes the same decision at the same step."""
+    bad = 0.0 if math.isfinite(loss) else 1.0
     seen = 1.0 if os.path.exists(os.path.join(run_dir, STOP_FILE)) else 0.0
-    return all_reduce_max([seen], device)[0] > 0
+    bad, seen = all_reduce_max([bad, seen], device)
+    return bad > 0, seen > 0
+
+
+def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events) -> TrainingError:
+    mine = "" if math.isfinite(loss) else f" (rank {rank}: {loss})"
+    alert = Alert("non_finite_loss", f"loss is not finite at step {step}{mine}; the run stops before saving anything "
+                                     f"from this step", step=step, rank=rank, severity="error")
+    if rank == 0:
+        write_alert(run_dir, alert)
+        events("alert", f"{alert.rule}: {alert.message}")
+    return TrainingError(f"{alert.message}; lower train.learning_rate, set train.max_grad_norm, or check the data "
+                         f"(the last checkpoint is intact)")
 
 
 def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx: DistContext, precision,
-               beat: Heartbeat, step: int) -> float:
+               beat: Heartbeat, step: int, poison: bool = False) -> float:
     """One optimizer step over ``window`` micro-batches; gradients sync on the last one only."""
     loss_sum = 0.0
     for i, batch in enumerate(window):
@@ -151,6 +180,8 @@ def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx
         beat.enter("forward-gather" if cfg.train.strategy == "fsdp" else "forward", step)
         with grad_sync(model, cfg.train.strategy, enabled=last), precision.autocast():
             loss = model(**batch).loss / len(window)
+        if poison:  # fault injection: a NaN loss, as a diverging run produces
+            loss = loss * float("nan")
         if last:
             beat.enter("sync", step)  # backward of the last micro-batch all-reduces gradients
         precision.backward(loss)
@@ -238,10 +269,9 @@ class Precision:
 class Meter:
     """Step timing and the metric record every ``logging_steps`` (aggregated over ranks, written by rank 0)."""
 
-    def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec, beat: Heartbeat):
-        self.ctx, self.cfg, self.spec, self.beat = ctx, cfg, spec, beat
+    def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec, beat: Heartbeat, sampler: SystemSampler):
+        self.ctx, self.cfg, self.spec, self.beat, self.sampler = ctx, cfg, spec, beat, sampler
         self.sink = JsonlSink(Path(spec.run_dir) / "metrics.jsonl") if ctx.is_main else None
-        self.stats = ProcessStats()
         self.samples_total = self.tokens_total = 0.0
         self._reset()
 
@@ -265,7 +295,11 @@ class Meter:
         elapsed = time.perf_counter() - self.t0
         self.beat.enter("metrics", state.step)
         loss, samples, tokens = all_reduce_sum([self.loss, self.samples, self.tokens], self.ctx.device)
-        slowest, wait = all_reduce_max([elapsed, self.wait], self.ctx.device)
+        system = self.sampler.sample()
+        per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"]],
+                                     self.ctx.device)
+        slowest = max(r[0] for r in per_rank) * self.steps
+        wait = max(r[1] for r in per_rank) * self.steps
         self.samples_total += samples
         self.tokens_total += tokens
         record = {
@@ -273,7 +307,9 @@ class Meter:
             "train/loss": loss / self.ctx.world_size / self.steps, "train/lr": lr,
             "throughput/samples_per_s": samples / slowest, "throughput/tokens_per_s": tokens / slowest,
             "time/step_s": slowest / self.steps, "time/data_wait_s": wait / self.steps,
-            "world_size": self.ctx.world_size, **self.stats.sample(self.ctx.device),
+            "world_size": self.ctx.world_size, **system,
+            "ranks/step_s": [r[0] for r in per_rank], "ranks/data_wait_s": [r[1] for r in per_rank],
+            "ranks/rss_gib": [r[2] for r in per_rank],
         }
         self.write(record)
         self._reset()
@@ -294,6 +330,12 @@ class Meter:
             "throughput/tokens_per_s": self.tokens_total / train_time if train_time > 0 else 0.0,
             "final": final_eval,
         }
+
+
+def _vendor() -> str:
+    import torch
+
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
 def seed_everything(seed: int) -> None:

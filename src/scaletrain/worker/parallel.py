@@ -77,3 +77,13 @@ def all_reduce_max(values: list[float], device: str) -> list[float]:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
+
+
+def all_gather_floats(values: list[float], device: str) -> list[list[float]]:
+    """Every rank's ``values``, indexed by rank (a single rank without a process group: just its own)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if not (dist.is_available() and dist.is_initialized()):
+        return [t.tolist()]
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]

@@ -1,0 +1,52 @@
+"""`scaletrain report RUN_DIR` and `scaletrain watch RUN_DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction, parents) -> None:
+    p = sub.add_parser("report", parents=parents, help="write report.md and plots for a run (finished or not)")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="directory for report.md and the PNGs (default: the run directory)")
+    p.set_defaults(func=run_report)
+    w = sub.add_parser("watch", parents=parents, help="follow a running job from another terminal")
+    w.add_argument("run_dir")
+    w.add_argument("--interval", type=float, default=2.0)
+    w.add_argument("--once", action="store_true", help="print the current state once and exit")
+    w.set_defaults(func=run_watch)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from scaletrain.console import console
+    from scaletrain.report.markdown import write_report
+
+    path = write_report(args.run_dir, args.out)
+    console.print(f"report written to {path}", soft_wrap=True)
+    return 0
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from scaletrain.errors import ConfigError
+    from scaletrain.metrics.logs import MAIN_LOG
+    from scaletrain.metrics.monitor import JsonlFollower
+
+    run = Path(args.run_dir)
+    if not (run / "config.resolved.yaml").is_file():
+        raise ConfigError(f"{run}: not a scaletrain run directory (no config.resolved.yaml)")
+    follower, latest, shown = JsonlFollower(run / "metrics.jsonl"), {}, 0
+    while True:
+        for r in follower.poll():
+            latest[(r.get("kind"), r.get("rank", 0))] = r
+        events = (run / MAIN_LOG).read_text().splitlines() if (run / MAIN_LOG).exists() else []
+        for line in events[shown:]:
+            print(line)
+        shown = len(events)
+        for (kind, rank), r in sorted(latest.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+            fields = ", ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float) and k != "time")
+            print(f"  latest {kind} rank {rank}: step {r.get('step', '-')}: {fields}")
+        if args.once or (run / "summary.json").exists():
+            return 0
+        time.sleep(args.interval)

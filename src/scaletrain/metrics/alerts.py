@@ -1,0 +1,167 @@
+"""Alert rules: small objects fed metric records, each returning the alerts it raises.
+
+A rule fires once when its condition starts and re-arms when the condition clears, so a slow rank
+produces one alert, not one per logging step. Thresholds come from ``monitor.alerts``; 0 disables a rule.
+NaN/Inf loss is checked in the workers every step (it must stop the run before anything is saved).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from scaletrain.config.schema import AlertsConfig
+
+ALERTS_FILE = "alerts.jsonl"
+
+
+@dataclass(frozen=True)
+class Alert:
+    rule: str
+    message: str
+    step: int | None = None
+    rank: int | None = None
+    severity: str = "warning"
+    time: float = field(default_factory=time.time)
+
+
+class Rule:
+    name = "rule"
+
+    def observe(self, record: dict) -> list[Alert]:
+        raise NotImplementedError
+
+
+class LowGpuUtil(Rule):
+    name = "low_gpu_util"
+
+    def __init__(self, min_pct: float, intervals: int):
+        self.min_pct, self.intervals = min_pct, intervals
+        self.below: dict[int, int] = {}
+
+    def observe(self, r: dict) -> list[Alert]:
+        if not self.min_pct or r.get("kind") != "system" or "gpu/util_pct" not in r:
+            return []
+        rank = r["rank"]
+        if r["gpu/util_pct"] >= self.min_pct:
+            self.below[rank] = 0
+            return []
+        self.below[rank] = self.below.get(rank, 0) + 1
+        if self.below[rank] != self.intervals:
+            return []
+        return [Alert(self.name, f"rank {rank}: GPU utilisation {r['gpu/util_pct']:.0f}% is below "
+                                 f"{self.min_pct:.0f}% for {self.intervals} samples in a row; the GPU waits on "
+                                 f"input, communication or the host", rank=rank)]
+
+
+class Straggler(Rule):
+    name = "straggler"
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.flagged: set[int] = set()
+
+    def observe(self, r: dict) -> list[Alert]:
+        times = r.get("ranks/step_s")
+        if not self.factor or r.get("kind") != "train" or not times or len(times) < 2:
+            return []
+        median = statistics.median(times)
+        out = []
+        for rank, t in enumerate(times):
+            slow = median > 0 and t > self.factor * median
+            if slow and rank not in self.flagged:
+                out.append(Alert(self.name, f"rank {rank} is a straggler: {t:.3f} s/step vs the median "
+                                            f"{median:.3f} s ({t / median:.1f}x, threshold {self.factor:g}x)",
+                                 step=r.get("step"), rank=rank))
+            (self.flagged.add if slow else self.flagged.discard)(rank)
+        return out
+
+
+class ThroughputDrop(Rule):
+    name = "throughput_drop"
+    warmup = 3  # records before the running median means anything
+
+    def __init__(self, pct: float):
+        self.pct = pct
+        self.history: list[float] = []
+        self.active = False
+
+    def observe(self, r: dict) -> list[Alert]:
+        value = r.get("throughput/samples_per_s")
+        if not self.pct or r.get("kind") != "train" or value is None:
+            return []
+        out = []
+        if len(self.history) >= self.warmup:
+            median = statistics.median(self.history)
+            low = value < median * self.pct / 100
+            if low and not self.active:
+                out.append(Alert(self.name, f"throughput fell to {value:.1f} samples/s, below {self.pct:.0f}% of its "
+                                            f"running median {median:.1f}", step=r.get("step")))
+            self.active = low
+        self.history.append(value)
+        return out
+
+
+class MemoryGrowth(Rule):
+    """Steady growth: over at least ``min_samples`` samples, 80% of the changes are increases and the
+    total growth since the first sample exceeds ``pct`` percent."""
+
+    name = "memory_growth"
+    min_samples = 6
+
+    def __init__(self, pct: float):
+        self.pct = pct
+        self.series: dict[int, list[float]] = {}
+        self.fired: set[int] = set()
+
+    def observe(self, r: dict) -> list[Alert]:
+        if not self.pct or r.get("kind") != "system" or r["rank"] in self.fired:
+            return []
+        key = "memory/allocated_gib" if "memory/allocated_gib" in r else "memory/rss_gib"
+        s = self.series.setdefault(r["rank"], [])
+        s.append(r[key])
+        if len(s) < self.min_samples or s[0] <= 0:
+            return []
+        deltas = [b - a for a, b in zip(s, s[1:])]
+        growth = (s[-1] - s[0]) / s[0] * 100
+        if sum(d > 0 for d in deltas) >= 0.8 * len(deltas) and growth > self.pct:
+            self.fired.add(r["rank"])
+            return [Alert(self.name, f"rank {r['rank']}: {key} grew steadily by {growth:.0f}% over {len(s)} samples "
+                                     f"({s[0]:.2f} -> {s[-1]:.2f} GiB): a leak trend (tensors kept across steps?)",
+                          rank=r["rank"])]
+        return []
+
+
+class DataWait(Rule):
+    name = "data_wait"
+
+    def __init__(self, pct: float):
+        self.pct = pct
+        self.active = False
+
+    def observe(self, r: dict) -> list[Alert]:
+        wait, step = r.get("time/data_wait_s"), r.get("time/step_s")
+        if not self.pct or r.get("kind") != "train" or wait is None or not step:
+            return []
+        share = wait / step * 100
+        high = share > self.pct
+        out = []
+        if high and not self.active:
+            out.append(Alert(self.name, f"data wait is {share:.0f}% of step time (threshold {self.pct:.0f}%): the input "
+                                        f"pipeline is the bottleneck; raise data.loader_workers or prefetch",
+                             step=r.get("step")))
+        self.active = high
+        return out
+
+
+def build_rules(cfg: AlertsConfig) -> list[Rule]:
+    return [LowGpuUtil(cfg.gpu_util_min_pct, cfg.gpu_util_intervals), Straggler(cfg.straggler_factor),
+            ThroughputDrop(cfg.throughput_drop_pct), MemoryGrowth(cfg.memory_growth_pct), DataWait(cfg.data_wait_pct)]
+
+
+def write_alert(run_dir: str | Path, alert: Alert) -> None:
+    with open(Path(run_dir) / ALERTS_FILE, "a") as f:
+        f.write(json.dumps(asdict(alert)) + "\n")

@@ -1,0 +1,56 @@
+"""The per-worker system sampler: a daemon thread writing one ``system`` record every ``monitor.interval_s``.
+
+Process CPU %, RSS and host memory from psutil; GPU utilisation, memory, power and temperature from
+amdsmi/pynvml; torch's allocator counters on GPUs. On CPU-only workers GPU fields are absent, not zero.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+
+from scaletrain.metrics.records import GIB, JsonlSink
+
+
+class SystemSampler:
+    def __init__(self, sink: JsonlSink, rank: int, device: str, interval_s: float, gpu_reader=None):
+        self.sink, self.rank, self.device, self.interval_s = sink, rank, device, interval_s
+        self.gpu = gpu_reader
+        self.proc = psutil.Process()
+        self.proc.cpu_percent(None)  # prime: the first reading is relative to this call
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scaletrain-sampler", daemon=True)
+        self.samples = 0
+        self.busy_s = 0.0  # time spent sampling, to report the sampler's own cost
+
+    def start(self) -> "SystemSampler":
+        self._thread.start()
+        return self
+
+    def sample(self) -> dict[str, float]:
+        out = {"system/cpu_pct": self.proc.cpu_percent(None),
+               "memory/rss_gib": self.proc.memory_info().rss / GIB,
+               "memory/host_used_pct": psutil.virtual_memory().percent}
+        if self.device.startswith("cuda"):
+            import torch
+
+            out["memory/allocated_gib"] = torch.cuda.memory_allocated() / GIB
+            out["memory/reserved_gib"] = torch.cuda.memory_reserved() / GIB
+            out["memory/peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+        if self.gpu is not None:
+            out.update(self.gpu.sample())
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            t0 = time.perf_counter()
+            record = {"kind": "system", "rank": self.rank, "time": time.time(), **self.sample()}
+            self.sink.write(record)
+            self.samples += 1
+            self.busy_s += time.perf_counter() - t0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

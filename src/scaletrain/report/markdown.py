@@ -1,0 +1,70 @@
+"""`report.md`: header table, final metrics, plots, events, alerts and grouped log findings.
+
+Works on finished, failed and running runs: every section uses what is there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from scaletrain.errors import ConfigError
+from scaletrain.metrics.alerts import ALERTS_FILE
+from scaletrain.metrics.logs import MAIN_LOG
+from scaletrain.metrics.records import read_jsonl
+from scaletrain.report import plots
+from scaletrain.report.logscan import scan_logs
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    run = Path(run_dir)
+    if not (run / "config.resolved.yaml").is_file():
+        raise ConfigError(f"{run}: not a scaletrain run directory (no config.resolved.yaml)")
+    out = Path(out_dir) if out_dir else run
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise PermissionError
+    except (PermissionError, OSError):
+        raise ConfigError(f"report directory {out} is not writable; pass --out DIR") from None
+    records = read_jsonl(run / "metrics.jsonl")
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    system = [r for r in records if r.get("kind") == "system"]
+    cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else None
+    images = [p for p in (plots.loss(train, evals, out), plots.throughput(train, out), plots.ranks(train, out),
+                          plots.utilization(system, out)) if p]
+    status = "finished" if summary else ("failed" if "failure:" in _read(run / MAIN_LOG) else "running or stopped")
+    lines = [f"# scaletrain report: {run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]
+    s = summary or {}
+    world = s.get("world_size", cfg["scaling"]["num_workers"])
+    gb = s.get("global_batch_size", cfg["train"]["per_device_train_batch_size"]
+               * cfg["train"]["gradient_accumulation_steps"] * world)
+    rows = [("model", f"{cfg['model']['name_or_path']} ({cfg['model']['finetuning_type']})"),
+            ("task", cfg["model"]["task"]), ("world size", world), ("strategy", cfg["train"]["strategy"]),
+            ("global batch", gb), ("steps", s.get("steps", train[-1]["step"] if train else 0)),
+            ("train time", f"{s['train_time_s']:.1f} s" if summary else "-"),
+            ("eval time", f"{s['eval_time_s']:.1f} s" if summary else "-"),
+            ("throughput", f"{s['throughput/samples_per_s']:.1f} samples/s" if summary else "-")]
+    final = s.get("final") or (evals[-1] if evals else {})
+    rows += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in final.items() if k.startswith("eval/")]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, out)})" for p in images]
+    alerts = read_jsonl(run / ALERTS_FILE)
+    lines += ["", f"## Alerts ({len(alerts)})", ""]
+    lines += [f"- step {a.get('step', '-')}: **{a['rule']}** {a['message']}" for a in alerts] or ["none"]
+    lines += ["", "## Events (logs/main.log)", "", "```", _read(run / MAIN_LOG).rstrip(), "```"]
+    findings = scan_logs(run)
+    lines += ["", f"## Errors and warnings in worker logs ({len(findings)} distinct)", ""]
+    lines += [f"- {f.line()}" for f in findings] or ["none"]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _read(p: Path) -> str:
+    return p.read_text() if p.is_file() else ""

@@ -1,0 +1,73 @@
+"""PNG plots of a run (matplotlib, headless). Each function writes one file and returns its path, or None
+when the run has no data for it yet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def loss(train: list[dict], evals: list[dict], out: Path) -> Path | None:
+    if not train:
+        return None
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    ax.plot([r["step"] for r in train], [r["train/loss"] for r in train], label="train loss")
+    ev = [r for r in evals if "eval/loss" in r]
+    if ev:
+        ax.plot([r["step"] for r in ev], [r["eval/loss"] for r in ev], "o-", label="eval loss")
+    ax.set(xlabel="step", ylabel="loss", title="Loss")
+    ax.legend()
+    return _save(fig, out / "loss.png")
+
+
+def throughput(train: list[dict], out: Path) -> Path | None:
+    if not train:
+        return None
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    ax.plot([r["step"] for r in train], [r["throughput/samples_per_s"] for r in train])
+    ax.set(xlabel="step", ylabel="samples/s", title="Throughput (all ranks)")
+    return _save(fig, out / "throughput.png")
+
+
+def ranks(train: list[dict], out: Path) -> Path | None:
+    rows = [r for r in train if r.get("ranks/step_s")]
+    if not rows:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=FIGSIZE)
+    steps = [r["step"] for r in rows]
+    for rank in range(len(rows[-1]["ranks/step_s"])):
+        a.plot(steps, [r["ranks/step_s"][rank] for r in rows], label=f"rank {rank}")
+        b.plot(steps, [r["ranks/rss_gib"][rank] for r in rows], label=f"rank {rank}")
+    a.set(xlabel="step", ylabel="s/step", title="Step time per rank")
+    b.set(xlabel="step", ylabel="GiB", title="Host memory (RSS) per rank")
+    a.legend()
+    return _save(fig, out / "ranks.png")
+
+
+def utilization(system: list[dict], out: Path) -> Path | None:
+    if not system:
+        return None
+    t0 = min(r["time"] for r in system)
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    for rank in sorted({r["rank"] for r in system}):
+        mine = [r for r in system if r["rank"] == rank]
+        ax.plot([r["time"] - t0 for r in mine], [r["system/cpu_pct"] for r in mine], label=f"rank {rank} CPU %")
+        if any("gpu/util_pct" in r for r in mine):
+            ax.plot([r["time"] - t0 for r in mine if "gpu/util_pct" in r],
+                    [r["gpu/util_pct"] for r in mine if "gpu/util_pct" in r], "--", label=f"rank {rank} GPU %")
+    ax.set(xlabel="seconds since the first sample", ylabel="%", title="CPU and GPU utilisation")
+    ax.legend()
+    return _save(fig, out / "utilization.png")

@@ -1,0 +1,203 @@
+"""Alert rules on crafted series, log scanning, the sampler, GPU readers with fakes, sinks, reports."""
+
+import json
+import socket
+import sys
+import types
+import urllib.request
+
+import pytest
+
+from scaletrain.config.schema import AlertsConfig, MonitorConfig
+from scaletrain.errors import ConfigError, LaunchError
+from scaletrain.metrics.alerts import DataWait, LowGpuUtil, MemoryGrowth, Straggler, ThroughputDrop, build_rules
+from scaletrain.metrics.gpu import AmdSmiReader, NvmlReader
+from scaletrain.metrics.monitor import JsonlFollower, PrometheusSink, RunMonitor, check_sinks
+from scaletrain.metrics.records import JsonlSink
+from scaletrain.metrics.sampler import SystemSampler
+from scaletrain.report.logscan import scan_logs
+
+
+def train_rec(step, sps=100.0, ranks=(0.1, 0.1), wait=0.001, step_s=0.1):
+    return {"kind": "train", "step": step, "throughput/samples_per_s": sps, "ranks/step_s": list(ranks),
+            "time/data_wait_s": wait, "time/step_s": step_s}
+
+
+def sys_rec(rank, util=None, rss=1.0):
+    r = {"kind": "system", "rank": rank, "memory/rss_gib": rss, "system/cpu_pct": 50.0, "time": 0.0}
+    if util is not None:
+        r["gpu/util_pct"] = util
+    return r
+
+
+def feed(rule, records):
+    return [a for r in records for a in rule.observe(r)]
+
+
+def test_low_gpu_util_fires_after_k_intervals_once():
+    rule = LowGpuUtil(20, 3)
+    assert feed(rule, [sys_rec(1, 90)] * 10) == []
+    alerts = feed(rule, [sys_rec(1, 5)] * 6)
+    assert len(alerts) == 1 and alerts[0].rank == 1 and "below 20%" in alerts[0].message
+    assert feed(LowGpuUtil(20, 3), [sys_rec(0)] * 5) == []  # CPU workers: no GPU field, no alert
+
+
+def test_straggler_names_the_rank():
+    rule = Straggler(1.5)
+    assert feed(rule, [train_rec(s, ranks=(0.10, 0.11, 0.10)) for s in range(5)]) == []
+    alerts = feed(rule, [train_rec(6, ranks=(0.1, 0.1, 0.4)), train_rec(7, ranks=(0.1, 0.1, 0.4))])
+    assert len(alerts) == 1 and alerts[0].rank == 2 and "rank 2 is a straggler" in alerts[0].message
+
+
+def test_throughput_drop():
+    rule = ThroughputDrop(50)
+    assert feed(rule, [train_rec(s, sps=100 + s % 3) for s in range(10)]) == []
+    alerts = feed(rule, [train_rec(11, sps=30.0), train_rec(12, sps=31.0)])
+    assert len(alerts) == 1 and "below 50%" in alerts[0].message
+
+
+def test_memory_growth_trend():
+    rule = MemoryGrowth(25)
+    assert feed(rule, [sys_rec(0, rss=1.0 + 0.01 * (i % 2)) for i in range(20)]) == []  # flat, noisy
+    leak = feed(MemoryGrowth(25), [sys_rec(0, rss=1.0 + 0.1 * i) for i in range(8)])
+    assert len(leak) == 1 and "leak trend" in leak[0].message
+
+
+def test_data_wait_share():
+    rule = DataWait(30)
+    assert feed(rule, [train_rec(s, wait=0.01, step_s=0.1) for s in range(5)]) == []
+    alerts = feed(rule, [train_rec(6, wait=0.05, step_s=0.1)])
+    assert len(alerts) == 1 and "loader_workers" in alerts[0].message
+
+
+def test_zero_disables_rules():
+    rules = build_rules(AlertsConfig(gpu_util_min_pct=0, straggler_factor=0, throughput_drop_pct=0,
+                                     memory_growth_pct=0, data_wait_pct=0))
+    records = [train_rec(s, sps=1.0 if s > 5 else 100.0, ranks=(0.1, 9.0), wait=0.09) for s in range(10)]
+    records += [sys_rec(0, util=0, rss=1 + i) for i in range(10)]
+    assert all(feed(rule, records) == [] for rule in rules)
+
+
+def test_log_scan_groups_across_ranks(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for rank in (0, 1, 3):
+        (logs / f"worker-{rank}.log").write_text(
+            f"2026-01-01 10:00:0{rank},1 [rank {rank}] WARNING py.warnings: deprecated thing at step {rank * 7}\n"
+            f"2026-01-01 10:00:0{rank},2 [rank {rank}] INFO scaletrain.worker: fine\n")
+    (logs / "worker-3.log").write_text((logs / "worker-3.log").read_text() + "Traceback (most recent call last):\n"
+                                       "  File \"x.py\", line 1, in <module>\nValueError: boom\n")
+    findings = scan_logs(tmp_path)
+    assert findings[0].line().startswith("[rank 0, 1, 3] (x3) WARNING: deprecated thing at step")
+    assert any(f.level == "TRACEBACK" and f.ranks == {3} and "ValueError: boom" in f.message for f in findings)
+    assert not any("fine" in f.message for f in findings)
+
+
+def test_follower_keeps_partial_lines(tmp_path):
+    p = tmp_path / "m.jsonl"
+    f = JsonlFollower(p)
+    assert f.poll() == []
+    p.write_text('{"a": 1}\n{"b"')
+    assert f.poll() == [{"a": 1}]
+    with open(p, "a") as fh:
+        fh.write(': 2}\n')
+    assert f.poll() == [{"b": 2}]
+
+
+def test_sampler_values_are_plausible(tmp_path):
+    import os
+    import time
+
+    sampler = SystemSampler(JsonlSink(tmp_path / "m.jsonl"), rank=3, device="cpu", interval_s=0.05).start()
+    sum(i * i for i in range(300000))
+    time.sleep(0.3)
+    sampler.stop()
+    recs = [json.loads(ln) for ln in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert len(recs) >= 3 and all(r["kind"] == "system" and r["rank"] == 3 for r in recs)
+    for r in recs:
+        assert 0 <= r["system/cpu_pct"] <= 100 * os.cpu_count() and r["memory/rss_gib"] > 0
+        assert not any(k.startswith("gpu/") for k in r)  # CPU worker: absent, not zero
+
+
+def test_nvml_reader_with_fake():
+    calls = {}
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, NVML_TEMPERATURE_GPU=0,
+        nvmlDeviceGetHandleByPciBusId=lambda bus: calls.setdefault("bus", bus),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=87),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=40 * 2**30, total=80 * 2**30),
+        nvmlDeviceGetPowerUsage=lambda h: 350000, nvmlDeviceGetTemperature=lambda h, kind: 61)
+    out = NvmlReader(fake, "0000:1b:00.0").sample()
+    assert calls["bus"] == "0000:1b:00.0"
+    assert out == {"gpu/util_pct": 87.0, "gpu/memory_used_gib": 40.0, "gpu/memory_total_gib": 80.0,
+                   "gpu/power_w": 350.0, "gpu/temp_c": 61.0}
+
+
+def test_amdsmi_reader_with_fake_and_missing_metrics():
+    def no_power(h):
+        raise RuntimeError("not supported")
+
+    fake = types.SimpleNamespace(
+        amdsmi_init=lambda: None, amdsmi_get_processor_handle_from_bdf=lambda bdf: "h",
+        AmdSmiMemoryType=types.SimpleNamespace(VRAM=0),
+        AmdSmiTemperatureType=types.SimpleNamespace(HOTSPOT=1), AmdSmiTemperatureMetric=types.SimpleNamespace(CURRENT=0),
+        amdsmi_get_gpu_activity=lambda h: {"gfx_activity": 93, "umc_activity": 40, "mm_activity": 0},
+        amdsmi_get_gpu_memory_usage=lambda h, t: 100 * 2**30, amdsmi_get_gpu_memory_total=lambda h, t: 192 * 2**30,
+        amdsmi_get_power_info=no_power, amdsmi_get_temp_metric=lambda h, t, m: 70)
+    out = AmdSmiReader(fake, "0000:05:00.0").sample()
+    assert out == {"gpu/util_pct": 93.0, "gpu/memory_used_gib": 100.0, "gpu/memory_total_gib": 192.0, "gpu/temp_c": 70.0}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_endpoint_scraped_over_loopback():
+    port = _free_port()
+    sink = PrometheusSink(port)
+    try:
+        sink.write({"kind": "train", "step": 3, "train/loss": 0.5, "throughput/samples_per_s": 12.0})
+        sink.write({"kind": "system", "rank": 1, "memory/rss_gib": 1.5})
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        sink.close()
+    assert 'scaletrain_train_loss{rank="0"} 0.5' in text
+    assert 'scaletrain_throughput_samples_per_s{rank="0"} 12.0' in text
+    assert 'scaletrain_memory_rss_gib{rank="1"} 1.5' in text
+
+
+def test_port_in_use_and_missing_packages(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"monitor.prometheus_port={port} is in use"):
+            check_sinks(MonitorConfig(prometheus_port=port))
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ConfigError, match="pip install prometheus-client"):
+        check_sinks(MonitorConfig(prometheus_port=_free_port()))
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    with pytest.raises(ConfigError, match="pip install tensorboard"):
+        check_sinks(MonitorConfig(report_to=["jsonl", "tensorboard"]))
+
+
+def test_unknown_sink_name_is_a_config_error():
+    from scaletrain.config import validate
+
+    with pytest.raises(ConfigError, match=r"monitor.report_to.*'jsonl' or 'tensorboard'"):
+        validate({"model": {"name_or_path": "x"}, "data": {"train_file": "x"}, "monitor": {"report_to": ["wandb"]}})
+
+
+def test_monitor_feeds_alerts_and_tensorboard(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in
+                                                    [train_rec(s, ranks=(0.1, 0.5 if s > 3 else 0.1)) for s in range(1, 7)]))
+    events = []
+    mon = RunMonitor(tmp_path, MonitorConfig(report_to=["jsonl", "tensorboard"]), events=lambda *a: events.append(a))
+    with mon:
+        pass
+    alerts = [json.loads(ln) for ln in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert [a["rule"] for a in alerts] == ["straggler"] and alerts[0]["rank"] == 1
+    assert events and events[0][0] == "alert"
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))

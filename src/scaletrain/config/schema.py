@@ -151,6 +151,8 @@ class MonitorConfig(_Section):
     report_to: list[Literal["jsonl", "tensorboard"]] = Field(default_factory=lambda: ["jsonl"])
     prometheus_port: Optional[int] = Field(None, ge=1, le=65535)  # driver endpoint with per-rank metrics
     report: bool = True  # write report.md and plots when training ends
+    # Every K steps, time the step's phases and the exposed gradient sync (see worker/breakdown.py); 0: off.
+    breakdown_every: int = Field(0, ge=0)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
 

@@ -27,7 +27,9 @@ from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
 from scaletrain.model import build_model, count_parameters
 from scaletrain.redact import Redactor
+from scaletrain.scaling.flops import flops_per_token, mfu, model_flops_facts, peak_tflops
 from scaletrain.worker.faults import maybe_fire
+from scaletrain.worker.breakdown import device_sync, shares, time_without_sync
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.optim import build_optimizer, global_batch_size
 from scaletrain.worker.parallel import (all_gather_floats, all_reduce_max, all_reduce_sum, full_model_state, grad_sync,
@@ -70,6 +72,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
     model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id)
     trainable, total = count_parameters(model)
+    flops_facts = model_flops_facts(model)
     model = wrap_model(model, ctx, cfg.train.strategy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
     precision = Precision(cfg, ctx.device)
@@ -86,7 +89,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
     train_data, eval_data = load_split(spec.train_path), load_split(spec.eval_path)
     collate = Collator(spec.pad_token_id)
     sampler = ResumableSampler(len(train_data), ctx.world_size, ctx.world_rank, cfg.train.seed)
-    metrics = Meter(ctx, cfg, spec, beat, system)
+    metrics = Meter(ctx, cfg, spec, beat, system, flops_facts, precision.dtype_name)
     save = lambda: checkpoint.save(spec.run_dir, state, model, optimizer, scheduler, precision.scaler,  # noqa: E731
                                    ctx.world_rank, cfg.checkpoint.save_total_limit, lora)
     accum = cfg.train.gradient_accumulation_steps
@@ -108,7 +111,9 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
             if window is None:
                 break  # epoch exhausted (a partial accumulation window is dropped)
             poison = maybe_fire(spec.faults, spec.run_dir, ctx.world_rank, state.step + 1, "nan")
-            loss = train_step(model, optimizer, scheduler, window, cfg, ctx, precision, beat, state.step + 1, poison)
+            timing = {} if metrics.probe_due(state.step + 1) else None
+            loss = train_step(model, optimizer, scheduler, window, cfg, ctx, precision, beat, state.step + 1, poison,
+                              timing)
             beat.enter("step-check", state.step + 1)
             bad_loss, stop = step_flags(loss, spec.run_dir, ctx.device)
             if bad_loss:  # before any metric, eval or checkpoint of the corrupted weights
@@ -116,7 +121,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
             state.step += 1
             state.micro_batches_in_epoch += accum
             beat.finished_step(state.step)
-            metrics.step_done(state, loss, window, scheduler.get_last_lr()[0])
+            metrics.step_done(state, loss, window, scheduler.get_last_lr()[0], timing)
             if cfg.train.eval_steps and state.step % cfg.train.eval_steps == 0 and state.step < spec.total_steps:
                 beat.enter("eval", state.step)
                 eval_time += _run_eval(model, eval_data, collate, ctx, cfg, precision, state, metrics, events)
@@ -170,9 +175,15 @@ def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events) -> 
 
 
 def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx: DistContext, precision,
-               beat: Heartbeat, step: int, poison: bool = False) -> float:
-    """One optimizer step over ``window`` micro-batches; gradients sync on the last one only."""
+               beat: Heartbeat, step: int, poison: bool = False, timing: dict | None = None) -> float:
+    """One optimizer step over ``window`` micro-batches; gradients sync on the last one only.
+
+    With ``timing`` (a breakdown probe step) the phases are timed with device syncs in between."""
     loss_sum = 0.0
+    if timing is not None:
+        if ctx.world_size > 1:  # one worker has no gradient sync to expose
+            timing["compute_s"] = time_without_sync(model, window, cfg.train.strategy, ctx.device, precision, optimizer)
+        t0 = time.perf_counter()
     for i, batch in enumerate(window):
         last = i == len(window) - 1
         batch = {k: v.to(ctx.device, non_blocking=True) for k, v in batch.items()}
@@ -186,6 +197,11 @@ def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx
             beat.enter("sync", step)  # backward of the last micro-batch all-reduces gradients
         precision.backward(loss)
         loss_sum += loss.item()
+    if timing is not None:
+        device_sync(ctx.device)
+        timing["fwd_bwd_sync_s"] = time.perf_counter() - t0
+        timing.setdefault("compute_s", timing["fwd_bwd_sync_s"])
+        t0 = time.perf_counter()
     beat.enter("optimizer", step)
     precision.unscale(optimizer)
     if cfg.train.max_grad_norm > 0:
@@ -194,6 +210,9 @@ def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx
     precision.step(optimizer)
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    if timing is not None:
+        device_sync(ctx.device)
+        timing["optimizer_s"] = time.perf_counter() - t0
     return loss_sum
 
 
@@ -241,6 +260,7 @@ class Precision:
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wanted) if on_gpu else None
         self.device_type = "cuda" if on_gpu else "cpu"
         self.scaler = torch.amp.GradScaler("cuda") if on_gpu and wanted == "fp16" else None
+        self.dtype_name = wanted if self.dtype is not None else "fp32"
         if wanted and not on_gpu:
             self.note = f"{wanted} requested but training on CPU: using fp32"
         else:
@@ -269,10 +289,18 @@ class Precision:
 class Meter:
     """Step timing and the metric record every ``logging_steps`` (aggregated over ranks, written by rank 0)."""
 
-    def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec, beat: Heartbeat, sampler: SystemSampler):
+    def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec, beat: Heartbeat, sampler: SystemSampler,
+                 flops_facts: dict, dtype: str):
         self.ctx, self.cfg, self.spec, self.beat, self.sampler = ctx, cfg, spec, beat, sampler
+        self.flops_facts = flops_facts
+        name = "cpu"
+        if ctx.device.startswith("cuda"):
+            name = torch.cuda.get_device_name(torch.device(ctx.device))
+        self.device_name = name
+        self.peak = peak_tflops(name, dtype) if name != "cpu" else None
         self.sink = JsonlSink(Path(spec.run_dir) / "metrics.jsonl") if ctx.is_main else None
         self.samples_total = self.tokens_total = 0.0
+        self.last_wait = 0.0
         self._reset()
 
     def _reset(self):
@@ -282,8 +310,21 @@ class Meter:
 
     def data_wait(self, seconds: float) -> None:
         self.wait += seconds
+        self.last_wait = seconds
 
-    def step_done(self, state, loss: float, window: list[dict], lr: float) -> None:
+    def probe_due(self, step: int) -> bool:
+        every = self.cfg.monitor.breakdown_every
+        return bool(every) and step % every == 0 and self.cfg.train.strategy == "ddp"
+
+    def _breakdown(self, state, timing: dict) -> None:
+        self.beat.enter("metrics", state.step)
+        values = [self.last_wait, timing["compute_s"], timing["fwd_bwd_sync_s"], timing["optimizer_s"]]
+        mean = [v / self.ctx.world_size for v in all_reduce_sum(values, self.ctx.device)]
+        self.write({"kind": "breakdown", "step": state.step, "world_size": self.ctx.world_size, **shares(*mean)})
+
+    def step_done(self, state, loss: float, window: list[dict], lr: float, timing: dict | None = None) -> None:
+        if timing:
+            self._breakdown(state, timing)
         self.steps += 1
         self.loss += loss
         self.samples += sum(b["input_ids"].shape[0] for b in window)
@@ -311,6 +352,14 @@ class Meter:
             "ranks/step_s": [r[0] for r in per_rank], "ranks/data_wait_s": [r[1] for r in per_rank],
             "ranks/rss_gib": [r[2] for r in per_rank],
         }
+        if samples:
+            f = self.flops_facts
+            per_token = flops_per_token(f["n_params"], f["n_layers"], f["hidden"], int(tokens / samples),
+                                        f["lora_params"] if self.cfg.model.finetuning_type == "lora" else None)
+            record["perf/flops_per_token"] = per_token
+            value = mfu(tokens / slowest / self.ctx.world_size, per_token, self.peak)
+            if value is not None:
+                record["perf/mfu"] = value
         self.write(record)
         self._reset()
 

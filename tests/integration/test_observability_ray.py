@@ -1,0 +1,57 @@
+"""A real 2-worker run: system records for every rank, the report with every plot, and NaN stopping the run."""
+
+import json
+
+import pytest
+from PIL import Image
+
+from scaletrain.config import validate
+from scaletrain.errors import TrainingError
+from scaletrain.launch.job import run_job
+from scaletrain.metrics.records import read_jsonl
+from scaletrain.report.plots import DPI, FIGSIZE
+
+pytestmark = pytest.mark.ray
+
+
+def _cfg(classify_cfg, tmp_path, name, **train):
+    cfg = json.loads(json.dumps(classify_cfg))
+    cfg["scaling"]["num_workers"] = 2
+    cfg["train"].update(max_steps=30, logging_steps=2, eval_steps=10, **train)
+    cfg["monitor"] = {"interval_s": 0.2}
+    cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": name}
+    return validate(cfg)
+
+
+def test_report_and_system_metrics_of_a_real_run(classify_cfg, tmp_path, no_orphans):
+    result = run_job(_cfg(classify_cfg, tmp_path, "obs"), tmp_path / "c.yaml", show_progress=False)
+    run = result.run_dir
+    records = read_jsonl(run / "metrics.jsonl")
+    system = [r for r in records if r["kind"] == "system"]
+    assert {r["rank"] for r in system} == {0, 1}
+    assert all(r["memory/rss_gib"] > 0 and 0 <= r["system/cpu_pct"] <= 200 for r in system)
+    train = [r for r in records if r["kind"] == "train"]
+    assert all(len(r["ranks/step_s"]) == 2 and len(r["ranks/rss_gib"]) == 2 for r in train)
+    report = (run / "report.md").read_text()  # `train` wrote it at the end
+    assert "Status: **finished**" in report and "| world size | 2 |" in report
+    for png in ("loss", "throughput", "ranks", "utilization"):
+        assert f"![{png}]({png}.png)" in report
+        with Image.open(run / f"{png}.png") as img:
+            assert img.format == "PNG" and img.size == (FIGSIZE[0] * DPI, FIGSIZE[1] * DPI)
+    assert "## Errors and warnings in worker logs" in report and "[driver] start" in report
+
+
+def test_nan_loss_stops_the_run_with_the_alert(classify_cfg, tmp_path, monkeypatch, no_orphans):
+    monkeypatch.setenv("SCALETRAIN_FAULTS", "nan:1:7")
+    cfg = _cfg(classify_cfg, tmp_path, "nan")
+    cfg.checkpoint.save_steps = 5
+    with pytest.raises(TrainingError, match=r"loss is not finite at step 7.*the last checkpoint is intact"):
+        run_job(cfg, tmp_path / "c.yaml", show_progress=False)
+    run = tmp_path / "runs" / "nan"
+    alerts = [json.loads(ln) for ln in (run / "alerts.jsonl").read_text().splitlines()]
+    assert alerts[0]["rule"] == "non_finite_loss" and alerts[0]["step"] == 7
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-5"]  # nothing saved after the NaN
+    assert "alert: non_finite_loss" in (run / "logs" / "main.log").read_text()
+    assert "Status: **failed**" in (run / "report.md").read_text()
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert max(steps) <= 6

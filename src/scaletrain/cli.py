@@ -9,14 +9,14 @@ from scaletrain.errors import ScaletrainError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from scaletrain.commands import commbench, doctor, env, report, topo, train
+    from scaletrain.commands import commbench, doctor, env, predict, report, scale, topo, train
 
     parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.split(":")[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train, doctor, env, topo, commbench, report):
+    for command in (train, doctor, env, topo, commbench, report, scale, predict):
         command.register(sub, [common])
     return parser
 

@@ -17,6 +17,9 @@ TINY_BERT = "builtin:tiny-bert"
 TINY_LLAMA = "builtin:tiny-llama"
 BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA)
 MINILM_VOCAB_SIZE = 30522
+# Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
+DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
+                  "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
 
 
 def minilm_dir() -> Path:
@@ -84,11 +87,20 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
         auto = AutoModelForCausalLM
     if path is None:
         config = _tiny_config(cfg.name_or_path, vocab_size, pad_token_id)
-        for k, v in kwargs.items():
-            setattr(config, k, v)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    for k, v in kwargs.items():
+        setattr(config, k, v)
+    if cfg.dropout is not None:
+        for name in DROPOUT_FIELDS:
+            if getattr(config, name, None) is not None:
+                setattr(config, name, cfg.dropout)
+    if path is None:
         model = auto.from_config(config)
     else:
-        model = auto.from_pretrained(str(path), local_files_only=True, **kwargs)
+        model = auto.from_pretrained(str(path), config=config, local_files_only=True)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_token_id
     if cfg.finetuning_type == "lora":

@@ -19,7 +19,9 @@ MASK = "***"
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<secret>[^@/\s]+)@")
 _QUERY_TOKEN = re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey|key|sig|signature|password)=)[^&\s]+")
 _SECRET_ASSIGN = re.compile(
-    r"(?i)\b([A-Z0-9_]*(?:TOKEN|API_KEY|SECRET|PASSWORD|ACCESS_KEY)[A-Z0-9_]*)(['\"]?\s*[=:]\s*['\"]?)([^\s'\",;}&]+)")
+    # The key must end in the secret word ("eval/tokens" and "tokens_per_s" are metrics, not secrets).
+    r"(?i)\b([A-Z0-9_]*(?:TOKEN|API_KEY|SECRET|PASSWORD|ACCESS_KEY)(?:_KEY)?)(?![A-Za-z0-9])"
+    r"(['\"]?\s*[=:]\s*['\"]?)([^\s'\",;}&]+)")
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{16,}\b")
 
 

@@ -21,6 +21,9 @@ def test_redacts_values_urls_queries_and_assignments():
     assert r("{'WANDB_API_KEY': 'v'}") == f"{{'WANDB_API_KEY': '{MASK}'}}"
     assert r("token hf_AAAAAAAAAAAAAAAAAAAAAA in text") == f"token hf_{MASK} in text"
     assert r("nothing secret here: lr=0.1") == "nothing secret here: lr=0.1"
+    metrics = '{"eval/tokens": 120, "throughput/tokens_per_s": 9.5, "secret_sauce": 1}'
+    assert r(metrics) == metrics.replace('"secret_sauce": 1', '"secret_sauce": 1')
+    assert r("AWS_SECRET_ACCESS_KEY=abc123 SECRET_KEY: xyz") == f"AWS_SECRET_ACCESS_KEY={MASK} SECRET_KEY: {MASK}"
 
 
 def test_mapping_masks_secret_keys():

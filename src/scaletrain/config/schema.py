@@ -32,6 +32,8 @@ class ModelConfig(_Section):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     # Module names to adapt, or "all-linear" (peft's shorthand).
     lora_target: list[str] | Literal["all-linear"] = "all-linear"
+    # Override every dropout probability of the model config (0 makes runs comparable step for step).
+    dropout: Optional[float] = Field(None, ge=0, lt=1)
 
 
 class DataConfig(_Section):

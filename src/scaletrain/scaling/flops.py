@@ -38,14 +38,14 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def device_key(name: str, gcd: bool = False) -> str | None:
+def device_key(name: str) -> str | None:
     """Table key for a device name as torch reports it ("AMD Instinct MI300X", "NVIDIA H100 80GB HBM3")."""
     n = name.upper()
-    for amd in ("MI355X", "MI325X", "MI300X", "MI250X", "MI210"):
-        if amd in n:
-            return "MI250X-GCD" if amd == "MI250X" and gcd else amd
-    if "MI250" in n:  # torch names a GCD of an MI250/MI250X "AMD Instinct MI250X/MI250"
+    if "MI250" in n:  # torch sees each GCD of an MI250/MI250X as its own device ("AMD Instinct MI250X/MI250")
         return "MI250X-GCD"
+    for amd in ("MI355X", "MI325X", "MI300X", "MI210"):
+        if amd in n:
+            return amd
     if re.search(r"\bA100\b", n):
         return "A100"
     if "H100" in n:

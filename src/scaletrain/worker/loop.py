@@ -90,6 +90,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
     collate = Collator(spec.pad_token_id)
     sampler = ResumableSampler(len(train_data), ctx.world_size, ctx.world_rank, cfg.train.seed)
     metrics = Meter(ctx, cfg, spec, beat, system, flops_facts, precision.dtype_name)
+    metrics.parameters = {"parameters/trainable": trainable, "parameters/total": total}
     save = lambda: checkpoint.save(spec.run_dir, state, model, optimizer, scheduler, precision.scaler,  # noqa: E731
                                    ctx.world_rank, cfg.checkpoint.save_total_limit, lora)
     accum = cfg.train.gradient_accumulation_steps
@@ -377,6 +378,9 @@ class Meter:
             "train_time_s": train_time, "eval_time_s": eval_time,
             "throughput/samples_per_s": self.samples_total / train_time if train_time > 0 else 0.0,
             "throughput/tokens_per_s": self.tokens_total / train_time if train_time > 0 else 0.0,
+            "samples_per_step_per_device": self.cfg.train.per_device_train_batch_size
+            * self.cfg.train.gradient_accumulation_steps,
+            **getattr(self, "parameters", {}),
             "final": final_eval,
         }
 

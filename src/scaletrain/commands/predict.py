@@ -1,0 +1,102 @@
+"""`scaletrain predict`: step time, speedup and efficiency for larger clusters (see scaling/predict.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from scaletrain.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction, parents) -> None:
+    p = sub.add_parser("predict", parents=parents, help="predict scaling for N devices from measured inputs")
+    src = p.add_argument_group("compute (one of)")
+    src.add_argument("--from-run", help="a 1-worker run directory: its step time and gradient size")
+    src.add_argument("--step-time", type=float, help="one device's step time in seconds (no communication)")
+    p.add_argument("--grad-bytes", type=float, help="gradient bytes per step (default: trainable params x 4)")
+    p.add_argument("--param-bytes", type=float, default=0.0, help="FSDP: parameter bytes gathered per pass")
+    p.add_argument("--samples-per-step", type=float, help="samples per step per device (for samples/s)")
+    net = p.add_argument_group("network (one of)")
+    net.add_argument("--profile", help="a named hardware profile: mi300x")
+    net.add_argument("--commbench", help="commbench.json (from commbench --out) for links inside a node")
+    p.add_argument("--inter-commbench", help="commbench.json measured across nodes")
+    p.add_argument("--gpus", default="1,2,4,8", help="device counts to predict")
+    p.add_argument("--gpus-per-node", type=int, default=None)
+    p.add_argument("--overlap", type=float, default=0.8, help="fraction of backward that hides communication")
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _curve_from(path: str):
+    from scaletrain.scaling.predict import BusCurve
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: commbench results not found; run scaletrain commbench --out DIR first")
+    data = json.loads(p.read_text())
+    rows = data[0]["rows"] if isinstance(data, list) and data and "rows" in data[0] else data
+    return BusCurve.from_rows(rows)
+
+
+def inputs_from_args(args):
+    from scaletrain.metrics.records import read_jsonl
+    from scaletrain.scaling.predict import PROFILES, Inputs
+
+    grad_bytes, samples = args.grad_bytes, args.samples_per_step
+    if args.from_run:
+        run = Path(args.from_run)
+        summary_path = run / "summary.json"
+        if not summary_path.is_file():
+            raise ConfigError(f"--from-run {run}: no summary.json; point it at a finished 1-worker run")
+        summary = json.loads(summary_path.read_text())
+        if summary["world_size"] != 1:
+            raise ConfigError(f"--from-run {run}: a {summary['world_size']}-worker run; the compute time must come "
+                              f"from 1 worker (scaletrain scale --workers 1,... writes one)")
+        times = [r["time/step_s"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"][1:]
+        compute = statistics.median(times) if times else None
+        grad_bytes = grad_bytes or summary.get("parameters/trainable", 0) * 4
+        samples = samples or summary.get("samples_per_step_per_device")
+    else:
+        compute = args.step_time
+    if not compute:
+        raise ConfigError("give --from-run RUN_DIR or --step-time SECONDS for the compute time of one device")
+    if not grad_bytes:
+        raise ConfigError("give --grad-bytes (or --from-run of a finished run)")
+    if args.profile:
+        if args.profile not in PROFILES:
+            raise ConfigError(f"--profile {args.profile}: known profiles are {', '.join(PROFILES)}")
+        prof = PROFILES[args.profile]
+        intra, inter, per_node = prof["intra"], prof["inter"], prof["gpus_per_node"]
+    elif args.commbench:
+        intra = _curve_from(args.commbench)
+        inter = _curve_from(args.inter_commbench) if args.inter_commbench else None
+        per_node = 8
+    else:
+        raise ConfigError("give --profile NAME or --commbench commbench.json for the network")
+    if not 0 <= args.overlap <= 1:
+        raise ConfigError(f"--overlap {args.overlap}: a fraction between 0 and 1")
+    return Inputs(compute_s=compute, grad_bytes=grad_bytes, intra=intra, inter=inter,
+                  gpus_per_node=args.gpus_per_node or per_node, bucket_bytes=args.bucket_mb * 1024**2,
+                  overlap=args.overlap, strategy=args.strategy, param_bytes=args.param_bytes,
+                  samples_per_step_per_device=samples)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scaletrain.commands.scale import parse_workers
+    from scaletrain.scaling.predict import table
+
+    rows = table(inputs_from_args(args), parse_workers(args.gpus))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'workers':>7} {'nodes':>5} {'step s':>9} {'comm s':>9} {'exposed':>8} {'speedup':>8} {'effic.':>7}"
+          + ("  samples/s" if "samples_per_s" in rows[0] else ""))
+    for r in rows:
+        print(f"{r['workers']:>7} {r['nodes']:>5} {r['step_time_s']:9.4f} {r['comm_s']:9.4f} "
+              f"{r['exposed_comm_share']:8.1%} {r['speedup']:8.2f} {r['efficiency']:7.1%}"
+              + (f"  {r['samples_per_s']:9.1f}" if "samples_per_s" in r else ""))
+    return 0

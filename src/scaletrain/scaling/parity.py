@@ -1,0 +1,60 @@
+"""`scaletrain parity`: 1 worker at global batch B against N workers at B/N each, same seed and data order.
+
+The distributed sampler hands rank r every N-th sample of the seeded epoch order, so the N workers'
+step k sees exactly the 1-worker batch k, and DDP/FSDP average the per-rank mean losses' gradients,
+which equals the 1-worker mean. With dropout off the loss curves then agree to float rounding; a
+difference beyond the tolerance means the setup is not equivalent (most often: the LR was scaled, or
+the global batch changed). For causal LM the per-rank means weigh tokens differently: use a looser tolerance.
+"""
+
+from __future__ import annotations
+
+from scaletrain.config.schema import Config
+from scaletrain.errors import ConfigError
+from scaletrain.metrics.records import read_jsonl
+
+DEFAULT_TOLERANCE = 1e-3  # max relative difference of losses
+
+
+def plan_pair(cfg: Config, workers: int, steps: int, keep_dropout: bool, out_dir) -> tuple[Config, Config]:
+    b = cfg.train.per_device_train_batch_size
+    if workers < 2:
+        raise ConfigError("parity compares 1 worker with N >= 2 workers; pass --workers 2 or more")
+    if b % workers:
+        raise ConfigError(f"train.per_device_train_batch_size={b} is the 1-worker global batch and must divide by "
+                          f"--workers {workers}; pick a batch that does")
+
+    def make(n: int) -> Config:
+        train = cfg.train.model_copy(update={"per_device_train_batch_size": b // n, "max_steps": steps,
+                                             "logging_steps": 1, "eval_steps": 0})
+        model = cfg.model if keep_dropout else cfg.model.model_copy(update={"dropout": 0.0})
+        return cfg.model_copy(update={
+            "model": model, "train": train, "scaling": cfg.scaling.model_copy(update={"num_workers": n}),
+            "checkpoint": cfg.checkpoint.model_copy(update={"save_steps": 0}),
+            "monitor": cfg.monitor.model_copy(update={"report": False}),
+            "output": cfg.output.model_copy(update={"output_dir": str(out_dir), "run_name": f"workers-{n}"})})
+
+    return make(1), make(workers)
+
+
+def compare(run1, run_n) -> dict:
+    def losses(run):
+        return {r["step"]: r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
+
+    def final_eval(run):
+        evals = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "eval"]
+        return evals[-1]["eval/loss"] if evals else None
+
+    a, b = losses(run1), losses(run_n)
+    steps = sorted(set(a) & set(b))
+    rel = [abs(a[s] - b[s]) / max(abs(a[s]), 1e-12) for s in steps]
+    ea, eb = final_eval(run1), final_eval(run_n)
+    return {"steps": len(steps), "max_rel_loss_diff": max(rel) if rel else float("inf"),
+            "worst_step": steps[rel.index(max(rel))] if rel else None,
+            "final_eval_loss_1": ea, "final_eval_loss_n": eb,
+            "final_eval_rel_diff": abs(ea - eb) / max(abs(ea), 1e-12) if ea is not None and eb is not None else None}
+
+
+def verdict(result: dict, tolerance: float) -> bool:
+    worst = max(result["max_rel_loss_diff"], result["final_eval_rel_diff"] or 0.0)
+    return worst <= tolerance

@@ -1,0 +1,126 @@
+"""`scaletrain predict`: step time and scaling efficiency for N devices over M nodes, from measured inputs.
+
+Collective times come from bus-bandwidth curves (nccl-tests' busbw by message size, interpolated on a
+log-size scale): an all-reduce of S bytes over n ranks takes S * 2(n-1)/n / busbw(S); an all-gather or
+reduce-scatter of a full buffer S takes S * (n-1)/n / busbw(S). The curve already holds the latency
+(small messages reach a low busbw). One curve is used inside a node, another for jobs spanning nodes.
+
+DDP: gradients are all-reduced in buckets (``bucket_mb``, torch's default 25) while backward runs; all
+buckets but the last can hide behind ``overlap`` x backward time (backward ~ 2/3 of compute).
+FSDP/ZeRO-3: parameters are all-gathered in forward and again in backward, gradients reduce-scattered;
+prefetching can hide them behind ``overlap`` x compute except the first gather.
+Step time = compute (per-device batch fixed, so unchanged) + exposed communication.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scaletrain.comm.bench import bus_factor
+from scaletrain.errors import ConfigError
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class BusCurve:
+    points: tuple[tuple[int, float], ...]  # (message bytes, busbw GB/s), sizes ascending
+
+    def busbw(self, size: float) -> float:
+        pts = self.points
+        if size <= pts[0][0]:
+            return pts[0][1]
+        if size >= pts[-1][0]:
+            return pts[-1][1]
+        for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+            if s0 <= size <= s1:
+                w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return b0 + w * (b1 - b0)
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> "BusCurve":
+        """From commbench JSON rows (all_reduce): busbw of the out-of-place and in-place runs, averaged."""
+        pts = sorted({r["size"]: (r["oop_busbw"] + r["ip_busbw"]) / 2 for r in rows
+                      if r.get("collective", "all_reduce") == "all_reduce"}.items())
+        if not pts:
+            raise ConfigError("the commbench results hold no all_reduce rows; run commbench -c all_reduce")
+        return cls(tuple(pts))
+
+
+# Named hardware profiles. Curve points are busbw (GB/s) of rccl-tests all_reduce_perf, float, out-of-place:
+# - mi300x intra: 8x MI300X in one node over XGMI, hisohara/ai-scripts@7b8b1ec2 training/01_rccl-smoketest
+#   ("RCCL Tests with MPI (AAC8 Kubernetes)"), rows 1 MiB .. 256 MiB.
+# - mi300x inter: 2 nodes x 8 MI300X, 8 mlx5 RoCE NICs per node (same file, "AAC10 MI300X Slurm").
+PROFILES: dict[str, dict] = {
+    "mi300x": {
+        "gpus_per_node": 8,
+        "intra": BusCurve(((1 << 20, 64.64), (4 << 20, 138.60), (16 << 20, 195.85), (32 << 20, 238.45),
+                           (64 << 20, 271.51), (256 << 20, 304.96))),
+        "inter": BusCurve(((16 << 20, 63.26), (32 << 20, 106.58), (64 << 20, 153.10), (256 << 20, 293.75))),
+        "source": "rccl-tests all_reduce_perf on 8x and 2x8 MI300X (hisohara/ai-scripts, RCCL 2.22)",
+    },
+}
+
+
+def allreduce_s(size: float, n: int, curve: BusCurve) -> float:
+    return 0.0 if n <= 1 or size <= 0 else size * bus_factor("all_reduce", n) / (curve.busbw(size) * GB)
+
+
+def allgather_s(size: float, n: int, curve: BusCurve) -> float:
+    return 0.0 if n <= 1 or size <= 0 else size * bus_factor("all_gather", n) / (curve.busbw(size) * GB)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    compute_s: float  # one device's step time without communication (forward + backward + optimizer)
+    grad_bytes: float  # gradient bytes all-reduced (DDP) / reduce-scattered (FSDP) per step
+    intra: BusCurve
+    inter: BusCurve | None = None
+    gpus_per_node: int = 8
+    bucket_bytes: float = 25 * 1024**2
+    overlap: float = 0.8  # fraction of backward (DDP) / compute (FSDP) that communication can hide behind
+    strategy: str = "ddp"
+    param_bytes: float = 0.0  # FSDP: parameter bytes all-gathered twice per step
+    n_layers: int = 32  # FSDP: the first layer's all-gather cannot be prefetched
+    samples_per_step_per_device: float | None = None
+
+
+def step(inp: Inputs, n: int) -> dict:
+    """Predicted step of one device when ``n`` devices train together."""
+    nodes = math.ceil(n / inp.gpus_per_node)
+    curve = inp.intra if nodes == 1 else (inp.inter or inp.intra)
+    if inp.strategy == "ddp":
+        full, rest = divmod(inp.grad_bytes, inp.bucket_bytes)
+        buckets = [inp.bucket_bytes] * int(full) + ([rest] if rest else [])
+        times = [allreduce_s(b, n, curve) for b in buckets]
+        total = sum(times)
+        hideable = total - (times[-1] if times else 0.0)  # the last bucket finishes after backward
+        hidden = min(hideable, inp.overlap * inp.compute_s * 2 / 3)
+    elif inp.strategy == "fsdp":
+        gather = allgather_s(inp.param_bytes, n, curve)
+        reduce = allgather_s(inp.grad_bytes, n, curve)  # reduce-scatter moves the same bytes as all-gather
+        total = 2 * gather + reduce
+        first_layer = gather / max(1, inp.n_layers)
+        hidden = min(total - first_layer, inp.overlap * inp.compute_s)
+    else:
+        raise ConfigError(f"--strategy {inp.strategy}: choose ddp or fsdp")
+    exposed = max(0.0, total - hidden)
+    step_s = inp.compute_s + exposed
+    return {"workers": n, "nodes": nodes, "step_time_s": step_s, "comm_s": total, "exposed_comm_s": exposed,
+            "exposed_comm_share": exposed / step_s if step_s else 0.0}
+
+
+def table(inp: Inputs, sizes: list[int]) -> list[dict]:
+    rows = []
+    base = step(inp, 1)["step_time_s"]
+    for n in sizes:
+        r = step(inp, n)
+        r["speedup"] = n * base / r["step_time_s"]
+        r["efficiency"] = r["speedup"] / n
+        if inp.samples_per_step_per_device:
+            r["samples_per_s"] = n * inp.samples_per_step_per_device / r["step_time_s"]
+        r["note"] = "predicted"
+        rows.append(r)
+    return rows

@@ -1,0 +1,129 @@
+"""`scaletrain scale`: the same config at several world sizes, measured after a warm-up, as a table.
+
+Each world size is a normal run (its own run directory under the sweep's directory) with
+``max_steps = warmup + measured`` and ``logging_steps = warmup``, so the first metric window is the
+warm-up and is left out. The per-device batch stays fixed (weak scaling) unless ``fixed_global_batch``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+from scaletrain.config.schema import Config
+from scaletrain.errors import ConfigError
+from scaletrain.metrics.records import read_jsonl
+
+COLUMNS = ["workers", "samples_per_s", "tokens_per_s", "speedup", "efficiency", "step_time_s", "train_time_s",
+           "eval_time_s", "peak_memory_gib", "memory_pct", "exposed_comm_share", "data_wait_share", "mfu", "note"]
+
+
+def plan_config(cfg: Config, workers: int, warmup: int, measured: int, fixed_global_batch: bool,
+                out_dir: Path, breakdown_every: int) -> Config:
+    train = cfg.train.model_copy()
+    if fixed_global_batch:
+        base = cfg.train.per_device_train_batch_size * cfg.scaling.num_workers
+        if base % workers:
+            raise ConfigError(f"--fixed-global-batch: the global batch {base} does not divide by {workers} workers; "
+                              f"choose world sizes that divide it")
+        train.per_device_train_batch_size = base // workers
+    measured = -(-measured // warmup) * warmup  # a whole number of metric windows
+    train.max_steps, train.logging_steps, train.eval_steps = warmup + measured, warmup, 0
+    return cfg.model_copy(update={
+        "train": train,
+        "scaling": cfg.scaling.model_copy(update={"num_workers": workers}),
+        "checkpoint": cfg.checkpoint.model_copy(update={"save_steps": 0}),
+        "monitor": cfg.monitor.model_copy(update={"report": False, "breakdown_every": breakdown_every}),
+        "output": cfg.output.model_copy(update={"output_dir": str(out_dir), "run_name": f"workers-{workers}"}),
+    })
+
+
+def measure(run_dir: Path, warmup: int, world: int) -> dict:
+    """One row of the table from a finished run's records (warm-up window excluded)."""
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train" and r["step"] > warmup]
+    if not train:
+        raise ConfigError(f"{run_dir}: no measured steps after the warm-up; raise --steps")
+    system = [r for r in records if r["kind"] == "system"]
+    breakdown = [r for r in records if r["kind"] == "breakdown" and r["step"] > warmup]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = train[-1]["step"] - warmup
+    step_time = statistics.median(r["time/step_s"] for r in train)
+    gpu = [r for r in system if "memory/peak_gib" in r]
+    peak = max((r["memory/peak_gib"] for r in gpu), default=None)
+    total = max((r.get("gpu/memory_total_gib", 0) for r in gpu), default=0)
+    if peak is None:  # CPU workers: the largest resident set of any rank
+        peak = max((r["memory/rss_gib"] for r in system), default=max(max(r["ranks/rss_gib"]) for r in train))
+    mfus = [r["perf/mfu"] for r in train if "perf/mfu" in r]
+    return {
+        "workers": world,
+        "samples_per_s": statistics.median(r["throughput/samples_per_s"] for r in train),
+        "tokens_per_s": statistics.median(r["throughput/tokens_per_s"] for r in train),
+        "step_time_s": step_time,
+        "train_time_s": step_time * steps,
+        "eval_time_s": summary["eval_time_s"],
+        "peak_memory_gib": peak,
+        "memory_pct": peak / total * 100 if total else None,
+        "exposed_comm_share": statistics.mean(r["share/exposed_comm"] for r in breakdown) if breakdown else None,
+        "data_wait_share": (statistics.mean(r["share/data_wait"] for r in breakdown) if breakdown
+                            else statistics.median(r["time/data_wait_s"] / r["time/step_s"] for r in train)),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "note": "",
+    }
+
+
+def add_speedup(rows: list[dict]) -> list[dict]:
+    """speedup = samples/s over the smallest measured world size's, scaled to per-worker ideal."""
+    measured = [r for r in rows if r.get("samples_per_s")]
+    if not measured:
+        return rows
+    base = min(measured, key=lambda r: r["workers"])
+    for r in measured:
+        r["speedup"] = r["samples_per_s"] / base["samples_per_s"] * base["workers"]
+        r["efficiency"] = r["speedup"] / r["workers"]
+    return rows
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def write_outputs(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "scaling.json").write_text(json.dumps(rows, indent=1))
+    with open(out_dir / "scaling.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    head = "| " + " | ".join(COLUMNS) + " |"
+    lines = [f"# {title}", "", head, "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in rows]
+    lines += ["", "speedup: samples/s relative to the smallest world size measured (x its workers); efficiency = "
+              "speedup / workers. Shares come from sampled breakdown steps (exposed_comm = forward+backward with "
+              "gradient sync minus the same without it). n/a: not measured or unknown (MFU needs a known GPU).",
+              "", "![speedup](scaling.png)"]
+    (out_dir / "scaling.md").write_text("\n".join(lines) + "\n")
+    return [out_dir / "scaling.md", out_dir / "scaling.csv", out_dir / "scaling.json", plot_speedup(rows, out_dir)]
+
+
+def plot_speedup(rows: list[dict], out_dir: Path) -> Path:
+    from scaletrain.report.plots import DPI, FIGSIZE, plt
+
+    measured = [r for r in rows if r.get("speedup")]
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    xs = [r["workers"] for r in measured]
+    ax.plot(xs, xs, "--", label="ideal")
+    ax.plot(xs, [r["speedup"] for r in measured], "o-", label="measured")
+    ax.set(xlabel="workers", ylabel="speedup (samples/s)", title="Scaling: measured vs ideal")
+    ax.legend()
+    fig.tight_layout()
+    path = out_dir / "scaling.png"
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

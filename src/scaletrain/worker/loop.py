@@ -184,6 +184,7 @@ def train_step(model, optimizer, scheduler, window: list[dict], cfg: Config, ctx
     if timing is not None:
         if ctx.world_size > 1:  # one worker has no gradient sync to expose
             timing["compute_s"] = time_without_sync(model, window, cfg.train.strategy, ctx.device, precision, optimizer)
+            timing["probe_s"] = timing["compute_s"]  # extra work of this probe: kept out of throughput
         t0 = time.perf_counter()
     for i, batch in enumerate(window):
         last = i == len(window) - 1
@@ -326,6 +327,7 @@ class Meter:
     def step_done(self, state, loss: float, window: list[dict], lr: float, timing: dict | None = None) -> None:
         if timing:
             self._breakdown(state, timing)
+            self.t0 += timing.get("probe_s", 0.0)
         self.steps += 1
         self.loss += loss
         self.samples += sum(b["input_ids"].shape[0] for b in window)

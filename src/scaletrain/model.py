@@ -15,7 +15,8 @@ from scaletrain.errors import ConfigError
 MINILM = "builtin:minilm"
 TINY_BERT = "builtin:tiny-bert"
 TINY_LLAMA = "builtin:tiny-llama"
-BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA)
+LLAMA_1B = "builtin:llama-1b"  # ~0.9B-parameter Llama shape for GPU throughput/MFU checks (random init)
+BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA, LLAMA_1B)
 MINILM_VOCAB_SIZE = 30522
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
@@ -35,7 +36,7 @@ def model_dir(name_or_path: str) -> Path | None:
     """Directory holding the weights, or None for a random-init built-in."""
     if name_or_path == MINILM:
         return minilm_dir()
-    if name_or_path in (TINY_BERT, TINY_LLAMA):
+    if name_or_path in (TINY_BERT, TINY_LLAMA, LLAMA_1B):
         return None
     if name_or_path.startswith("builtin:"):
         raise ConfigError(f"model.name_or_path={name_or_path} is not a built-in; use one of {', '.join(BUILTINS)}")
@@ -68,6 +69,10 @@ def _tiny_config(name: str, vocab_size: int, pad_id: int):
     if name == TINY_BERT:
         return BertConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                           intermediate_size=128, max_position_embeddings=512, pad_token_id=pad_id)
+    if name == LLAMA_1B:
+        return LlamaConfig(vocab_size=vocab_size, hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
+                           num_key_value_heads=8, intermediate_size=5632, max_position_embeddings=4096,
+                           pad_token_id=pad_id, tie_word_embeddings=False)
     return LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
                        pad_token_id=pad_id, tie_word_embeddings=True)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One prepared command for a machine with a GPU (about 10 minutes at most): env and topology, single-GPU
+# training throughput and MFU of a ~0.9B Llama in bf16, and commbench on the GPUs that are there.
+# Usage (repo root, torch with CUDA/ROCm already installed): bash benchmarks/gpu_check.sh [OUT_DIR]
+set -uo pipefail
+OUT=${1:-gpu_check_out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+st() { $PY -m scaletrain "$@"; }
+
+echo "== env";  st env | tee "$OUT/env.txt"
+echo "== topo"; st topo | tee "$OUT/topo.txt"
+GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
+echo "== GPUs: $GPUS"
+
+# Long-ish SFT records so sequences reach ~1024 tokens (generated, never downloaded).
+export DEMO_DATA="$OUT/data"
+$PY - <<'PY'
+import json, os, random
+out = os.environ["DEMO_DATA"]; os.makedirs(out, exist_ok=True)
+words = "the model reads long sequences of ordinary words to keep the accelerator busy".split()
+rng = random.Random(0)
+with open(f"{out}/long.jsonl", "w") as f:
+    for _ in range(600):
+        f.write(json.dumps({"instruction": "Continue the text.", "input": "",
+                            "output": " ".join(rng.choice(words) for _ in range(1200))}) + "\n")
+PY
+
+echo "== train: 1 GPU, bf16, llama-1b"
+timeout 420 $PY -m scaletrain train benchmarks/gpu_check.yaml output.output_dir="$OUT/runs" --no-progress 2>&1 | tail -25
+RUN=$(ls -d "$OUT"/runs/gpu_check-* 2>/dev/null | tail -1)
+if [ -n "$RUN" ]; then
+  $PY - "$RUN" <<'PY'
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+train = [r for r in recs if r["kind"] == "train"][1:]
+if train:
+    print("tokens/s (median):", round(statistics.median(r["throughput/tokens_per_s"] for r in train)))
+    print("step time s (median):", round(statistics.median(r["time/step_s"] for r in train), 4))
+    mfus = [r["perf/mfu"] for r in train if "perf/mfu" in r]
+    print("MFU (median):", f"{statistics.median(mfus):.1%}" if mfus else "n/a (unknown device)")
+    print("peak memory GiB:", max((r.get("memory/peak_gib", 0) for r in recs), default=0))
+PY
+  cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null
+fi
+
+if [ "$GPUS" -ge 2 ]; then
+  echo "== commbench: $GPUS GPUs"
+  timeout 240 $PY -m scaletrain commbench -n "$GPUS" -c all_reduce,all_gather -b 1M -e 1G -f 4 | tee "$OUT/commbench.txt"
+else
+  echo "== commbench: skipped, one GPU (a collective needs 2 ranks)"
+fi

@@ -49,7 +49,8 @@ def test_nan_loss_stops_the_run_with_the_alert(classify_cfg, tmp_path, monkeypat
         run_job(cfg, tmp_path / "c.yaml", show_progress=False)
     run = tmp_path / "runs" / "nan"
     alerts = [json.loads(ln) for ln in (run / "alerts.jsonl").read_text().splitlines()]
-    assert alerts[0]["rule"] == "non_finite_loss" and alerts[0]["step"] == 7
+    nan = [a for a in alerts if a["rule"] == "non_finite_loss"]
+    assert len(nan) == 1 and nan[0]["step"] == 7 and nan[0]["severity"] == "error"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-5"]  # nothing saved after the NaN
     assert "alert: non_finite_loss" in (run / "logs" / "main.log").read_text()
     assert "Status: **failed**" in (run / "report.md").read_text()

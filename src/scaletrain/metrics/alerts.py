@@ -107,18 +107,22 @@ class ThroughputDrop(Rule):
 
 class MemoryGrowth(Rule):
     """Steady growth: over at least ``min_samples`` samples, 80% of the changes are increases and the
-    total growth since the first sample exceeds ``pct`` percent."""
+    total growth since the first sample exceeds ``pct`` percent. Samples count only once training has
+    logged its first step: loading the model and the first batches grow memory legitimately."""
 
     name = "memory_growth"
-    min_samples = 6
+    min_samples = 8
 
     def __init__(self, pct: float):
         self.pct = pct
         self.series: dict[int, list[float]] = {}
         self.fired: set[int] = set()
+        self.training = False
 
     def observe(self, r: dict) -> list[Alert]:
-        if not self.pct or r.get("kind") != "system" or r["rank"] in self.fired:
+        if r.get("kind") == "train":
+            self.training = True
+        if not self.pct or not self.training or r.get("kind") != "system" or r["rank"] in self.fired:
             return []
         key = "memory/allocated_gib" if "memory/allocated_gib" in r else "memory/rss_gib"
         s = self.series.setdefault(r["rank"], [])

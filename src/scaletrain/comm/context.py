@@ -55,3 +55,33 @@ def context_from_ray(backend: str) -> DistContext:
         backend=backend,
         node_id=ray.get_runtime_context().get_node_id(),
     )
+
+
+# Variables torch.distributed.run sets for every worker process.
+TORCHRUN_RANK, TORCHRUN_LOCAL_RANK, TORCHRUN_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE"
+TORCHRUN_LOCAL_WORLD_SIZE, TORCHRUN_NODE_RANK = "LOCAL_WORLD_SIZE", "GROUP_RANK"
+
+
+def context_from_torchrun(backend: str, timeout_s: int) -> DistContext:
+    """Read torchrun's rank variables, pick the device, and join the process group."""
+    import socket
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    env = os.environ
+    local_rank = int(env[TORCHRUN_LOCAL_RANK])
+    device = "cpu"
+    if backend == "nccl":
+        platform = Platform.detect()
+        index = local_device_index(platform.vendor, env, local_rank, platform.device_count)
+        torch.cuda.set_device(index)
+        device = f"cuda:{index}"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return DistContext(
+        world_rank=int(env[TORCHRUN_RANK]), local_rank=local_rank, world_size=int(env[TORCHRUN_WORLD_SIZE]),
+        local_world_size=int(env[TORCHRUN_LOCAL_WORLD_SIZE]), node_rank=int(env.get(TORCHRUN_NODE_RANK, 0)),
+        device=device, backend=backend, node_id=socket.gethostname(),
+    )

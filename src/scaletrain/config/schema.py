@@ -105,7 +105,25 @@ class ScalingConfig(_Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
     address: Optional[str] = None
-    launcher: Literal["ray"] = "ray"
+    launcher: Literal["ray", "torchrun"] = "ray"
+    # torchrun: num_workers = nnodes x processes per node; every node runs `scaletrain train` with its node_rank.
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = Field(None, ge=1, le=65535)  # a free port is chosen on 1 node when unset
+
+    @model_validator(mode="after")
+    def _torchrun(self) -> "ScalingConfig":
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"scaling.node_rank={self.node_rank} is out of range for scaling.nnodes={self.nnodes}; "
+                             f"use 0..{self.nnodes - 1}")
+        if self.launcher == "torchrun" and self.num_workers % self.nnodes:
+            raise ValueError(f"scaling.num_workers={self.num_workers} must be a multiple of scaling.nnodes="
+                             f"{self.nnodes} (the same number of processes on every node)")
+        if self.launcher == "torchrun" and self.nnodes > 1 and self.master_port is None:
+            raise ValueError("scaling.master_port is required with several nodes (every node must use the same); "
+                             "set it, e.g. scaling.master_port=29500")
+        return self
 
 
 class CommConfig(_Section):
@@ -186,6 +204,9 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Config":
+        if self.scaling.launcher == "torchrun" and self.scaling.nnodes > 1 and not self.output.run_name:
+            raise ValueError("a torchrun job over several nodes needs output.run_name (all nodes share the run "
+                             "directory on a shared filesystem); set it")
         if self.model.task == "causal-lm" and self.model.num_labels != 2:
             # num_labels means nothing for a causal LM; a non-default value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")

@@ -112,6 +112,8 @@ class FailureEvents(UserCallback):
 
 def training_error(e: Exception, run_dir: Path, world_size: int, timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:
     """The one-line error for a failed fit(), and the hang diagnosis if the heartbeats show one."""
+    if isinstance(e, TrainingError) and str(e).startswith("training failed:"):  # torchrun: already grouped
+        return e, diagnose(run_dir, world_size) if "hang:" in str(e) else None
     failures = getattr(e, "worker_failures", None)
     if not failures:
         cause = _root_cause(e)

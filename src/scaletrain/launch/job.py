@@ -23,7 +23,7 @@ from scaletrain.config import Config
 from scaletrain.console import ProgressView, console
 from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ScaletrainError
-from scaletrain.launch import ray_launcher
+from scaletrain.launch import ray_launcher, torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.redact import Redactor, is_secret_name
 from scaletrain.worker.faults import parse_faults
@@ -52,17 +52,21 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
     os.umask(RUN_UMASK)
     _quiet_libraries()
     redact = Redactor(secret_values() + [v for k, v in cfg.comm.env.items() if is_secret_name(k)])
-    vendor = Platform.detect().vendor
+    torchrun = cfg.scaling.launcher == "torchrun"
+    if torchrun and cfg.scaling.node_rank > 0:
+        return _join_torchrun(cfg, redact)
+    platform = Platform.detect()
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     data = prepare_data(cfg, tokenizer)
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
     check_sinks(cfg.monitor)
-    notes = ray_launcher.prepare_driver_env(vendor) + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
-    started = ray_launcher.ensure_ray(cfg.scaling.address)
+    notes = ray_launcher.prepare_driver_env(platform.vendor) + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
+    started = False if torchrun else ray_launcher.ensure_ray(cfg.scaling.address)
     try:
-        plan = ray_launcher.plan_cluster(cfg, ray_launcher.cluster_resources(), vendor)
+        plan = (torchrun_launcher.plan(cfg, platform) if torchrun
+                else ray_launcher.plan_cluster(cfg, ray_launcher.cluster_resources(), platform.vendor))
         run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
         events = EventLog(run_dir, "driver", redact)
         if resume_dir is None:
@@ -72,12 +76,19 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
         spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
         _announce(cfg, spec, plan, notes + ([plan.note] if plan.note else []), len(data.train), len(data.eval),
                   events, resumed=resume_dir is not None)
-        env = ray_launcher.worker_env_for(cfg, vendor, plan.backend, str(run_dir))
+        env = ray_launcher.worker_env_for(cfg, platform.vendor, plan.backend, str(run_dir))
+        if not torchrun:
+            ray_launcher.check_cluster(cfg, plan, str(run_dir))
+        if torchrun:
+            spec_path = torchrun_launcher.write_spec(spec, run_dir)
+            launch = lambda: torchrun_launcher.run_torchrun(spec, cfg, env, spec_path)  # noqa: E731
+        else:
+            launch = lambda: ray_launcher.run_workers(spec, cfg, plan, env, redact)  # noqa: E731
         monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
                              console)
         try:
             with StopOnSignal(run_dir, events), monitor:
-                _run_with_hang_retries(spec, cfg, plan, env, redact, events)
+                _run_with_hang_retries(launch, spec, cfg, redact, events)
         finally:
             if cfg.monitor.report:
                 _write_report(run_dir)
@@ -93,12 +104,27 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
             ray.shutdown()
 
 
-def _run_with_hang_retries(spec: JobSpec, cfg: Config, plan, env: dict, redact: Redactor, events) -> None:
+def _join_torchrun(cfg: Config, redact: Redactor) -> JobResult:
+    """Nodes > 0 of a torchrun job: wait for node 0's spec in the shared run directory, start local workers."""
+    run_dir = (Path(cfg.output.output_dir) / cfg.output.run_name).expanduser().resolve()
+    spec_path = torchrun_launcher.wait_for_spec(run_dir)
+    spec = torchrun_launcher.read_spec(spec_path)
+    env = ray_launcher.worker_env_for(cfg, Platform.detect().vendor, spec.backend, str(run_dir))
+    events = EventLog(run_dir, f"driver node {cfg.scaling.node_rank}", redact)
+    events("join", f"node {cfg.scaling.node_rank} starts {cfg.scaling.num_workers // cfg.scaling.nnodes} process(es)")
+    with StopOnSignal(run_dir, events):
+        _run_with_hang_retries(lambda: torchrun_launcher.run_torchrun(spec, cfg, env, spec_path), spec, cfg, redact,
+                               events)
+    summary_path = run_dir / "summary.json"
+    return JobResult(run_dir, json.loads(summary_path.read_text()) if summary_path.exists() else {})
+
+
+def _run_with_hang_retries(launch, spec: JobSpec, cfg: Config, redact: Redactor, events) -> None:
     policy = HangRetryPolicy(cfg.fault_tolerance.hang_retries)
     used = 0
     while True:
         try:
-            return ray_launcher.run_workers(spec, cfg, plan, env, redact)
+            return launch()
         except Exception as e:  # Ray wraps worker errors; regroup them by rank and look for a hang
             error, hang = training_error(e, Path(spec.run_dir), cfg.scaling.num_workers, cfg.comm.timeout_s)
             error = type(error)(redact(str(error)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ def ensure_ray(address: str | None) -> bool:
     kwargs = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False,
                   configure_logging=True)
     if address:
+        _probe_address(address)
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
@@ -47,6 +49,72 @@ def ensure_ray(address: str | None) -> bool:
         return False
     ray.init(**kwargs)
     return True
+
+
+def _probe_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not minutes, when nothing listens at a cluster address."""
+    if address == "auto":
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(f"scaling.address={address}: write host:port (6379 for a head node, ray://host:10001 for "
+                          f"Ray Client) or 'auto'")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise LaunchError(f"scaling.address={address}: nothing answers at {host}:{port} ({e.strerror or e}); start a "
+                          f"head node there with `ray start --head --port={port}` or fix the address") from None
+
+
+def check_placement(strategy: str, n: int, per_worker: dict[str, float], nodes: list[dict[str, float]]) -> None:
+    """Say which resource is short instead of letting Ray wait forever for an impossible placement."""
+    def fits(node: dict[str, float], count: int) -> bool:
+        return all(node.get(k, 0) >= v * count for k, v in per_worker.items())
+
+    need = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
+    if strategy == "STRICT_SPREAD":
+        ok = sum(fits(node, 1) for node in nodes)
+        if ok < n:
+            raise LaunchError(f"scaling.placement_strategy=STRICT_SPREAD puts each of the {n} workers on its own node, "
+                              f"but only {ok} of the cluster's {len(nodes)} node(s) have {need} free; use SPREAD or PACK, "
+                              f"or add nodes")
+    elif strategy == "STRICT_PACK" and not any(fits(node, n) for node in nodes):
+        biggest = max(nodes, key=lambda nd: nd.get("CPU", 0), default={})
+        raise LaunchError(f"scaling.placement_strategy=STRICT_PACK puts all {n} workers on one node, but no node has "
+                          f"{', '.join(f'{v * n:g} {k}' for k, v in per_worker.items())} (the largest has "
+                          f"{biggest.get('CPU', 0):g} CPU, {biggest.get('GPU', 0):g} GPU); use PACK or fewer workers")
+
+
+def node_resources() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def check_shared_storage(run_dir: str) -> None:
+    """On a multi-node cluster every node must see the run directory (checkpoints, logs, data)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) < 2 or "://" in run_dir:
+        return
+    marker = os.path.join(run_dir, ".shared-storage-check")
+    with open(marker, "w") as f:
+        f.write("scaletrain")
+
+    @ray.remote(num_cpus=0)
+    def sees(path: str) -> bool:
+        return os.path.exists(path)
+
+    refs = {n["NodeID"]: sees.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(marker) for n in nodes}
+    blind = [node for node, ref in refs.items() if not ray.get(ref, timeout=60)]
+    os.remove(marker)
+    if blind:
+        raise LaunchError(f"output.output_dir: {run_dir} is node-local: node(s) {', '.join(b[:12] for b in blind)} cannot "
+                          f"see it; on several nodes put output.output_dir on a shared filesystem (NFS) or a cloud URI")
 
 
 def plan_cluster(cfg: Config, resources: dict[str, float], vendor: str) -> ClusterPlan:
@@ -72,6 +140,13 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
                 f"or scaling.resources_per_worker"
             )
     return ClusterPlan(use_gpu, choice.backend, per_worker, choice.note)
+
+
+def check_cluster(cfg: Config, plan: ClusterPlan, run_dir: str) -> None:
+    """Placement and storage checks that need the live cluster (after the run directory exists)."""
+    check_placement(cfg.scaling.placement_strategy, cfg.scaling.num_workers, plan.resources_per_worker,
+                    node_resources())
+    check_shared_storage(run_dir)
 
 
 def cluster_resources() -> dict[str, float]:

@@ -83,6 +83,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
         events("resume", f"from {ckpt.name}: step {state.step}, epoch {state.epoch}, "
                          f"{state.micro_batches_in_epoch} micro-batches into the epoch")
     beat.finished_step(state.step)
+    events("placement", placement(ctx))
     events("workers up", f"{ctx.world_size} x {ctx.device} ({ctx.backend}); {trainable:,} of {total:,} "
                          f"parameters trainable; global batch {global_batch_size(cfg.train, ctx.world_size)}; "
                          f"{spec.total_steps} steps; lr {spec.learning_rate:g}; {precision.note}")
@@ -153,6 +154,18 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
         Path(spec.run_dir, "summary.json").write_text(json.dumps(summary, indent=1))
         events("finish", f"train {train_time:.1f}s, eval {eval_time:.1f}s, {_fmt(final_eval)}")
     return summary
+
+
+def placement(ctx: DistContext) -> str:
+    """Which node each rank runs on (a collective: every rank calls it)."""
+    import socket
+
+    me = f"node {ctx.node_id[:12] or '-'} ({socket.gethostname()}, local rank {ctx.local_rank})"
+    everyone = [me]
+    if dist.is_available() and dist.is_initialized():
+        everyone = [None] * ctx.world_size
+        dist.all_gather_object(everyone, me)
+    return "; ".join(f"rank {r}: {where}" for r, where in enumerate(everyone))
 
 
 def step_flags(loss: float, run_dir: str, device: str) -> tuple[bool, bool]:

@@ -1,0 +1,35 @@
+"""Placement feasibility and cluster-address probing, without a cluster."""
+
+import socket
+
+import pytest
+
+from scaletrain.errors import LaunchError
+from scaletrain.launch.ray_launcher import _probe_address, check_placement
+
+TWO_NODES = [{"CPU": 1.0}, {"CPU": 1.0}]
+
+
+def test_strict_spread_needs_a_node_per_worker():
+    check_placement("STRICT_SPREAD", 2, {"CPU": 1}, TWO_NODES)
+    with pytest.raises(LaunchError, match=r"STRICT_SPREAD puts each of the 3 workers on its own node, but only 2 of "
+                                          r"the cluster's 2 node\(s\) have 1 CPU free"):
+        check_placement("STRICT_SPREAD", 3, {"CPU": 1}, TWO_NODES)
+
+
+def test_strict_pack_needs_one_big_node():
+    check_placement("STRICT_PACK", 2, {"CPU": 1}, [{"CPU": 4.0}])
+    with pytest.raises(LaunchError, match=r"no node has 2 CPU .*the largest has 1 CPU"):
+        check_placement("STRICT_PACK", 2, {"CPU": 1}, TWO_NODES)
+    check_placement("PACK", 2, {"CPU": 1}, TWO_NODES)  # PACK/SPREAD may split
+
+
+def test_unreachable_address_fails_fast():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound but not listening: connection refused
+        with pytest.raises(LaunchError, match=rf"nothing answers at 127.0.0.1:{port}.*ray start --head --port={port}"):
+            _probe_address(f"127.0.0.1:{port}", timeout_s=2)
+    with pytest.raises(LaunchError, match="write host:port"):
+        _probe_address("not-an-address")
+    _probe_address("auto")  # left to Ray

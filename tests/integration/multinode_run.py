@@ -20,3 +20,18 @@ try:
 finally:
     ray.shutdown()
     cluster.shutdown()
+
+# commbench across the two nodes: the all-rank rows and the across-nodes rows.
+from scaletrain.comm.bench import BenchParams  # noqa: E402
+from scaletrain.launch.commbench import run_commbench  # noqa: E402
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+cluster.add_node(num_cpus=1)
+ray.init(address=cluster.address, log_to_driver=False)
+try:
+    rows = run_commbench(BenchParams(("all_reduce",), (65536,), iters=2, warmup_iters=1), 2, "gloo", None, {},
+                         None, 60, Path(sys.argv[1]).parent / "bench")
+    print("SCOPES", sorted({(r.scope, r.ranks, r.oop_wrong) for r in rows}))
+finally:
+    ray.shutdown()
+    cluster.shutdown()

@@ -25,3 +25,4 @@ def test_strict_spread_over_two_nodes(classify_cfg, tmp_path):
     nodes = re.findall(r"rank (\d): node (\w+)", log)
     assert sorted(r for r, _ in nodes) == ["0", "1"]
     assert len({n for _, n in nodes}) == 2  # one rank per node
+    assert "SCOPES [('all', 2, 0), ('inter', 2, 0)]" in proc.stdout  # commbench reports across-node numbers too

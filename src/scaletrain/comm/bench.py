@@ -85,6 +85,8 @@ class Row:
     ip_algbw: float
     ip_busbw: float
     ip_wrong: int
+    scope: str = "all"  # "all" ranks, "intra"-node or "inter"-node (one rank per node)
+    ranks: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,8 +102,8 @@ def validate_params(params: BenchParams, world_size: int) -> None:
         raise ConfigError(f"-d {params.dtype}: choose one of {', '.join(sorted(set(DTYPES)))}")
 
 
-def run_benchmark(params: BenchParams, rank: int, world: int, device: str) -> list[Row]:
-    """Every rank calls this inside an initialized process group; returns rows averaged over ranks."""
+def run_benchmark(params: BenchParams, rank: int, world: int, device: str, group=None, scope: str = "all") -> list[Row]:
+    """Every rank of ``group`` (default: all) calls this; returns rows averaged over the group's ranks."""
     import torch
     import torch.distributed as dist
 
@@ -111,26 +113,32 @@ def run_benchmark(params: BenchParams, rank: int, world: int, device: str) -> li
     for coll in params.collectives:
         for size in params.sizes:
             count = max(world, size // elem // world * world)  # divisible by world for the sharded collectives
-            oop = _measure(coll, count, dtype, device, rank, world, params, in_place=False)
-            ip = _measure(coll, count, dtype, device, rank, world, params, in_place=True)
+            oop = _measure(coll, count, dtype, device, rank, world, params, in_place=False, group=group)
+            ip = _measure(coll, count, dtype, device, rank, world, params, in_place=True, group=group)
             times = torch.tensor([oop[0], ip[0]], dtype=torch.float64, device=device)
             wrong = torch.tensor([oop[1], ip[1]], dtype=torch.float64, device=device)
-            dist.all_reduce(times)
-            dist.all_reduce(wrong)
+            dist.all_reduce(times, group=group)
+            dist.all_reduce(wrong, group=group)
             t_oop, t_ip = (times / world).tolist()
             nbytes = count * elem
             a1, b1 = bandwidths(coll, nbytes, t_oop, world)
             a2, b2 = bandwidths(coll, nbytes, t_ip, world)
             rows.append(Row(coll, nbytes, count, _NCCL_TYPE_NAMES[params.dtype],
                             "sum" if coll in ("all_reduce", "reduce_scatter") else "none",
-                            0 if coll == "broadcast" else -1, t_oop, a1, b1, int(wrong[0]), t_ip, a2, b2, int(wrong[1])))
+                            0 if coll == "broadcast" else -1, t_oop, a1, b1, int(wrong[0]), t_ip, a2, b2, int(wrong[1]),
+                            scope, world))
     return rows
 
 
-def _measure(coll, count, dtype, device, rank, world, params: BenchParams, in_place: bool) -> tuple[float, int]:
-    """(average time per iteration in us, wrong elements) for one collective and size."""
+def _measure(coll, count, dtype, device, rank, world, params: BenchParams, in_place: bool,
+             group=None) -> tuple[float, int]:
+    """(average time per iteration in us, wrong elements) for one collective and size.
+
+    ``rank`` and ``world`` are within ``group``; broadcast's source is the group's first rank."""
     import torch
     import torch.distributed as dist
+
+    src0 = dist.get_global_rank(group, 0) if group is not None else 0
 
     shard = count // world
     full = torch.empty(count, dtype=dtype, device=device)
@@ -142,24 +150,24 @@ def _measure(coll, count, dtype, device, rank, world, params: BenchParams, in_pl
         full.copy_((torch.arange(count, device=device) % 7 + rank + 1).to(dtype))
 
     if coll == "all_reduce":
-        op = lambda: dist.all_reduce(full)  # noqa: E731 - torch's all_reduce is in-place only
+        op = lambda: dist.all_reduce(full, group=group)  # noqa: E731 - torch's all_reduce is in-place only
     elif coll == "broadcast":
-        op = lambda: dist.broadcast(full, src=0)  # noqa: E731
+        op = lambda: dist.broadcast(full, src=src0, group=group)  # noqa: E731
     elif coll == "all_gather":
         src = full[rank * shard:(rank + 1) * shard] if in_place else full[:shard].clone()
         target = full if in_place else out
-        op = lambda: dist.all_gather_into_tensor(target, src)  # noqa: E731
+        op = lambda: dist.all_gather_into_tensor(target, src, group=group)  # noqa: E731
     elif coll == "reduce_scatter":
         target = full[rank * shard:(rank + 1) * shard] if in_place else out
-        op = lambda: dist.reduce_scatter_tensor(target, full)  # noqa: E731
+        op = lambda: dist.reduce_scatter_tensor(target, full, group=group)  # noqa: E731
     else:
-        op = lambda: dist.all_to_all_single(out, full)  # noqa: E731 - no in-place all_to_all in torch
+        op = lambda: dist.all_to_all_single(out, full, group=group)  # noqa: E731 - no in-place all_to_all in torch
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fill()
     for _ in range(params.warmup_iters):
         op()
     sync()
-    dist.barrier()
+    dist.barrier(group=group)
     t0 = time.perf_counter()
     for _ in range(params.iters):
         op()
@@ -218,9 +226,10 @@ def format_table(rows: list[Row], header_note: str = "") -> str:
     ]
     current = None
     for r in rows:
-        if r.collective != current:
-            current = r.collective
-            lines.append(f"# collective: {current}")
+        if (r.collective, r.scope) != current:
+            current = (r.collective, r.scope)
+            where = {"all": "all ranks", "intra": "inside each node", "inter": "across nodes, one rank per node"}
+            lines.append(f"# collective: {r.collective} ({where.get(r.scope, r.scope)}, {r.ranks} ranks)")
         lines.append(f"{r.size:12d}  {r.count:12d}  {r.type:>8s}  {r.redop:>6s}  {r.root:6d}  "
                      f"{format_time(r.oop_time_us)}  {r.oop_algbw:6.2f}  {r.oop_busbw:6.2f}  {r.oop_wrong:5d}  "
                      f"{format_time(r.ip_time_us)}  {r.ip_algbw:6.2f}  {r.ip_busbw:6.2f}  {r.ip_wrong:5d}")

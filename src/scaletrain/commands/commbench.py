@@ -57,6 +57,7 @@ def rank_sweep(results: list[tuple[dict, list[dict]]], bucket_bytes: float) -> l
     (or of the largest size measured when none falls in that window)."""
     ranked = []
     for settings, rows in results:
+        rows = [r for r in rows if r.get("scope", "all") == "all"]
         window = [r for r in rows if bucket_bytes / 2 <= r["size"] <= bucket_bytes * 2]
         if not window:
             top = max(r["size"] for r in rows)

@@ -37,10 +37,27 @@ def run_commbench(params: BenchParams, workers: int, backend: str, profile: str 
 
 
 def _entry(config: dict) -> None:
+    import torch.distributed as dist
+
     from scaletrain.comm.bench import run_benchmark
     from scaletrain.comm.context import context_from_ray
 
     ctx = context_from_ray(config["backend"])
-    rows = run_benchmark(config["params"], ctx.world_rank, ctx.world_size, ctx.device)
+    params = config["params"]
+    rows = run_benchmark(params, ctx.world_rank, ctx.world_size, ctx.device)
+    # When ranks span nodes, also measure inside each node and across nodes (one rank per node).
+    nodes = [None] * ctx.world_size
+    dist.all_gather_object(nodes, ctx.node_id)
+    by_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        by_node.setdefault(node, []).append(rank)
+    if len(by_node) > 1:
+        for scope, members in [("intra", m) for m in by_node.values()] + [("inter", [m[0] for m in by_node.values()])]:
+            group = dist.new_group(members)  # every rank creates every group, in the same order
+            if ctx.world_rank in members and len(members) > 1:
+                part = run_benchmark(params, members.index(ctx.world_rank), len(members), ctx.device, group, scope)
+                if ctx.world_rank == members[0] and (scope == "inter" or members[0] == 0):
+                    rows += part  # one node's intra numbers stand for all (nodes are alike)
+        dist.barrier()
     if ctx.is_main:
         Path(config["result"]).write_text(json.dumps([r.to_dict() for r in rows]))

@@ -67,12 +67,7 @@ def parse_rocm_smi(text: str) -> Topology:
     else:  # --showtoponuma: NUMA section only
         gpus, kinds = [f"GPU{i}" for i in sorted(numa)], {}
     topo = Topology("rocm-smi --showtopo", gpus)
-    hops = _matrix(sections["hops between two gpus"])[1] if "hops between two gpus" in sections else {}
-    weight = _matrix(sections["weight between two gpus"])[1] if "weight between two gpus" in sections else {}
-    for (i, j), kind in kinds.items():
-        if i != j:
-            topo.links[(i, j)] = LinkInfo(parse_label(kind).kind, hops=_int(hops.get((i, j))),
-                                          weight=_int(weight.get((i, j))))
+    _fill_links(topo, kinds, sections.get("hops between two gpus"), sections.get("weight between two gpus"))
     topo.numa = {i: (n if n >= 0 else None) for i, n in numa.items()}
     return topo
 
@@ -87,13 +82,18 @@ def parse_amd_smi(text: str) -> Topology:
         return Topology("amd-smi topology", header, note="this output has no LINK TYPE table")
     header, kinds = _matrix(sections["link type"])
     topo = Topology("amd-smi topology", header)
-    hops = _matrix(sections["hops"])[1] if "hops" in sections else {}
-    weight = _matrix(sections["weight"])[1] if "weight" in sections else {}
+    _fill_links(topo, kinds, sections.get("hops"), sections.get("weight"))
+    return topo
+
+
+def _fill_links(topo: Topology, kinds: dict, hop_rows: list | None, weight_rows: list | None) -> None:
+    """Link type per pair from the LINK TYPE table, with hops and weight where those tables exist."""
+    hops = _matrix(hop_rows)[1] if hop_rows else {}
+    weight = _matrix(weight_rows)[1] if weight_rows else {}
     for (i, j), kind in kinds.items():
         if i != j:
             topo.links[(i, j)] = LinkInfo(parse_label(kind).kind, hops=_int(hops.get((i, j))),
                                           weight=_int(weight.get((i, j))))
-    return topo
 
 
 def parse_amd_smi_json(text: str) -> Topology:

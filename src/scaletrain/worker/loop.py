@@ -90,8 +90,8 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
     train_data, eval_data = load_split(spec.train_path), load_split(spec.eval_path)
     collate = Collator(spec.pad_token_id)
     sampler = ResumableSampler(len(train_data), ctx.world_size, ctx.world_rank, cfg.train.seed)
-    metrics = Meter(ctx, cfg, spec, beat, system, flops_facts, precision.dtype_name)
-    metrics.parameters = {"parameters/trainable": trainable, "parameters/total": total}
+    metrics = Meter(ctx, cfg, spec, beat, system, flops_facts, precision.dtype_name,
+                    {"parameters/trainable": trainable, "parameters/total": total})
     save = lambda: checkpoint.save(spec.run_dir, state, model, optimizer, scheduler, precision.scaler,  # noqa: E731
                                    ctx.world_rank, cfg.checkpoint.save_total_limit, lora)
     accum = cfg.train.gradient_accumulation_steps
@@ -127,12 +127,14 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
             if cfg.train.eval_steps and state.step % cfg.train.eval_steps == 0 and state.step < spec.total_steps:
                 beat.enter("eval", state.step)
                 eval_time += _run_eval(model, eval_data, collate, ctx, cfg, precision, state, metrics, events)
+            saved = None
             if cfg.checkpoint.save_steps and state.step % cfg.checkpoint.save_steps == 0:
                 beat.enter("checkpoint", state.step)
-                events("checkpoint", f"{save().name} saved")
+                saved = save()
+                events("checkpoint", f"{saved.name} saved")
             if stop:
                 beat.enter("checkpoint", state.step)
-                path = save()
+                path = saved or save()
                 events("stopped", f"on request at step {state.step}; {path.name} saved")
                 return {"stopped": True, "step": state.step}
         if state.step >= spec.total_steps:
@@ -305,8 +307,9 @@ class Meter:
     """Step timing and the metric record every ``logging_steps`` (aggregated over ranks, written by rank 0)."""
 
     def __init__(self, ctx: DistContext, cfg: Config, spec: JobSpec, beat: Heartbeat, sampler: SystemSampler,
-                 flops_facts: dict, dtype: str):
+                 flops_facts: dict, dtype: str, parameters: dict):
         self.ctx, self.cfg, self.spec, self.beat, self.sampler = ctx, cfg, spec, beat, sampler
+        self.parameters = parameters
         self.flops_facts = flops_facts
         name = "cpu"
         if ctx.device.startswith("cuda"):
@@ -395,7 +398,7 @@ class Meter:
             "throughput/tokens_per_s": self.tokens_total / train_time if train_time > 0 else 0.0,
             "samples_per_step_per_device": self.cfg.train.per_device_train_batch_size
             * self.cfg.train.gradient_accumulation_steps,
-            **getattr(self, "parameters", {}),
+            **self.parameters,
             "final": final_eval,
         }
 

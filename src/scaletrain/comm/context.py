@@ -60,6 +60,8 @@ def context_from_ray(backend: str) -> DistContext:
 # Variables torch.distributed.run sets for every worker process.
 TORCHRUN_RANK, TORCHRUN_LOCAL_RANK, TORCHRUN_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE"
 TORCHRUN_LOCAL_WORLD_SIZE, TORCHRUN_NODE_RANK = "LOCAL_WORLD_SIZE", "GROUP_RANK"
+MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
+TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"
 
 
 def context_from_torchrun(backend: str, timeout_s: int) -> DistContext:
@@ -79,7 +81,16 @@ def context_from_torchrun(backend: str, timeout_s: int) -> DistContext:
         torch.cuda.set_device(index)
         device = f"cuda:{index}"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        # Key the rendezvous by torchrun's restart count: after a restart, gloo would otherwise read the
+        # dead workers' addresses left in the agent's store and fail to connect.
+        rank, world = int(env[TORCHRUN_RANK]), int(env[TORCHRUN_WORLD_SIZE])
+        timeout = timedelta(seconds=timeout_s)
+        agent_store = env.get(TORCHELASTIC_USE_AGENT_STORE, "").lower() == "true"
+        store = dist.TCPStore(env[MASTER_ADDR], int(env[MASTER_PORT]), world, is_master=rank == 0 and not agent_store,
+                              timeout=timeout)
+        prefix = f"scaletrain/attempt-{env.get(TORCHELASTIC_RESTART_COUNT, '0')}"
+        dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
+                                timeout=timeout)
     return DistContext(
         world_rank=int(env[TORCHRUN_RANK]), local_rank=local_rank, world_size=int(env[TORCHRUN_WORLD_SIZE]),
         local_world_size=int(env[TORCHRUN_LOCAL_WORLD_SIZE]), node_rank=int(env.get(TORCHRUN_NODE_RANK, 0)),

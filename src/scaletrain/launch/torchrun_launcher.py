@@ -93,16 +93,23 @@ def run_torchrun(spec: JobSpec, cfg: Config, worker_env: dict[str, str], spec_pa
         raise LaunchError(f"scaling.master_port={s.master_port} is in use on {s.master_addr}; pick a free port "
                           f"or leave it unset on one node")
     restarts = 10**6 if cfg.fault_tolerance.max_failures < 0 else cfg.fault_tolerance.max_failures
+    # c10d rendezvous (not the static master-addr one): after a failure the restarted workers rendezvous
+    # again, which the static backend does not do reliably; the first node to bind the endpoint hosts it.
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
-           f"--nproc-per-node={s.num_workers // s.nnodes}", f"--master-addr={s.master_addr}",
-           f"--master-port={port}", f"--max-restarts={restarts}", "-m", "scaletrain.launch.torchrun_entry",
-           str(spec_path)]
+           f"--nproc-per-node={s.num_workers // s.nnodes}", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint={s.master_addr}:{port}", f"--rdzv-id={Path(spec.run_dir).name}",
+           f"--rdzv-conf=join_timeout={cfg.comm.timeout_s}", f"--max-restarts={restarts}",
+           "-m", "scaletrain.launch.torchrun_entry", str(spec_path)]
     log = Path(spec.run_dir) / "logs" / f"torchrun-node{s.node_rank}.log"
     with open(log, "a") as out:
         # Its own session: a Ctrl-C in the terminal reaches only our driver, which asks the ranks to
         # checkpoint and stop (the STOP file) instead of torchrun killing them mid-step.
-        proc = subprocess.Popen(cmd, env={**os.environ, **worker_env}, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        env = {**os.environ, **worker_env}
+        # Ray gives each worker OMP_NUM_THREADS = its CPUs; torchrun sets 1 only with several processes per
+        # node. The same thread count under both launchers keeps their numbers (and results) comparable.
+        cpus = (cfg.scaling.resources_per_worker or {}).get("CPU", 1)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while proc.poll() is None:
                 time.sleep(0.2)

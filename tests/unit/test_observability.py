@@ -203,3 +203,20 @@ def test_monitor_feeds_alerts_and_tensorboard(tmp_path):
     assert [a["rule"] for a in alerts] == ["straggler"] and alerts[0]["rank"] == 1
     assert events and events[0][0] == "alert"
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_report_needs_a_run_dir_and_a_writable_place(tmp_path):
+    from scaletrain.report.markdown import write_report
+
+    with pytest.raises(ConfigError, match="not a scaletrain run directory"):
+        write_report(tmp_path)
+    (tmp_path / "config.resolved.yaml").write_text(
+        "model: {name_or_path: x, task: causal-lm, finetuning_type: full}\n"
+        "train: {strategy: ddp, per_device_train_batch_size: 2, gradient_accumulation_steps: 1}\n"
+        "scaling: {num_workers: 1}\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="report directory .* is not writable; pass --out DIR"):
+        write_report(tmp_path, blocker / "sub")
+    path = write_report(tmp_path)  # a run with no records yet still gets a report
+    assert "Status: **running or stopped**" in path.read_text()

@@ -15,13 +15,6 @@ from pathlib import Path
 
 from scaletrain.comm.watchdog import HangReport, diagnose, looks_like_timeout
 from scaletrain.errors import ScaletrainError, TrainingError
-from scaletrain.metrics.logs import EventLog
-
-try:  # DeveloperAPI in Ray Train V2: runs in the Train controller process
-    from ray.train.v2.api.callback import UserCallback
-except ImportError:  # pragma: no cover - Ray without Train V2
-    UserCallback = object  # type: ignore[assignment,misc]
-
 
 class Decision(enum.Enum):
     RETRY = "retry"
@@ -87,27 +80,6 @@ def group_failures(failures: dict[int, BaseException]) -> tuple[list[tuple[list[
 
 def format_groups(groups: list[tuple[list[int], str]]) -> str:
     return "; ".join(f"[rank {', '.join(map(str, ranks))}]: {msg}" for ranks, msg in groups)
-
-
-class FailureEvents(UserCallback):
-    """Writes each worker-group failure to main.log: ranks, causes, attempt k of N, what happens next."""
-
-    def __init__(self, run_dir: str, world_size: int, max_failures: int, redactor=None):
-        self.run_dir, self.world_size, self.max_failures = run_dir, world_size, max_failures
-        self.redactor = redactor
-        self.attempt = 0
-
-    def after_exception(self, run_context, worker_exceptions: dict) -> None:
-        self.attempt += 1
-        groups, _ = group_failures(worker_exceptions)
-        allowed = "unlimited" if self.max_failures < 0 else str(self.max_failures)
-        restart = self.max_failures < 0 or self.attempt <= self.max_failures
-        hang = diagnose(self.run_dir, self.world_size) if looks_like_timeout(m for _, m in groups) else None
-        text = f"failure {self.attempt} (max_failures={allowed}): {format_groups(groups)}"
-        if hang:
-            text += f"; {hang.message(0).split('; rank(s)')[0]}"
-        text += "; restarting the worker group from the newest checkpoint" if restart else "; no restarts left"
-        EventLog(self.run_dir, "controller", self.redactor)("failure", text)
 
 
 def training_error(e: Exception, run_dir: Path, world_size: int, timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:

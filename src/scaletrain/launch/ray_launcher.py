@@ -14,7 +14,6 @@ from scaletrain.comm.profiles import effective_env
 from scaletrain.config.schema import CommConfig, Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
-from scaletrain.launch.failures import FailureEvents
 from scaletrain.worker.spec import JobSpec
 
 # Train V2 is the default from Ray 2.51; set it so an older default can never pick V1.
@@ -157,6 +156,8 @@ def cluster_resources() -> dict[str, float]:
 
 def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[str, str], redactor=None) -> None:
     """Run the train loop on ``num_workers`` Ray Train workers; Ray's errors propagate (see launch/failures.py)."""
+    from scaletrain.launch.ray_callbacks import FailureEvents
+
     run_on_workers(
         _ray_worker_entry, {"spec": spec}, cfg.scaling, plan, worker_env, spec.run_dir, cfg.comm.timeout_s,
         max_failures=cfg.fault_tolerance.max_failures, keep=cfg.checkpoint.save_total_limit,

@@ -90,8 +90,10 @@ def _cluster_and_smoke(cfg, vendor):
         env = ray_launcher.worker_env_for(cfg, vendor, plan.backend, str(out))
         t0 = time.perf_counter()
         try:
+            # SPREAD: on a multi-node cluster the smoke test should cross every node it can reach.
+            spread = cfg.scaling.model_copy(update={"placement_strategy": "SPREAD"})
             ray_launcher.run_on_workers(_smoke_entry, {"backend": plan.backend, "result": str(out / "smoke.json")},
-                                        cfg.scaling, plan, env, str(out), timeout_s=30)
+                                        spread, plan, env, str(out), timeout_s=30)
             result = json.loads((out / "smoke.json").read_text())
         except Exception as e:  # a hang or a crash is exactly what this check reports
             return resources, (False, f"all-reduce across {cfg.scaling.num_workers} workers failed: {type(e).__name__}: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from scaletrain.comm.topo.model import Link, LinkInfo, Topology, parse_label
+from scaletrain.comm.topo.model import LinkInfo, Topology, parse_label
 
 _DEVICE = re.compile(r"^(GPU\d+|NIC\d+|mlx\S+)$")
 
@@ -124,7 +124,3 @@ def _int(value) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-PARSERS = {"nvidia-smi": parse_nvidia_smi, "rocm-smi": parse_rocm_smi, "amd-smi": parse_amd_smi}
-_ = Link  # re-exported names stay importable from here

@@ -1,7 +1,6 @@
 """The torchrun launcher: one node with 2 processes, 2 "nodes" on loopback, restarts; same curve as Ray."""
 
 import json
-import os
 import subprocess
 import sys
 

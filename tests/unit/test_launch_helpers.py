@@ -1,7 +1,6 @@
 """Worker environment, torchrun spec files and log-based failure grouping, `watch --once`."""
 
 import json
-import warnings
 
 import pytest
 

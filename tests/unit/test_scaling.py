@@ -1,7 +1,6 @@
 """MFU, the prediction model against hand-computed ring times, scale table assembly and parity verdicts."""
 
 import json
-import warnings
 
 import pytest
 

@@ -29,7 +29,8 @@ def test_report_and_system_metrics_of_a_real_run(classify_cfg, tmp_path, no_orph
     records = read_jsonl(run / "metrics.jsonl")
     system = [r for r in records if r["kind"] == "system"]
     assert {r["rank"] for r in system} == {0, 1}
-    assert all(r["memory/rss_gib"] > 0 and 0 <= r["system/cpu_pct"] <= 200 for r in system)
+    cores = __import__("os").cpu_count()
+    assert all(r["memory/rss_gib"] > 0 and 0 <= r["system/cpu_pct"] <= 100 * cores for r in system)
     train = [r for r in records if r["kind"] == "train"]
     assert all(len(r["ranks/step_s"]) == 2 and len(r["ranks/rss_gib"]) == 2 for r in train)
     report = (run / "report.md").read_text()  # `train` wrote it at the end

@@ -30,7 +30,8 @@ class SystemSampler:
         return self
 
     def sample(self) -> dict[str, float]:
-        out = {"system/cpu_pct": self.proc.cpu_percent(None),
+        # psutil's reading over a short window can overshoot; a process cannot use more than every core.
+        out = {"system/cpu_pct": min(self.proc.cpu_percent(None), 100.0 * (psutil.cpu_count() or 1)),
                "memory/rss_gib": self.proc.memory_info().rss / GIB,
                "memory/host_used_pct": psutil.virtual_memory().percent}
         if self.device.startswith("cuda"):

@@ -78,6 +78,12 @@ def _tiny_config(name: str, vocab_size: int, pad_id: int):
                        pad_token_id=pad_id, tie_word_embeddings=True)
 
 
+def preload() -> None:
+    """Import transformers' model machinery now (~2 s on a small machine), e.g. while waiting for a job spec."""
+    import transformers.modeling_utils  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: F401
+
+
 def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
     """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification

@@ -9,6 +9,7 @@ import yaml
 
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
+from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.torchrun_launcher import free_port
 from tests.conftest import train_losses
 
@@ -45,6 +46,7 @@ def test_two_nodes_on_loopback_same_curve_as_ray(classify_cfg, tmp_path, ray_cur
     procs = []
     for node in (0, 1):
         cfg = _cfg(classify_cfg, tmp_path, "two-nodes", "torchrun", nnodes=2, node_rank=node, master_port=port)
+        cfg["comm"] = {"env": {"WANDB_API_KEY": "wandb-secret-value-42"}}
         path = tmp_path / f"node{node}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         procs.append(subprocess.Popen([sys.executable, "-m", "scaletrain", "train", str(path), "--no-progress"],
@@ -55,6 +57,7 @@ def test_two_nodes_on_loopback_same_curve_as_ray(classify_cfg, tmp_path, ray_cur
     assert train_losses(run) == ray_curve
     log = (run / "logs" / "main.log").read_text()
     assert "[driver node 1] join" in log and (run / "logs" / "torchrun-node1.log").exists()
+    assert "wandb-secret-value-42" not in (run / "launch.json").read_text()  # the spec the nodes share
 
 
 def test_killed_process_restarts_from_checkpoint(classify_cfg, tmp_path, monkeypatch, ray_curve):
@@ -76,3 +79,24 @@ def test_bad_torchrun_settings(classify_cfg, tmp_path):
         validate(_cfg(classify_cfg, tmp_path, "x", "torchrun", nnodes=2, node_rank=2, master_port=29500))
     with pytest.raises(ConfigError, match="scaling.master_port is required"):
         validate(_cfg(classify_cfg, tmp_path, "x", "torchrun", nnodes=2))
+
+
+def _ours_running() -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if any("scaletrain.launch.torchrun_" in part for part in p.info["cmdline"] or [])]
+
+
+def test_bad_data_stops_the_early_agent_and_touches_nothing(classify_cfg, tmp_path):
+    from scaletrain.errors import DataError
+
+    cfg = _cfg(classify_cfg, tmp_path, "bad", "torchrun")
+    cfg["data"]["train_file"] = str(tmp_path / "missing.jsonl")
+    parsed = validate(cfg)
+    agent = torchrun_launcher.node_zero(parsed)  # as the CLI does: started before the data is read
+    assert agent.proc.poll() is None and agent.handoff.parent.is_dir()
+    with pytest.raises(DataError, match="data.train_file=.*missing.jsonl: file not found"):
+        run_job(parsed, tmp_path / "c.yaml", show_progress=False, agent=agent)
+    assert agent.proc is None and not agent.handoff.parent.exists()
+    assert not (tmp_path / "runs").exists() and _ours_running() == []

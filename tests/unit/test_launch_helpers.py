@@ -1,14 +1,20 @@
-"""Worker environment, torchrun spec files and log-based failure grouping, `watch --once`."""
+"""Worker environment, the torchrun agent (command, handoff, output), failure grouping, `watch --once`."""
 
+import io
 import json
+import os
+import socket
 
 import pytest
+from pathlib import Path
 
 from scaletrain import cli
 from scaletrain.comm.env import worker_env
 from scaletrain.config import validate
 from scaletrain.launch.ray_launcher import worker_env_for
-from scaletrain.launch.torchrun_launcher import failure_from_logs, read_spec, write_spec
+from scaletrain.errors import LaunchError
+from scaletrain.launch import torchrun_agent, torchrun_launcher
+from scaletrain.launch.torchrun_launcher import TorchrunNode, failure_from_logs, read_spec, write_spec
 from scaletrain.worker.faults import Fault, parse_faults
 from scaletrain.worker.spec import JobSpec
 
@@ -37,7 +43,7 @@ def test_shell_value_overridden_by_config_is_reported():
 def test_spec_roundtrip_with_faults(tmp_path):
     spec = JobSpec(config={"a": 1}, run_dir=str(tmp_path), train_path="t", eval_path="e", pad_token_id=0,
                    vocab_size=10, backend="gloo", total_steps=5, learning_rate=0.1, faults=parse_faults("exit:1:3:2"))
-    assert read_spec(write_spec(spec, tmp_path)) == spec
+    assert read_spec(write_spec(spec, tmp_path / "launch.json")) == spec
     assert spec.faults == (Fault("exit", 1, 3, 2),)
 
 
@@ -66,3 +72,73 @@ def test_watch_once(tmp_path, capsys):
     assert "[driver] start" in out and "latest train rank 0: step 4: train/loss=0.5" in out
     assert "latest system rank 1" in out and "memory/rss_gib=1.25" in out
     assert cli.main(["watch", str(tmp_path / "nope"), "--once"]) == 2
+
+
+def _torchrun_cfg(**scaling):
+    return validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"},
+                     "scaling": {"launcher": "torchrun", "num_workers": 2, **scaling},
+                     "fault_tolerance": {"max_failures": 3}, "output": {"output_dir": "/runs", "run_name": "job"}})
+
+
+def test_torchrun_command_ties_the_agent_to_the_driver_and_maps_settings(tmp_path):
+    with TorchrunNode(_torchrun_cfg(master_port=None)) as node:
+        cmd = node.command()
+        handoff = node.handoff
+        assert cmd[1:4] == ["-m", "scaletrain.launch.torchrun_agent", str(os.getpid())]
+        assert "--nproc-per-node=2" in cmd and "--max-restarts=3" in cmd and "--rdzv-backend=c10d" in cmd
+        assert f"--rdzv-endpoint=127.0.0.1:{node.port}" in cmd
+        assert cmd[-3:] == ["-m", "scaletrain.launch.torchrun_entry", str(handoff)]
+        assert handoff.parent.is_dir() and oct(handoff.parent.stat().st_mode & 0o777) == "0o700"
+    assert not handoff.parent.exists()  # the handoff directory goes with the agent
+
+
+def test_torchrun_env_keeps_the_shells_thread_count(monkeypatch):
+    node = TorchrunNode(_torchrun_cfg(resources_per_worker={"CPU": 2}))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert node.env()["OMP_NUM_THREADS"] == "2" and node.env()["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert node.env()["OMP_NUM_THREADS"] == "7"
+    node.close()
+
+
+def test_node_zero_over_several_nodes_uses_the_shared_run_dir_and_checks_the_port():
+    cfg = _torchrun_cfg(nnodes=2, num_workers=2, master_port=torchrun_launcher.free_port())
+    node = torchrun_launcher.node_zero(cfg)
+    assert node.proc is None  # started once the spec is in the shared run directory
+    assert node.handoff == Path("/runs/job/launch.json") and node.rdzv_id == "job"
+    node.close()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"scaling.master_port={port} is in use on 127.0.0.1"):
+            torchrun_launcher.node_zero(_torchrun_cfg(nnodes=2, num_workers=2, master_port=port))
+    assert torchrun_launcher.node_zero(validate({"model": {"name_or_path": "builtin:tiny-bert"},
+                                                 "data": {"train_file": "x"}})) is None
+
+
+def test_output_is_held_until_the_run_directory_exists(tmp_path):
+    pump = torchrun_launcher._Pump()
+    pump.follow(io.BufferedReader(io.BytesIO(b"agent started\nworker 0 imported\n")))
+    pump.drain()
+    log = tmp_path / "torchrun-node0.log"
+    log.write_bytes(b"earlier attempt\n")
+    pump.attach(log)
+    pump.close()
+    assert log.read_text() == "earlier attempt\nagent started\nworker 0 imported\n"  # appended, never replaced
+
+
+def test_worker_gives_up_when_its_agent_is_gone(tmp_path, monkeypatch):
+    parents = iter([100, 100, 1])
+    monkeypatch.setattr(torchrun_launcher.os, "getppid", lambda: next(parents))
+    with pytest.raises(SystemExit, match="torchrun agent 100 exited before the job spec appeared"):
+        torchrun_launcher.wait_for_handoff(tmp_path / "launch.json", poll_s=0)
+
+
+def test_worker_reads_the_spec_once_it_appears(tmp_path):
+    spec = JobSpec(config={"a": 1}, run_dir=str(tmp_path), train_path="t", eval_path="e", pad_token_id=0,
+                   vocab_size=10, backend="gloo", total_steps=5, learning_rate=0.1)
+    assert torchrun_launcher.wait_for_handoff(write_spec(spec, tmp_path / "launch.json")) == spec
+
+
+def test_agent_refuses_to_start_when_its_driver_already_died():
+    assert torchrun_agent.main([str(os.getppid() + 1), "--help"]) == 1

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from scaletrain.comm.device import Platform, local_device_index
+from scaletrain.comm.env import apply_defaults, nccl_watchdog_env
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"
 
 
-def context_from_torchrun(backend: str, timeout_s: int) -> DistContext:
+def context_from_torchrun(backend: str, timeout_s: int, run_dir: str) -> DistContext:
     """Read torchrun's rank variables, pick the device, and join the process group."""
     import socket
     from datetime import timedelta
@@ -76,6 +77,8 @@ def context_from_torchrun(backend: str, timeout_s: int) -> DistContext:
     local_rank = int(env[TORCHRUN_LOCAL_RANK])
     device = "cpu"
     if backend == "nccl":
+        # Set here, not in torchrun's environment: the agent starts before the driver has chosen the backend.
+        apply_defaults(nccl_watchdog_env(f"{run_dir}/flight"))
         platform = Platform.detect()
         index = local_device_index(platform.vendor, env, local_rank, platform.device_count)
         torch.cuda.set_device(index)

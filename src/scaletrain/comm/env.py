@@ -24,6 +24,9 @@ TRANSFORMERS_OFFLINE = "TRANSFORMERS_OFFLINE"
 # Silence the tokenizers fork warning; tokenization happens once in the driver.
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 
+# CPU threads per worker process (torchrun sets 1 only with several processes per node; Ray sets the CPUs).
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
 # Ray
 RAY_ADDRESS = "RAY_ADDRESS"
 RAY_TRAIN_V2_ENABLED = "RAY_TRAIN_V2_ENABLED"
@@ -71,6 +74,12 @@ TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 TORCH_NCCL_TRACE_BUFFER_SIZE = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # flight recorder entries
 TORCH_NCCL_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
 TORCH_FR_DUMP_TEMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"  # flight recorder dump path prefix
+
+
+def apply_defaults(values: Mapping[str, str]) -> None:
+    """Set variables in this process that are not set yet (a user's value wins)."""
+    for key, value in values.items():
+        os.environ.setdefault(key, value)
 
 
 def nccl_watchdog_env(flight_dir: str) -> dict[str, str]:

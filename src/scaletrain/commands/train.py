@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
 from scaletrain.launch.resume import resume_conflicts
+from scaletrain.launch.rundir import RESOLVED_CONFIG
+from scaletrain.launch.torchrun_launcher import node_zero
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -22,9 +25,6 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
-    from scaletrain.console import console, summary_table
-    from scaletrain.launch.job import RESOLVED_CONFIG, run_job
-
     resume = Path(args.resume).expanduser().resolve() if args.resume else None
     if resume is not None:
         saved = resume / RESOLVED_CONFIG
@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("scaletrain train needs a config file: scaletrain train CONFIG.yaml [section.key=value ...]")
         cfg = load_config(args.config, args.overrides)
         config_path = Path(args.config)
-    result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress)
+    # A torchrun agent starts now: its start-up overlaps the driver's imports below and its data preparation.
+    with (node_zero(cfg) if cfg.scaling.node_rank == 0 else None) or contextlib.nullcontext() as agent:
+        from scaletrain.console import console, summary_table
+        from scaletrain.launch.job import run_job
+
+        result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress, agent=agent)
     console.print(summary_table(result.summary, result.run_dir))
     return 0

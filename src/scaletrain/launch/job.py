@@ -6,6 +6,7 @@ columns, batch size, cluster size) is checked before a run directory is created.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,14 +29,13 @@ from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.redact import Redactor, is_secret_name
 from scaletrain.worker.faults import parse_faults
 from scaletrain.worker.loop import RUN_UMASK, STOP_FILE
-from scaletrain.launch.rundir import create_run_dir
+from scaletrain.launch.rundir import RESOLVED_CONFIG, create_run_dir
 from scaletrain.metrics.logs import EventLog
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.model import load_tokenizer, model_dir
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
 
-RESOLVED_CONFIG = "config.resolved.yaml"
 
 
 class Interrupted(ScaletrainError):
@@ -48,13 +48,21 @@ class JobResult:
     summary: dict
 
 
-def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None, show_progress: bool = True) -> JobResult:
+def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None, show_progress: bool = True,
+            agent: torchrun_launcher.TorchrunNode | None = None) -> JobResult:
+    """``agent``: node 0's torchrun agent if the caller started it early (``torchrun_launcher.node_zero``)."""
     os.umask(RUN_UMASK)
-    _quiet_libraries()
     redact = Redactor(secret_values() + [v for k, v in cfg.comm.env.items() if is_secret_name(k)])
-    torchrun = cfg.scaling.launcher == "torchrun"
-    if torchrun and cfg.scaling.node_rank > 0:
+    if cfg.scaling.launcher == "torchrun" and cfg.scaling.node_rank > 0:
         return _join_torchrun(cfg, redact)
+    with agent or torchrun_launcher.node_zero(cfg) or contextlib.nullcontext() as agent:
+        return _run_job(cfg, config_path, resume_dir, show_progress, agent, redact)
+
+
+def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show_progress: bool,
+             agent: torchrun_launcher.TorchrunNode | None, redact: Redactor) -> JobResult:
+    _quiet_libraries()
+    torchrun = agent is not None
     platform = Platform.detect()
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
@@ -76,13 +84,11 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
         spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
         _announce(cfg, spec, plan, notes + ([plan.note] if plan.note else []), len(data.train), len(data.eval),
                   events, resumed=resume_dir is not None)
-        env = ray_launcher.worker_env_for(cfg, platform.vendor, plan.backend, str(run_dir))
-        if not torchrun:
-            ray_launcher.check_cluster(cfg, plan, str(run_dir))
-        if torchrun:
-            spec_path = torchrun_launcher.write_spec(spec, run_dir)
-            launch = lambda: torchrun_launcher.run_torchrun(spec, cfg, env, spec_path)  # noqa: E731
+        if torchrun:  # the spec goes to a file: secrets masked (the agent's environment carries comm.env)
+            launch = lambda: agent.run(replace(spec, config=redact.mapping(spec.config)))  # noqa: E731
         else:
+            env = ray_launcher.worker_env_for(cfg, platform.vendor, plan.backend, str(run_dir))
+            ray_launcher.check_cluster(cfg, plan, str(run_dir))
             launch = lambda: ray_launcher.run_workers(spec, cfg, plan, env, redact)  # noqa: E731
         monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
                              console)
@@ -106,15 +112,13 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
 
 def _join_torchrun(cfg: Config, redact: Redactor) -> JobResult:
     """Nodes > 0 of a torchrun job: wait for node 0's spec in the shared run directory, start local workers."""
-    run_dir = (Path(cfg.output.output_dir) / cfg.output.run_name).expanduser().resolve()
+    run_dir = torchrun_launcher.shared_run_dir(cfg)
     spec_path = torchrun_launcher.wait_for_spec(run_dir)
     spec = torchrun_launcher.read_spec(spec_path)
-    env = ray_launcher.worker_env_for(cfg, Platform.detect().vendor, spec.backend, str(run_dir))
     events = EventLog(run_dir, f"driver node {cfg.scaling.node_rank}", redact)
     events("join", f"node {cfg.scaling.node_rank} starts {cfg.scaling.num_workers // cfg.scaling.nnodes} process(es)")
-    with StopOnSignal(run_dir, events):
-        _run_with_hang_retries(lambda: torchrun_launcher.run_torchrun(spec, cfg, env, spec_path), spec, cfg, redact,
-                               events)
+    with StopOnSignal(run_dir, events), torchrun_launcher.TorchrunNode(cfg, spec_path, run_dir.name) as agent:
+        _run_with_hang_retries(lambda: agent.run(spec), spec, cfg, redact, events)
     summary_path = run_dir / "summary.json"
     return JobResult(run_dir, json.loads(summary_path.read_text()) if summary_path.exists() else {})
 

@@ -9,6 +9,7 @@ from scaletrain.errors import LaunchError
 
 # Owner and group only: configs and logs may hold paths and hostnames users consider private.
 DIR_MODE = 0o750
+RESOLVED_CONFIG = "config.resolved.yaml"  # the config a run used, secrets redacted
 
 
 def default_run_name(config_path: str | Path, now: float | None = None) -> str:

@@ -1,10 +1,12 @@
 """Launch the same worker loop with torch.distributed.run (torchrun) instead of Ray.
 
-Node 0 prepares the job exactly as for Ray (run directory, tokenized data) and writes the JobSpec to
-``launch.json`` in the run directory; every node then starts ``torchrun`` for its local processes, each of
-which reads the spec, joins the process group and runs ``worker.loop.train``. Run directory, logs, metrics
-and reports are the Ray launcher's. ``fault_tolerance.max_failures`` becomes ``--max-restarts``: torchrun
-restarts the local workers and the loop resumes from the newest checkpoint.
+Each node runs one torchrun agent (``TorchrunNode``) whose processes read the JobSpec from a handoff file,
+join the process group and run ``worker.loop.train``. On a single node the agent starts as soon as the
+config is valid: its Python and torch imports, and its workers' imports, overlap the driver's own imports
+and data preparation, and the workers wait for the handoff file. With several nodes, node 0 writes the spec
+to ``launch.json`` in the shared run directory and the other nodes start once it is there. Run directory,
+logs, metrics and reports are the Ray launcher's. ``fault_tolerance.max_failures`` becomes
+``--max-restarts``: torchrun restarts the local workers and the loop resumes from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
+from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform, select_backend
+from scaletrain.comm.profiles import effective_env
 from scaletrain.comm.watchdog import diagnose, looks_like_timeout
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError, TrainingError
@@ -61,11 +68,10 @@ def plan(cfg: Config, platform: Platform, cpus: int | None = None) -> ClusterPla
     return ClusterPlan(use_gpu, choice.backend, {"CPU": 1, **({"GPU": 1} if use_gpu else {})}, choice.note)
 
 
-def write_spec(spec: JobSpec, run_dir: Path) -> Path:
-    path = run_dir / SPEC_FILE
+def write_spec(spec: JobSpec, path: Path) -> Path:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(dataclasses.asdict(spec)))
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # atomic: a waiting worker never reads half a file
     return path
 
 
@@ -73,6 +79,26 @@ def read_spec(path: str | Path) -> JobSpec:
     data = json.loads(Path(path).read_text())
     data["faults"] = tuple(Fault(**f) for f in data.get("faults", ()))
     return JobSpec(**data)
+
+
+def shared_run_dir(cfg: Config) -> Path:
+    """The run directory of a job over several nodes (output.run_name is required there)."""
+    return Path(cfg.output.output_dir).expanduser().resolve() / cfg.output.run_name
+
+
+def node_zero(cfg: Config) -> TorchrunNode | None:
+    """Node 0's torchrun agent (None for the Ray launcher), checked for its port before anything else runs.
+
+    On one node it starts now, before the data exists: its start-up and its workers' imports overlap the
+    driver's imports and data preparation, and the workers wait for the spec. With several nodes node 0 writes
+    the spec to the shared run directory, where the other nodes wait for it, and starts its agent then: started
+    earlier, its rendezvous would wait on nodes that only start once the spec exists.
+    """
+    if cfg.scaling.launcher != "torchrun":
+        return None
+    if cfg.scaling.nnodes == 1:
+        return TorchrunNode(cfg).start()
+    return TorchrunNode(cfg, shared_run_dir(cfg) / SPEC_FILE, cfg.output.run_name)
 
 
 def wait_for_spec(run_dir: Path, timeout_s: float = JOIN_TIMEOUT_S) -> Path:
@@ -86,39 +112,153 @@ def wait_for_spec(run_dir: Path, timeout_s: float = JOIN_TIMEOUT_S) -> Path:
     return path
 
 
-def run_torchrun(spec: JobSpec, cfg: Config, worker_env: dict[str, str], spec_path: Path) -> None:
-    s = cfg.scaling
-    port = s.master_port or free_port(s.master_addr)
-    if s.node_rank == 0 and s.master_port and not port_free(s.master_addr, s.master_port):
-        raise LaunchError(f"scaling.master_port={s.master_port} is in use on {s.master_addr}; pick a free port "
-                          f"or leave it unset on one node")
-    restarts = 10**6 if cfg.fault_tolerance.max_failures < 0 else cfg.fault_tolerance.max_failures
-    # c10d rendezvous (not the static master-addr one): after a failure the restarted workers rendezvous
-    # again, which the static backend does not do reliably; the first node to bind the endpoint hosts it.
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
-           f"--nproc-per-node={s.num_workers // s.nnodes}", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint={s.master_addr}:{port}", f"--rdzv-id={Path(spec.run_dir).name}",
-           f"--rdzv-conf=join_timeout={cfg.comm.timeout_s}", f"--max-restarts={restarts}",
-           "-m", "scaletrain.launch.torchrun_entry", str(spec_path)]
-    log = Path(spec.run_dir) / "logs" / f"torchrun-node{s.node_rank}.log"
-    with open(log, "a") as out:
-        # Its own session: a Ctrl-C in the terminal reaches only our driver, which asks the ranks to
-        # checkpoint and stop (the STOP file) instead of torchrun killing them mid-step.
-        env = {**os.environ, **worker_env}
-        # Ray gives each worker OMP_NUM_THREADS = its CPUs; torchrun sets 1 only with several processes per
-        # node. The same thread count under both launchers keeps their numbers (and results) comparable.
-        cpus = (cfg.scaling.resources_per_worker or {}).get("CPU", 1)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, int(cpus))))
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+def wait_for_handoff(path: Path, poll_s: float = 0.05) -> JobSpec:
+    """In a worker: wait until the driver has written the spec; give up if our torchrun agent is gone."""
+    agent = os.getppid()
+    while not path.exists():
+        if os.getppid() != agent:
+            raise SystemExit(f"torchrun agent {agent} exited before the job spec appeared at {path}")
+        time.sleep(poll_s)
+    return read_spec(path)
+
+
+class TorchrunNode:
+    """This node's torchrun agent for one job: start it early, hand it the spec, wait, restart for a retry.
+
+    The agent runs in its own session: a Ctrl-C in the terminal reaches only the driver, which asks the ranks
+    to checkpoint and stop (the STOP file) instead of torchrun killing them mid-step. It also gets SIGTERM
+    when the driver dies, so no agent or worker outlives a killed driver. Its output (and its workers') is
+    kept in memory until the run directory exists, then goes to ``logs/torchrun-node<N>.log``.
+    """
+
+    def __init__(self, cfg: Config, handoff: Path | None = None, rdzv_id: str | None = None):
+        self.cfg = cfg
+        s = cfg.scaling
+        if s.node_rank == 0 and s.master_port and not port_free(s.master_addr, s.master_port):
+            raise LaunchError(f"scaling.master_port={s.master_port} is in use on {s.master_addr}; pick a free port "
+                              f"or leave it unset on one node")
+        self.port = s.master_port or free_port(s.master_addr)
+        self._tmp = None if handoff else Path(tempfile.mkdtemp(prefix="scaletrain-torchrun-"))
+        self.handoff = handoff or self._tmp / SPEC_FILE
+        self.rdzv_id = rdzv_id or f"scaletrain-{os.getpid()}-{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self._handed_over = False
+        self._out = _Pump()
+
+    def start(self) -> TorchrunNode:
+        if self.proc is None:
+            self.proc = subprocess.Popen(self.command(), env=self.env(), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self._out.follow(self.proc.stdout)
+        return self
+
+    def command(self) -> list[str]:
+        s = self.cfg.scaling
+        max_failures = self.cfg.fault_tolerance.max_failures
+        # c10d rendezvous (not the static master-addr one): after a failure the restarted workers rendezvous
+        # again, which the static backend does not do reliably; the first node to bind the endpoint hosts it.
+        return [sys.executable, "-m", "scaletrain.launch.torchrun_agent", str(os.getpid()), f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
+                f"--nproc-per-node={s.num_workers // s.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={s.master_addr}:{self.port}", f"--rdzv-id={self.rdzv_id}",
+                f"--rdzv-conf=join_timeout={self.cfg.comm.timeout_s}",
+                f"--max-restarts={10**6 if max_failures < 0 else max_failures}",
+                "-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
+
+    def env(self) -> dict[str, str]:
+        # The same thread count under both launchers keeps their numbers (and results) comparable: Ray gives
+        # each worker OMP_NUM_THREADS = its CPUs, torchrun sets 1 only with several processes per node.
+        cpus = (self.cfg.scaling.resources_per_worker or {}).get("CPU", 1)
+        comm = envvars.worker_env(effective_env(self.cfg.comm.profile, self.cfg.comm.env))
+        return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus))), **os.environ, **comm}
+
+    def run(self, spec: JobSpec) -> None:
+        """Hand the spec to the workers (starting the agent if it is not running) and wait for them."""
+        run_dir = Path(spec.run_dir)
+        log = run_dir / "logs" / f"torchrun-node{self.cfg.scaling.node_rank}.log"
+        if self.cfg.scaling.node_rank == 0 and not self._handed_over:  # other nodes read node 0's
+            write_spec(spec, self.handoff)
+            self._handed_over = True
+        self.start()
+        self._out.attach(log)
         try:
-            while proc.poll() is None:
+            while self.proc.poll() is None:
                 time.sleep(0.2)
         except BaseException:  # a second Ctrl-C: stop everything now
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
+            self.stop()
             raise
-    if proc.returncode != 0:
-        raise failure_from_logs(Path(spec.run_dir), s.num_workers, cfg.comm.timeout_s, proc.returncode, log)
+        code, self.proc = self.proc.returncode, None
+        self._out.drain()
+        if code != 0:
+            raise failure_from_logs(run_dir, self.cfg.scaling.num_workers, self.cfg.comm.timeout_s, code, log)
+
+    def stop(self) -> None:
+        """Stop a running agent; torchrun stops its workers on SIGTERM."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(40)  # torchrun gives its workers 30 s after SIGTERM
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+        self._out.drain()
+
+    def close(self) -> None:
+        self.stop()
+        self._out.close()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> TorchrunNode:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Pump:
+    """Copy a child's output to a log file, holding it in memory until the file's directory exists."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._held: list[bytes] = []
+        self._file = None
+        self._thread: threading.Thread | None = None
+
+    def follow(self, stream) -> None:
+        self._thread = threading.Thread(target=self._copy, args=(stream,), name="torchrun-output", daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream) -> None:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            with self._lock:
+                if self._file is None:
+                    self._held.append(chunk)
+                else:
+                    self._file.write(chunk)
+                    self._file.flush()
+
+    def attach(self, path: Path) -> None:
+        with self._lock:
+            if self._file is None or self._file.name != str(path):
+                if self._file is not None:
+                    self._file.close()
+                self._file = open(path, "ab")  # noqa: SIM115 - kept open while the agent runs
+            self._file.write(b"".join(self._held))
+            self._file.flush()
+            self._held.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait for the end of the output (a worker that outlives its agent may hold the pipe: bounded)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
 
 
 def failure_from_logs(run_dir: Path, world: int, timeout_s: int, code: int, log: Path) -> TrainingError:

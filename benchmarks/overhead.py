@@ -1,10 +1,14 @@
-"""scaletrain's steady-state throughput vs a hand-written torch DDP loop (issue: prove the scaling).
+"""scaletrain's steady-state throughput vs a hand-written torch DDP loop, and its 2-worker scaling efficiency.
 
-Same model (builtin:minilm classification), data, per-device batch, world size 2, gloo, 1 thread per worker.
-Rounds alternate (bare, scaletrain, bare, ...); each reports global samples/s over the measured steps after
-a warm-up. Prints the median ratio (target >= 0.97) and scaletrain's own 1 -> 2 worker scaling efficiency.
+Part 1, overhead: builtin:minilm classification (full fine-tuning), world size 2, gloo, 1 thread per worker:
+a hand-written DDP loop vs scaletrain with the Ray launcher and with the torchrun launcher. Part 2,
+efficiency: the scale benchmark config (examples/scale_lora.yaml: LoRA, ~64-token reviews) at 1 and 2
+workers, for the hand-written loop and both launchers. Every variant trains on the same tokenized data in the
+same sample order (DistributedSampler with the config's seed is scaletrain's order) and reports global
+samples/s over the measured steps after a warm-up: total samples / total time. Variants alternate within
+each round; the script prints per-round numbers and medians.
 
-Usage: .venv/bin/python benchmarks/overhead.py [--rounds 3] [--warmup 5] [--steps 20]
+Usage: .venv/bin/python benchmarks/overhead.py [--rounds 3] [--warmup 5] [--steps 20] [--part overhead|efficiency|all]
 """
 
 from __future__ import annotations
@@ -23,58 +27,75 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from scaletrain.config import validate  # noqa: E402
-from scaletrain.demo_data import sentiment_rows  # noqa: E402
+from scaletrain.config import load_config  # noqa: E402
+from scaletrain.config.schema import Config  # noqa: E402
+from scaletrain.demo_data import write_demo_data  # noqa: E402
+from scaletrain.metrics.records import read_jsonl  # noqa: E402
 
-BATCH, SEQ = 16, 32
-
-
-def config(data: Path, out: Path, name: str, workers: int, warmup: int, steps: int):
-    return validate({"model": {"name_or_path": "builtin:minilm"},
-                     "data": {"train_file": str(data), "eval_ratio": 0.05, "max_length": SEQ},
-                     "train": {"per_device_train_batch_size": BATCH, "max_steps": warmup + steps,
-                               "logging_steps": warmup, "learning_rate": 5e-5, "max_grad_norm": 1.0},
-                     "scaling": {"num_workers": workers}, "monitor": {"report": False},
-                     "output": {"output_dir": str(out), "run_name": name}})
+OVERHEAD_CONFIG = ROOT / "examples" / "classify.yaml"
+EFFICIENCY_CONFIG = ROOT / "examples" / "scale_lora.yaml"
 
 
-def _bare_worker(rank, world, store, train_path, pad, warmup, steps, out):
+def config(path: Path, data_dir: Path, out: Path, name: str, workers: int, launcher: str, warmup: int,
+           steps: int) -> Config:
+    os.environ["DEMO_DATA"] = str(data_dir)
+    return load_config(path, [f"train.max_steps={warmup + steps}", f"train.logging_steps={warmup}",
+                              "train.eval_steps=0", "checkpoint.save_steps=0", f"scaling.num_workers={workers}",
+                              f"scaling.launcher={launcher}", "monitor.report=false",
+                              f"output.output_dir={out}", f"output.run_name={name}"])
+
+
+def _bare_worker(rank, world, store, cfg_json, train_path, pad, vocab, warmup, steps, out):
+    """The hand-written loop: DDP, AdamW, gradient clipping; nothing else."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     from scaletrain.data import Collator, load_split
     from scaletrain.model import build_model
-    from scaletrain.config.schema import ModelConfig
 
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(build_model(ModelConfig(name_or_path="builtin:minilm"), 30522, pad))
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    cfg = Config.model_validate(cfg_json)
+    t = cfg.train
+    torch.manual_seed(t.seed)
+    model = build_model(cfg.model, vocab, pad)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    model.train()  # from_pretrained returns eval mode: dropout off would make this loop do less work
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay)
     data = load_split(train_path)
-    sampler = torch.utils.data.DistributedSampler(data, world, rank, seed=0, drop_last=True)
-    loader = iter(torch.utils.data.DataLoader(data, BATCH, sampler=sampler, collate_fn=Collator(pad), drop_last=True))
+    sampler = torch.utils.data.DistributedSampler(data, world, rank, seed=t.seed, drop_last=True)
+    loader = iter(torch.utils.data.DataLoader(data, t.per_device_train_batch_size, sampler=sampler,
+                                              collate_fn=Collator(pad), drop_last=True))
+    samples = 0
     for i in range(warmup + steps):
         if i == warmup:
-            dist.barrier()
+            if world > 1:
+                dist.barrier()
             t0 = time.perf_counter()
         batch = next(loader)
-        loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        model(**batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    dist.barrier()
+        samples += batch["input_ids"].shape[0] * world if i >= warmup else 0
+    if world > 1:
+        dist.barrier()
     if rank == 0:
-        out.put(steps * BATCH * world / (time.perf_counter() - t0))
-    dist.destroy_process_group()
+        out.put(samples / (time.perf_counter() - t0))
+    if world > 1:
+        dist.destroy_process_group()
 
 
-def bare(train_path: str, pad: int, warmup: int, steps: int, world: int = 2) -> float:
+def bare(cfg: Config, prepared: tuple, warmup: int, steps: int, world: int) -> float:
+    train_path, pad, vocab = prepared
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     store = tempfile.mktemp(prefix="bare-ddp-")
-    procs = [ctx.Process(target=_bare_worker, args=(r, world, store, train_path, pad, warmup, steps, q))
-             for r in range(world)]
+    procs = [ctx.Process(target=_bare_worker, args=(r, world, store, cfg.model_dump(mode="json"), train_path, pad,
+                                                    vocab, warmup, steps, q)) for r in range(world)]
     for p in procs:
         p.start()
     value = q.get(timeout=900)
@@ -83,12 +104,25 @@ def bare(train_path: str, pad: int, warmup: int, steps: int, world: int = 2) -> 
     return value
 
 
-def ours(data: Path, out: Path, name: str, workers: int, warmup: int, steps: int) -> float:
+def ours(cfg: Config, warmup: int) -> float:
+    """Global samples/s over the steps after the warm-up, from the run's metric records."""
     from scaletrain.launch.job import run_job
-    from scaletrain.scaling.sweep import measure
 
-    result = run_job(config(data, out, name, workers, warmup, steps), "overhead.yaml", show_progress=False)
-    return measure(result.run_dir, warmup, workers)["samples_per_s"]
+    result = run_job(cfg, f"{cfg.output.run_name}.yaml", show_progress=False)
+    train = [r for r in read_jsonl(result.run_dir / "metrics.jsonl") if r["kind"] == "train" and r["step"] > warmup]
+    seconds = sum(r["time/step_s"] * cfg.train.logging_steps for r in train)
+    samples = sum(r["throughput/samples_per_s"] * r["time/step_s"] * cfg.train.logging_steps for r in train)
+    return samples / seconds
+
+
+def prepare(cfg: Config, out: Path) -> tuple:
+    from scaletrain.data import prepare_data
+    from scaletrain.model import load_tokenizer
+
+    tok = load_tokenizer(cfg.model.name_or_path)
+    prepared = prepare_data(cfg, tok)
+    train_path, _ = prepared.save(out)
+    return train_path, prepared.pad_token_id, len(tok)
 
 
 def main() -> None:
@@ -96,32 +130,50 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--part", choices=("overhead", "efficiency", "all"), default="all")
     args = ap.parse_args()
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     import ray
 
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="scaletrain-overhead-"))
-    data = work / "s.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in sentiment_rows(2000)))
-    from scaletrain.data import prepare_data
-    from scaletrain.model import load_tokenizer
+    data_dir = write_demo_data(work / "data", n_sentiment=2000)
+    w, s = args.warmup, args.steps
+    cfg = lambda path, name, n, launcher="ray": config(path, data_dir, work, name, n, launcher, w, s)  # noqa: E731
+    results: dict[str, list[float]] = {}
 
-    cfg = config(data, work, "prep", 2, args.warmup, args.steps)
-    prepared = prepare_data(cfg, load_tokenizer("builtin:minilm"))
-    train_path, _ = prepared.save(work / "prep")
-    b, o, one = [], [], []
+    def record(key: str, value: float) -> None:
+        results.setdefault(key, []).append(value)
+
+    parts = ("overhead", "efficiency") if args.part == "all" else (args.part,)
+    prepared = {p: prepare(cfg(OVERHEAD_CONFIG if p == "overhead" else EFFICIENCY_CONFIG, f"prep-{p}", 2),
+                           work / f"prep-{p}") for p in parts}
     for i in range(args.rounds):
-        b.append(bare(train_path, prepared.pad_token_id, args.warmup, args.steps))
-        o.append(ours(data, work, f"two{i}", 2, args.warmup, args.steps))
-        one.append(ours(data, work, f"one{i}", 1, args.warmup, args.steps))
-        print(f"round {i}: bare DDP {b[-1]:.2f} samples/s, scaletrain {o[-1]:.2f}, scaletrain 1 worker {one[-1]:.2f}",
-              flush=True)
-    ratio = statistics.median(x / y for x, y in zip(o, b))
-    eff = statistics.median(o) / (2 * statistics.median(one))
-    print(f"scaletrain / bare DDP throughput, 2 workers: median ratio {ratio:.3f} (target >= 0.97)")
-    print(f"scaletrain 2-worker scaling efficiency: {eff:.1%} (median 2-worker {statistics.median(o):.2f} vs "
-          f"1-worker {statistics.median(one):.2f} samples/s; target >= 92%)")
+        if "overhead" in parts:
+            c = lambda launcher: cfg(OVERHEAD_CONFIG, f"o-{launcher}{i}", 2, launcher)  # noqa: E731
+            record("overhead/bare", bare(c("ray"), prepared["overhead"], w, s, 2))
+            record("overhead/ray", ours(c("ray"), w))
+            record("overhead/torchrun", ours(c("torchrun"), w))
+        if "efficiency" in parts:
+            for n in (1, 2):
+                c = lambda launcher: cfg(EFFICIENCY_CONFIG, f"e{n}-{launcher}{i}", n, launcher)  # noqa: E731
+                record(f"efficiency/bare/{n}", bare(c("ray"), prepared["efficiency"], w, s, n))
+                record(f"efficiency/torchrun/{n}", ours(c("torchrun"), w))
+                record(f"efficiency/ray/{n}", ours(c("ray"), w))
+        print(f"round {i}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print("\nsamples/s, medians over rounds:", json.dumps({k: round(v, 2) for k, v in med.items()}))
+    if "overhead" in parts:
+        for launcher in ("ray", "torchrun"):
+            ratios = [x / y for x, y in zip(results[f"overhead/{launcher}"], results["overhead/bare"])]
+            print(f"overhead: scaletrain ({launcher}) / hand-written DDP, 2 workers, full MiniLM: median ratio "
+                  f"{statistics.median(ratios):.3f} (rounds {', '.join(f'{r:.3f}' for r in ratios)}; target >= 0.97)")
+    if "efficiency" in parts:
+        for variant in ("bare", "torchrun", "ray"):
+            effs = [two / (2 * one) for one, two in zip(results[f"efficiency/{variant}/1"],
+                                                        results[f"efficiency/{variant}/2"])]
+            print(f"efficiency: {variant:>8}, scale_lora 1 -> 2 workers: median {statistics.median(effs):.1%} "
+                  f"(rounds {', '.join(f'{e:.1%}' for e in effs)}; target >= 92%)")
     ray.shutdown()
 
 

@@ -1,7 +1,7 @@
 """Offline, learnable demo data: a sentiment task and an alpaca-format SFT task.
 
-``python -m scaletrain.demo_data DIR`` writes ``DIR/sentiment.jsonl``, ``DIR/sentiment.csv`` and
-``DIR/alpaca.json``. Labels follow from the words (not random), so a model can beat chance.
+``python -m scaletrain.demo_data DIR`` writes ``DIR/sentiment.jsonl``, ``DIR/sentiment.csv``,
+``DIR/reviews.jsonl`` (six-sentence reviews, ~64 tokens, for the scaling benchmark) and ``DIR/alpaca.json``. Labels follow from the words (not random), so a model can beat chance.
 """
 
 from __future__ import annotations
@@ -26,15 +26,18 @@ ANTONYMS = {"hot": "cold", "big": "small", "up": "down", "fast": "slow", "light"
             "rich": "poor", "strong": "weak", "wet": "dry", "young": "old", "long": "short", "near": "far"}
 
 
-def sentiment_rows(n: int, seed: int = 0) -> list[dict]:
+def sentiment_rows(n: int, seed: int = 0, sentences: int = 1) -> list[dict]:
+    """``n`` reviews of ``sentences`` sentences each (one sentence is ~11 MiniLM tokens), all of one label."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         label = rng.randint(0, 1)
         words = POSITIVE if label else NEGATIVE
-        a, b = rng.sample(words, 2)
-        text = rng.choice(TEMPLATES).format(s=rng.choice(SUBJECTS), a=a, b=b)
-        rows.append({"text": text, "label": label})
+        parts = []
+        for _ in range(sentences):
+            a, b = rng.sample(words, 2)
+            parts.append(rng.choice(TEMPLATES).format(s=rng.choice(SUBJECTS), a=a, b=b))
+        rows.append({"text": " ".join(parts), "label": label})
     return rows
 
 
@@ -56,7 +59,8 @@ def alpaca_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int = 600) -> Path:
+def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int = 600,
+                    n_reviews: int = 1200) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = sentiment_rows(n_sentiment)
@@ -67,6 +71,9 @@ def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int 
         w = csv.DictWriter(f, fieldnames=["text", "label"])
         w.writeheader()
         w.writerows(rows)
+    with open(out / "reviews.jsonl", "w") as f:
+        for r in sentiment_rows(n_reviews, seed=1, sentences=6):
+            f.write(json.dumps(r) + "\n")
     (out / "alpaca.json").write_text(json.dumps(alpaca_rows(n_alpaca), indent=1))
     return out
 

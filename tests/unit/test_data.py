@@ -104,3 +104,24 @@ def test_sampler_partitions_and_resumes():
     assert list(s0) == a[2:] and len(s0) == 3
     s0.set_position(1, 0)
     assert list(s0) != a  # a new shuffle each epoch
+
+
+def test_demo_reviews_feed_the_scale_config_with_64_token_examples(tmp_path, tokenizer, monkeypatch):
+    from pathlib import Path
+
+    from scaletrain.config import load_config
+    from scaletrain.demo_data import NEGATIVE, POSITIVE, write_demo_data
+
+    out = write_demo_data(tmp_path, n_sentiment=10, n_alpaca=10, n_reviews=50)
+    rows = [json.loads(line) for line in (out / "reviews.jsonl").read_text().splitlines()]
+    assert len(rows) == 50
+    for r in rows:  # six sentences, every sentiment word of the review's own label
+        assert r["text"].count(".") >= 6
+        words = {w.strip(".,;:") for w in r["text"].split()}
+        assert words & set(POSITIVE if r["label"] else NEGATIVE) and not words & set(NEGATIVE if r["label"] else POSITIVE)
+    monkeypatch.setenv("DEMO_DATA", str(out))
+    cfg = load_config(Path(__file__).parents[2] / "examples" / "scale_lora.yaml", [])
+    assert cfg.model.finetuning_type == "lora" and cfg.data.max_length == 64
+    data = prepare_data(cfg, tokenizer)
+    lengths = [len(ex["input_ids"]) for ex in data.train]
+    assert max(lengths) == 64 and sum(lengths) / len(lengths) > 56  # mostly full 64-token sequences

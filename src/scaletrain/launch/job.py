@@ -37,7 +37,6 @@ from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, tot
 from scaletrain.worker.spec import JobSpec
 
 
-
 class Interrupted(ScaletrainError):
     exit_code = 130
 

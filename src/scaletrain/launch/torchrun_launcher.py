@@ -157,7 +157,8 @@ class TorchrunNode:
         max_failures = self.cfg.fault_tolerance.max_failures
         # c10d rendezvous (not the static master-addr one): after a failure the restarted workers rendezvous
         # again, which the static backend does not do reliably; the first node to bind the endpoint hosts it.
-        return [sys.executable, "-m", "scaletrain.launch.torchrun_agent", str(os.getpid()), f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
+        return [sys.executable, "-m", "scaletrain.launch.torchrun_agent", str(os.getpid()),
+                f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
                 f"--nproc-per-node={s.num_workers // s.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={s.master_addr}:{self.port}", f"--rdzv-id={self.rdzv_id}",
                 f"--rdzv-conf=join_timeout={self.cfg.comm.timeout_s}",

@@ -4,6 +4,8 @@ import io
 import json
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 from pathlib import Path
@@ -13,8 +15,9 @@ from scaletrain.comm.env import worker_env
 from scaletrain.config import validate
 from scaletrain.launch.ray_launcher import worker_env_for
 from scaletrain.errors import LaunchError
-from scaletrain.launch import torchrun_agent, torchrun_launcher
-from scaletrain.launch.torchrun_launcher import TorchrunNode, failure_from_logs, read_spec, write_spec
+from scaletrain.launch import torchrun_launcher
+from scaletrain.launch.failures import training_error
+from scaletrain.launch.torchrun_launcher import TorchrunNode, failures_from_logs, read_spec, write_spec
 from scaletrain.worker.faults import Fault, parse_faults
 from scaletrain.worker.spec import JobSpec
 
@@ -47,18 +50,25 @@ def test_spec_roundtrip_with_faults(tmp_path):
     assert spec.faults == (Fault("exit", 1, 3, 2),)
 
 
-def test_failure_from_logs_groups_ranks(tmp_path):
+def test_torchrun_failures_are_grouped_across_ranks_and_worded_like_ray_ones(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    for r in (0, 1):
+    for r in (0, 1, 2):
+        cause = "RuntimeError: boom" if r < 2 else "ValueError: bad batch"
         (logs / f"worker-{r}.log").write_text(
-            f"2026-01-01 00:00:00,0 [rank {r}] ERROR scaletrain.worker: rank {r} failed at step 3 (phase sync): "
-            f"RuntimeError: boom\n")
-    err = failure_from_logs(tmp_path, 2, 10, 1, logs / "torchrun-node0.log")
-    assert "[rank 0, 1]: RuntimeError: boom" in str(err)
+            f"2026-01-01 00:00:00,0 [rank {r}] ERROR scaletrain.worker: rank {r} failed at step 1 (phase data): "
+            f"RuntimeError: earlier attempt\n"
+            f"2026-01-01 00:00:09,0 [rank {r}] ERROR scaletrain.worker: rank {r} failed at step 3 (phase sync): "
+            f"{cause}\n")
+    failures = failures_from_logs(tmp_path, 1, logs / "torchrun-node0.log")
+    assert failures.groups == [([0, 1], "RuntimeError: boom"), ([2], "ValueError: bad batch")]  # last failure
+    error, hang = training_error(failures, tmp_path, 3, 10)
+    assert str(error) == (f"training failed: [rank 0, 1]: RuntimeError: boom; [rank 2]: ValueError: bad batch; "
+                          f"see {tmp_path}/logs/worker-<rank>.log") and hang is None
     empty = tmp_path / "e"
     (empty / "logs").mkdir(parents=True)
-    assert "torchrun exited with code 1" in str(failure_from_logs(empty, 2, 10, 1, empty / "logs" / "t.log"))
+    error, _ = training_error(failures_from_logs(empty, 1, empty / "logs" / "t.log"), empty, 2, 10)
+    assert "torchrun exited with code 1 before any rank reported an error" in str(error)
 
 
 def test_watch_once(tmp_path, capsys):
@@ -141,4 +151,7 @@ def test_worker_reads_the_spec_once_it_appears(tmp_path):
 
 
 def test_agent_refuses_to_start_when_its_driver_already_died():
-    assert torchrun_agent.main([str(os.getppid() + 1), "--help"]) == 1
+    # Its parent (this test) is not the driver it names (pid 1): it exits 1 before torchrun parses --help.
+    agent = subprocess.run([sys.executable, "-m", "scaletrain.launch.torchrun_agent", "1", "--help"],
+                           capture_output=True, text=True, timeout=60)
+    assert agent.returncode == 1 and "usage" not in agent.stdout

@@ -16,6 +16,15 @@ from pathlib import Path
 from scaletrain.comm.watchdog import HangReport, diagnose, looks_like_timeout
 from scaletrain.errors import ScaletrainError, TrainingError
 
+
+class RankFailures(Exception):
+    """Per-rank causes gathered without Ray (torchrun: from the worker logs); ``training_error`` words them."""
+
+    def __init__(self, groups: list[tuple[list[int], str]], none_reported: str):
+        super().__init__(format_groups(groups) or none_reported)
+        self.groups = groups
+
+
 class Decision(enum.Enum):
     RETRY = "retry"
     RAISE = "raise"
@@ -84,19 +93,19 @@ def format_groups(groups: list[tuple[list[int], str]]) -> str:
 
 def training_error(e: Exception, run_dir: Path, world_size: int, timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:
     """The one-line error for a failed fit(), and the hang diagnosis if the heartbeats show one."""
-    if isinstance(e, TrainingError) and str(e).startswith("training failed:"):  # torchrun: already grouped
-        return e, diagnose(run_dir, world_size) if "hang:" in str(e) else None
     failures = getattr(e, "worker_failures", None)
-    if not failures:
-        cause = _root_cause(e)
-        if isinstance(cause, ScaletrainError):
-            return cause, None
-        text = describe(e)
-    else:
+    if isinstance(e, RankFailures):
+        text = str(e)
+    elif failures:
         groups, user = group_failures(failures)
         if user is not None:
             return user, None
         text = format_groups(groups)
+    else:
+        cause = _root_cause(e)
+        if isinstance(cause, ScaletrainError):
+            return cause, None
+        text = describe(e)
     hang = diagnose(run_dir, world_size) if looks_like_timeout([text]) else None
     if hang is not None:
         text = f"{hang.message(timeout_s)}; worker errors: {text}"

@@ -28,9 +28,9 @@ from pathlib import Path
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform, select_backend
 from scaletrain.comm.profiles import effective_env
-from scaletrain.comm.watchdog import diagnose, looks_like_timeout
 from scaletrain.config.schema import Config
-from scaletrain.errors import LaunchError, TrainingError
+from scaletrain.errors import LaunchError
+from scaletrain.launch.failures import RankFailures
 from scaletrain.launch.ray_launcher import ClusterPlan
 from scaletrain.worker.faults import Fault
 from scaletrain.worker.spec import JobSpec
@@ -189,8 +189,8 @@ class TorchrunNode:
             raise
         code, self.proc = self.proc.returncode, None
         self._out.drain()
-        if code != 0:
-            raise failure_from_logs(run_dir, self.cfg.scaling.num_workers, self.cfg.comm.timeout_s, code, log)
+        if code != 0:  # training_error words it, with the hang diagnosis, as for the Ray launcher
+            raise failures_from_logs(run_dir, code, log)
 
     def stop(self) -> None:
         """Stop a running agent; torchrun stops its workers on SIGTERM."""
@@ -262,8 +262,8 @@ class _Pump:
             self._thread = None
 
 
-def failure_from_logs(run_dir: Path, world: int, timeout_s: int, code: int, log: Path) -> TrainingError:
-    """Per-rank causes from the worker logs (the last failure of each rank), grouped across ranks."""
+def failures_from_logs(run_dir: Path, code: int, log: Path) -> RankFailures:
+    """Each rank's last failure from the worker logs, grouped across ranks (the message says the rest)."""
     last: dict[int, str] = {}
     for path in sorted((run_dir / "logs").glob("worker-*.log")):
         for line in path.read_text(errors="replace").splitlines():
@@ -273,9 +273,5 @@ def failure_from_logs(run_dir: Path, world: int, timeout_s: int, code: int, log:
     groups: dict[str, list[int]] = {}
     for rank, msg in sorted(last.items()):
         groups.setdefault(msg, []).append(rank)
-    text = "; ".join(f"[rank {', '.join(map(str, r))}]: {m}" for m, r in groups.items()) or \
-        f"torchrun exited with code {code} before any rank reported an error (see {log})"
-    hang = diagnose(run_dir, world) if looks_like_timeout(groups) else None
-    if hang:
-        text = f"{hang.message(timeout_s)}; worker errors: {text}"
-    return TrainingError(f"training failed: {text}; see {run_dir}/logs/worker-<rank>.log")
+    return RankFailures([(ranks, msg) for msg, ranks in groups.items()],
+                        f"torchrun exited with code {code} before any rank reported an error (see {log})")

@@ -1,5 +1,6 @@
 """Placement feasibility and cluster-address probing, without a cluster."""
 
+import os
 import socket
 
 import pytest
@@ -33,3 +34,37 @@ def test_unreachable_address_fails_fast():
     with pytest.raises(LaunchError, match="write host:port"):
         _probe_address("not-an-address")
     _probe_address("auto")  # left to Ray
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    import ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr("scaletrain.launch.ray_launcher._probe_address", lambda address: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return calls
+
+
+def test_embedded_ray_drops_the_preemption_watcher_unless_the_user_set_it(fake_ray, monkeypatch):
+    from scaletrain.launch.ray_launcher import ensure_ray
+
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+    assert ensure_ray(None) is True
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    assert "address" not in fake_ray[0]
+
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")
+    ensure_ray(None)
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+
+
+def test_a_cluster_keeps_the_preemption_watcher(fake_ray, monkeypatch):
+    from scaletrain.launch.ray_launcher import ensure_ray
+
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+    assert ensure_ray("10.0.0.1:6379") is False
+    assert fake_ray[0]["address"] == "10.0.0.1:6379"
+    assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in os.environ

@@ -30,6 +30,14 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 # Ray
 RAY_ADDRESS = "RAY_ADDRESS"
 RAY_TRAIN_V2_ENABLED = "RAY_TRAIN_V2_ENABLED"
+# Ray Train's preemption watcher is one more actor that wakes its core-worker loop 100 times a second
+# (~0.9% of a core, measured) to watch for node preemption, which an embedded single-machine Ray never sees.
+RAY_TRAIN_ENABLE_PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+# Set in the driver when scaletrain starts an embedded local Ray (a user's value wins); a cluster keeps Ray's.
+LOCAL_RAY_DEFAULTS: dict[str, str] = {
+    RAY_TRAIN_ENABLE_PREEMPTION_WATCHER: "0",
+}
 
 # Variables every worker gets from the driver (values shown are scaletrain's defaults).
 WORKER_ENV_DEFAULTS: dict[str, str] = {

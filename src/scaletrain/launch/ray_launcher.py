@@ -46,6 +46,7 @@ def ensure_ray(address: str | None) -> bool:
                               f"start a head node with `ray start --head` or unset scaling.address/RAY_ADDRESS "
                               f"to train on this machine") from None
         return False
+    envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # Ray Train reads them when the trainer starts
     ray.init(**kwargs)
     return True
 

@@ -69,7 +69,8 @@ def _bare_worker(rank, world, store, cfg_json, train_path, pad, vocab, warmup, s
         model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     model.train()  # from_pretrained returns eval mode: dropout off would make this loop do less work
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay, **({"fused": True} if fused else {}))
+    opt = torch.optim.AdamW(params, lr=t.learning_rate, weight_decay=t.weight_decay,
+                            **({"fused": True} if fused else {}))
     data = load_split(train_path)
     sampler = torch.utils.data.DistributedSampler(data, world, rank, seed=t.seed, drop_last=True)
     loader = iter(torch.utils.data.DataLoader(data, t.per_device_train_batch_size, sampler=sampler,

@@ -72,11 +72,19 @@ def all_reduce_sum(values: list[float], device: str) -> list[float]:
     return t.tolist()
 
 
-def all_reduce_max(values: list[float], device: str) -> list[float]:
+def all_reduce_max_async(values: list[float], device: str):
+    """Start an element-wise MAX over ranks of ``values``; returns a function that waits and gives the result."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
+    work = None
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+
+    def result() -> list[float]:
+        if work is not None:
+            work.wait()
+        return t.tolist()
+
+    return result
 
 
 def all_gather_floats(values: list[float], device: str) -> list[list[float]]:

@@ -53,7 +53,7 @@ def config(path: Path, data_dir: Path, out: Path, name: str, workers: int, launc
                               f"output.output_dir={out}", f"output.run_name={name}"])
 
 
-def _bare_worker(rank, world, store, cfg_json, train_path, pad, vocab, warmup, steps, out, fused=False):
+def _bare_worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warmup, steps, fused=False):
     """The hand-written loop: DDP, AdamW (torch's default, or fused as scaletrain uses), gradient clipping."""
     torch.set_num_threads(1)
     if world > 1:
@@ -97,11 +97,15 @@ def _bare_worker(rank, world, store, cfg_json, train_path, pad, vocab, warmup, s
 
 def bare(cfg: Config, prepared: tuple, warmup: int, steps: int, world: int, fused: bool = False) -> float:
     train_path, pad, vocab = prepared
+    return spawn(_bare_worker, world, cfg.model_dump(mode="json"), train_path, pad, vocab, warmup, steps, fused)
+
+
+def spawn(target, world: int, *args) -> float:
+    """Run ``target(rank, world, store, queue, *args)`` in ``world`` fresh processes; the value rank 0 puts."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     store = tempfile.mktemp(prefix="bare-ddp-")
-    procs = [ctx.Process(target=_bare_worker, args=(r, world, store, cfg.model_dump(mode="json"), train_path, pad,
-                                                    vocab, warmup, steps, q, fused)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, store, q, *args)) for r in range(world)]
     for p in procs:
         p.start()
     value = q.get(timeout=900)

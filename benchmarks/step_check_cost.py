@@ -19,14 +19,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead as ov  # noqa: E402
 from scaletrain.demo_data import write_demo_data  # noqa: E402
 
 
-def worker(rank, world, store, cfg_json, train_path, pad, vocab, warmup, steps, out, flags):
+def worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warmup, steps, flags):
     """overhead.py's hand-written loop with fused AdamW; with ``flags``, step_flags' all-reduce after each step."""
     from scaletrain.config.schema import Config
     from scaletrain.data import Collator, load_split
@@ -65,17 +64,7 @@ def worker(rank, world, store, cfg_json, train_path, pad, vocab, warmup, steps, 
 
 def run(cfg, prepared, warmup: int, steps: int, flags: bool) -> float:
     train_path, pad, vocab = prepared
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    store = tempfile.mktemp(prefix="step-check-")
-    procs = [ctx.Process(target=worker, args=(r, 2, store, cfg.model_dump(mode="json"), train_path, pad, vocab,
-                                              warmup, steps, q, flags)) for r in range(2)]
-    for p in procs:
-        p.start()
-    value = q.get(timeout=900)
-    for p in procs:
-        p.join()
-    return value
+    return ov.spawn(worker, 2, cfg.model_dump(mode="json"), train_path, pad, vocab, warmup, steps, flags)
 
 
 def main() -> None:

@@ -125,11 +125,11 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, log, events, beat: He
             state.micro_batches_in_epoch += accum
             beat.finished_step(state.step)
             metrics.step_done(state, loss, window, scheduler.get_last_lr()[0], timing)
-            if cfg.train.eval_steps and state.step % cfg.train.eval_steps == 0 and state.step < spec.total_steps:
+            if _due(cfg.train.eval_steps, state.step) and state.step < spec.total_steps:
                 beat.enter("eval", state.step)
                 eval_time += _run_eval(model, eval_data, collate, ctx, cfg, precision, state, metrics, events)
             saved = None
-            if cfg.checkpoint.save_steps and state.step % cfg.checkpoint.save_steps == 0:
+            if _due(cfg.checkpoint.save_steps, state.step):
                 beat.enter("checkpoint", state.step)
                 saved = save()
                 events("checkpoint", f"{saved.name} saved")
@@ -204,11 +204,15 @@ class StepCheck:
         return step, loss, bad > 0, seen > 0
 
 
+def _due(every: int, step: int) -> bool:
+    """A schedule of every ``every`` steps (0: never)."""
+    return bool(every) and step % every == 0
+
+
 def _writes_at(step: int, cfg: Config, spec: JobSpec, metrics: "Meter") -> bool:
     """Whether the loop writes a metric record, evaluates or checkpoints after ``step`` (or the run ends)."""
-    t, save = cfg.train, cfg.checkpoint.save_steps
-    return (step % t.logging_steps == 0 or step >= spec.total_steps or metrics.probe_due(step)
-            or bool(t.eval_steps and step % t.eval_steps == 0) or bool(save and step % save == 0))
+    return (metrics.record_due(step) or metrics.probe_due(step) or step >= spec.total_steps
+            or _due(cfg.train.eval_steps, step) or _due(cfg.checkpoint.save_steps, step))
 
 
 def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events) -> TrainingError:
@@ -363,8 +367,10 @@ class Meter:
         self.last_wait = seconds
 
     def probe_due(self, step: int) -> bool:
-        every = self.cfg.monitor.breakdown_every
-        return bool(every) and step % every == 0 and self.cfg.train.strategy == "ddp"
+        return _due(self.cfg.monitor.breakdown_every, step) and self.cfg.train.strategy == "ddp"
+
+    def record_due(self, step: int) -> bool:
+        return _due(self.cfg.train.logging_steps, step) or step == self.spec.total_steps
 
     def _breakdown(self, state, timing: dict) -> None:
         self.beat.enter("metrics", state.step)
@@ -380,7 +386,7 @@ class Meter:
         self.loss += loss
         self.samples += sum(b["input_ids"].shape[0] for b in window)
         self.tokens += sum(int(b["attention_mask"].sum()) for b in window)
-        if state.step % self.cfg.train.logging_steps == 0 or state.step == self.spec.total_steps:
+        if self.record_due(state.step):
             self._flush(state, lr)
 
     def _flush(self, state, lr: float) -> None:

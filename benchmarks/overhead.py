@@ -2,7 +2,8 @@
 
 Part 1, overhead: builtin:minilm classification (full fine-tuning), world size 2, gloo, 1 thread per worker:
 a hand-written DDP loop (with torch's default AdamW, and with the fused AdamW scaletrain uses) vs scaletrain
-with the Ray launcher and with the torchrun launcher. Part 2,
+with the Ray launcher, with the torchrun launcher, and its worker loop alone ("loop": ``train()`` in processes
+started like the hand-written loop's, so the launcher's share of any gap shows). Part 2,
 efficiency: the scale benchmark config (examples/scale_lora.yaml: LoRA, ~64-token reviews) at 1 and 2
 workers, for the hand-written loop and both launchers. Every variant trains on the same tokenized data in the
 same sample order (DistributedSampler with the config's seed is scaletrain's order) and reports global
@@ -115,11 +116,41 @@ def spawn(target, world: int, *args) -> float:
 
 
 def ours(cfg: Config, warmup: int) -> float:
-    """Global samples/s over the steps after the warm-up, from the run's metric records."""
+    """scaletrain through a launcher: global samples/s over the steps after the warm-up."""
     from scaletrain.launch.job import run_job
 
-    result = run_job(cfg, f"{cfg.output.run_name}.yaml", show_progress=False)
-    train = [r for r in read_jsonl(result.run_dir / "metrics.jsonl") if r["kind"] == "train" and r["step"] > warmup]
+    return measured(run_job(cfg, f"{cfg.output.run_name}.yaml", show_progress=False).run_dir, cfg, warmup)
+
+
+def _loop_worker(rank, world, store, out, spec):
+    """scaletrain's worker loop in a plain process: the launcher's share of the overhead left out."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from scaletrain.comm.context import DistContext
+    from scaletrain.worker.loop import train
+    from scaletrain.worker.spec import JobSpec
+
+    ctx = DistContext(world_rank=rank, local_rank=rank, world_size=world, local_world_size=world, node_rank=0,
+                      device="cpu", backend="gloo", node_id="local")
+    train(ctx, JobSpec(**spec))
+    dist.destroy_process_group()
+    if rank == 0:
+        out.put(0.0)
+
+
+def loop_only(cfg: Config, prepared: tuple, warmup: int, steps: int, run_dir: Path) -> float:
+    train_path, pad, vocab = prepared
+    run_dir.mkdir(parents=True)
+    spec = dict(config=cfg.model_dump(mode="json"), run_dir=str(run_dir), train_path=train_path,
+                eval_path=train_path, pad_token_id=pad, vocab_size=vocab, backend="gloo",
+                total_steps=warmup + steps, learning_rate=cfg.train.learning_rate)
+    spawn(_loop_worker, 2, spec)
+    return measured(run_dir, cfg, warmup)
+
+
+def measured(run_dir: Path, cfg: Config, warmup: int) -> float:
+    """Global samples/s over the steps after the warm-up, from a run's metric records."""
+    train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train" and r["step"] > warmup]
     seconds = sum(r["time/step_s"] * cfg.train.logging_steps for r in train)
     samples = sum(r["throughput/samples_per_s"] * r["time/step_s"] * cfg.train.logging_steps for r in train)
     return samples / seconds
@@ -159,6 +190,7 @@ def main() -> None:
             c = lambda launcher: cfg(OVERHEAD_CONFIG, f"o-{launcher}{i}", 2, launcher)  # noqa: E731
             record("overhead/bare", bare(c("ray"), prepared["overhead"], w, s, 2))
             record("overhead/bare-fused", bare(c("ray"), prepared["overhead"], w, s, 2, fused=True))
+            record("overhead/loop", loop_only(c("ray"), prepared["overhead"], w, s, work / f"o-loop{i}"))
             record("overhead/ray", ours(c("ray"), w))
             record("overhead/torchrun", ours(c("torchrun"), w))
         if "efficiency" in parts:
@@ -172,7 +204,7 @@ def main() -> None:
     print("\nsamples/s, medians over rounds:", json.dumps({k: round(v, 2) for k, v in med.items()}))
     if "overhead" in parts:
         for base, what in (("bare", "torch's default AdamW"), ("bare-fused", "fused AdamW, as scaletrain")):
-            for launcher in ("ray", "torchrun"):
+            for launcher in ("ray", "torchrun", "loop"):
                 ratios = [x / y for x, y in zip(results[f"overhead/{launcher}"], results[f"overhead/{base}"])]
                 print(f"overhead: scaletrain ({launcher}) / hand-written DDP with {what}, 2 workers, full MiniLM: "
                       f"median ratio {statistics.median(ratios):.3f} (rounds {', '.join(f'{r:.3f}' for r in ratios)}; "

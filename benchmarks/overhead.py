@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -109,7 +110,15 @@ def spawn(target, world: int, *args) -> float:
     procs = [ctx.Process(target=target, args=(r, world, store, q, *args)) for r in range(world)]
     for p in procs:
         p.start()
-    value = q.get(timeout=900)
+    while True:  # a worker that dies (e.g. its data runs out) fails the benchmark instead of hanging it
+        try:
+            value = q.get(timeout=5)
+            break
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"{target.__name__}: a worker exited with {[p.exitcode for p in procs]}")
     for p in procs:
         p.join()
     return value
@@ -174,7 +183,7 @@ def main() -> None:
     ap.add_argument("--part", choices=("overhead", "efficiency", "all"), default="all")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="scaletrain-overhead-"))
-    data_dir = write_demo_data(work / "data", n_sentiment=2000)
+    data_dir = write_demo_data(work / "data", n_sentiment=4000, n_reviews=4000)  # enough for --steps 100
     w, s = args.warmup, args.steps
     cfg = lambda path, name, n, launcher="ray": config(path, data_dir, work, name, n, launcher, w, s)  # noqa: E731
     results: dict[str, list[float]] = {}

@@ -5,6 +5,7 @@ import socket
 
 import pytest
 
+from scaletrain.comm.env import RAY_TRAIN_ENABLE_PREEMPTION_WATCHER as WATCHER
 from scaletrain.errors import LaunchError
 from scaletrain.launch.ray_launcher import _probe_address, check_placement
 
@@ -45,26 +46,27 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
     monkeypatch.setattr("scaletrain.launch.ray_launcher._probe_address", lambda address: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # setenv first so the teardown restores the variable ensure_ray sets (delenv of an unset name records nothing)
+    monkeypatch.setenv(WATCHER, "unset")
+    monkeypatch.delenv(WATCHER)
     return calls
 
 
 def test_embedded_ray_drops_the_preemption_watcher_unless_the_user_set_it(fake_ray, monkeypatch):
     from scaletrain.launch.ray_launcher import ensure_ray
 
-    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
     assert ensure_ray(None) is True
-    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    assert os.environ[WATCHER] == "0"
     assert "address" not in fake_ray[0]
 
-    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")
+    monkeypatch.setenv(WATCHER, "1")
     ensure_ray(None)
-    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+    assert os.environ[WATCHER] == "1"
 
 
 def test_a_cluster_keeps_the_preemption_watcher(fake_ray, monkeypatch):
     from scaletrain.launch.ray_launcher import ensure_ray
 
-    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
     assert ensure_ray("10.0.0.1:6379") is False
     assert fake_ray[0]["address"] == "10.0.0.1:6379"
-    assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in os.environ
+    assert WATCHER not in os.environ

@@ -55,8 +55,11 @@ def config(path: Path, data_dir: Path, out: Path, name: str, workers: int, launc
                               f"output.output_dir={out}", f"output.run_name={name}"])
 
 
-def _bare_worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warmup, steps, fused=False):
-    """The hand-written loop: DDP, AdamW (torch's default, or fused as scaletrain uses), gradient clipping."""
+def _bare_worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warmup, steps, fused=False,
+                 agree=False):
+    """The hand-written loop: DDP, AdamW (torch's default, or fused as scaletrain uses), gradient clipping.
+
+    With ``agree``, a blocking 2-float MAX all-reduce after every step (benchmarks/step_check_cost.py)."""
     torch.set_num_threads(1)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -84,10 +87,14 @@ def _bare_worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warm
                 dist.barrier()
             t0 = time.perf_counter()
         batch = next(loader)
-        model(**batch).loss.backward()
+        loss = model(**batch).loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if agree:  # [loss is not finite, stop file seen], MAX over ranks, waited for at once
+            flags = torch.tensor([0.0 if torch.isfinite(loss).item() else 1.0, 0.0])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         samples += batch["input_ids"].shape[0] * world if i >= warmup else 0
     if world > 1:
         dist.barrier()
@@ -97,9 +104,11 @@ def _bare_worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warm
         dist.destroy_process_group()
 
 
-def bare(cfg: Config, prepared: tuple, warmup: int, steps: int, world: int, fused: bool = False) -> float:
+def bare(cfg: Config, prepared: tuple, warmup: int, steps: int, world: int, fused: bool = False,
+         agree: bool = False) -> float:
     train_path, pad, vocab = prepared
-    return spawn(_bare_worker, world, cfg.model_dump(mode="json"), train_path, pad, vocab, warmup, steps, fused)
+    return spawn(_bare_worker, world, cfg.model_dump(mode="json"), train_path, pad, vocab, warmup, steps, fused,
+                 agree)
 
 
 def spawn(target, world: int, *args) -> float:

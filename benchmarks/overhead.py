@@ -8,7 +8,8 @@ efficiency: the scale benchmark config (examples/scale_lora.yaml: LoRA, ~64-toke
 workers, for the hand-written loop and both launchers. Every variant trains on the same tokenized data in the
 same sample order (DistributedSampler with the config's seed is scaletrain's order) and reports global
 samples/s over the measured steps after a warm-up: total samples / total time. Variants alternate within
-each round; the script prints per-round numbers and medians.
+each round, in reverse order every other round (so none always runs first or last); the script prints
+per-round numbers and medians.
 
 No Ray is running while the hand-written loop and the torchrun launcher are timed: an idle local Ray takes
 ~6% of a core here, which a 2-worker run on 2 cores feels. Each Ray-launcher run starts its own embedded Ray,
@@ -28,6 +29,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -204,19 +207,23 @@ def main() -> None:
     prepared = {p: prepare(cfg(OVERHEAD_CONFIG if p == "overhead" else EFFICIENCY_CONFIG, f"prep-{p}", 2),
                            work / f"prep-{p}") for p in parts}
     for i in range(args.rounds):
+        runs: list[tuple[str, Callable[[], float]]] = []
         if "overhead" in parts:
-            c = lambda launcher: cfg(OVERHEAD_CONFIG, f"o-{launcher}{i}", 2, launcher)  # noqa: E731
-            record("overhead/bare", bare(c("ray"), prepared["overhead"], w, s, 2))
-            record("overhead/bare-fused", bare(c("ray"), prepared["overhead"], w, s, 2, fused=True))
-            record("overhead/loop", loop_only(c("ray"), prepared["overhead"], w, s, work / f"o-loop{i}"))
-            record("overhead/ray", ours(c("ray"), w))
-            record("overhead/torchrun", ours(c("torchrun"), w))
+            o = {launcher: cfg(OVERHEAD_CONFIG, f"o-{launcher}{i}", 2, launcher) for launcher in ("ray", "torchrun")}
+            runs += [("overhead/bare", partial(bare, o["ray"], prepared["overhead"], w, s, 2)),
+                     ("overhead/bare-fused", partial(bare, o["ray"], prepared["overhead"], w, s, 2, fused=True)),
+                     ("overhead/loop", partial(loop_only, o["ray"], prepared["overhead"], w, s, work / f"o-loop{i}")),
+                     ("overhead/ray", partial(ours, o["ray"], w)),
+                     ("overhead/torchrun", partial(ours, o["torchrun"], w))]
         if "efficiency" in parts:
             for n in (1, 2):
-                c = lambda launcher: cfg(EFFICIENCY_CONFIG, f"e{n}-{launcher}{i}", n, launcher)  # noqa: E731
-                record(f"efficiency/bare/{n}", bare(c("ray"), prepared["efficiency"], w, s, n))
-                record(f"efficiency/torchrun/{n}", ours(c("torchrun"), w))
-                record(f"efficiency/ray/{n}", ours(c("ray"), w))
+                e = {launcher: cfg(EFFICIENCY_CONFIG, f"e{n}-{launcher}{i}", n, launcher)
+                     for launcher in ("ray", "torchrun")}
+                runs += [(f"efficiency/bare/{n}", partial(bare, e["ray"], prepared["efficiency"], w, s, n)),
+                         (f"efficiency/torchrun/{n}", partial(ours, e["torchrun"], w)),
+                         (f"efficiency/ray/{n}", partial(ours, e["ray"], w))]
+        for key, run in runs if i % 2 == 0 else runs[::-1]:  # no variant always runs first or last
+            record(key, run())
         print(f"round {i}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()), flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     print("\nsamples/s, medians over rounds:", json.dumps({k: round(v, 2) for k, v in med.items()}))

@@ -2,6 +2,8 @@
 # One prepared command for a machine with a GPU (about 10 minutes at most): env and topology, single-GPU
 # training throughput and MFU of a ~0.9B Llama in bf16, and commbench on the GPUs that are there.
 # Usage (repo root, torch with CUDA/ROCm already installed): bash benchmarks/gpu_check.sh [OUT_DIR]
+# GPU_CHECK_TRAIN_ARGS adds key=value overrides to the training run (the tests use it to run this script on CPU
+# with a tiny model, so that the one GPU session it gets is not spent on a broken script).
 set -uo pipefail
 OUT=${1:-gpu_check_out}
 mkdir -p "$OUT"
@@ -28,7 +30,8 @@ with open(f"{out}/long.jsonl", "w") as f:
 PY
 
 echo "== train: 1 GPU, bf16, llama-1b"
-timeout 420 $PY -m scaletrain train benchmarks/gpu_check.yaml output.output_dir="$OUT/runs" --no-progress 2>&1 | tail -25
+timeout 420 $PY -m scaletrain train benchmarks/gpu_check.yaml output.output_dir="$OUT/runs" --no-progress \
+  ${GPU_CHECK_TRAIN_ARGS:-} 2>&1 | tail -25
 RUN=$(ls -d "$OUT"/runs/gpu_check-* 2>/dev/null | tail -1)
 if [ -n "$RUN" ]; then
   $PY - "$RUN" <<'PY'
@@ -40,7 +43,8 @@ if train:
     print("step time s (median):", round(statistics.median(r["time/step_s"] for r in train), 4))
     mfus = [r["perf/mfu"] for r in train if "perf/mfu" in r]
     print("MFU (median):", f"{statistics.median(mfus):.1%}" if mfus else "n/a (unknown device)")
-    print("peak memory GiB:", max((r.get("memory/peak_gib", 0) for r in recs), default=0))
+    peaks = [r["memory/peak_gib"] for r in recs if "memory/peak_gib" in r]
+    print("peak memory GiB:", round(max(peaks), 2) if peaks else "n/a (no GPU memory statistics)")
 PY
   cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null
 fi
@@ -49,5 +53,5 @@ if [ "$GPUS" -ge 2 ]; then
   echo "== commbench: $GPUS GPUs"
   timeout 240 $PY -m scaletrain commbench -n "$GPUS" -c all_reduce,all_gather -b 1M -e 1G -f 4 | tee "$OUT/commbench.txt"
 else
-  echo "== commbench: skipped, one GPU (a collective needs 2 ranks)"
+  echo "== commbench: skipped, $GPUS GPU(s) (a collective needs 2 ranks)"
 fi

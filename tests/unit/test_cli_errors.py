@@ -82,3 +82,24 @@ def test_debug_shows_traceback(classify_cfg, tmp_path):
 
 def test_resume_needs_a_run_dir(tmp_path):
     _assert_one_line_error(run_cli("train", "--resume", tmp_path), "--resume", "config.resolved.yaml")
+
+
+def test_overrides_may_follow_options():
+    from scaletrain.cli import parse
+
+    args = parse(["train", "c.yaml", "a.b=1", "--no-progress", "scaling.num_workers=2"])
+    assert args.config == "c.yaml" and args.no_progress
+    assert args.overrides == ["a.b=1", "scaling.num_workers=2"]  # order kept: a later override wins
+    assert parse(["scale", "c.yaml", "--workers", "1,2", "x.y=3"]).overrides == ["x.y=3"]
+
+
+@pytest.mark.parametrize("argv", [["train", "c.yaml", "--no-progress", "--bogus"],
+                                  ["train", "c.yaml", "--no-progress", "stray"],
+                                  ["env", "a.b=1"]])  # env takes no overrides
+def test_unknown_arguments_still_fail(argv, capsys):
+    from scaletrain.cli import parse
+
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err

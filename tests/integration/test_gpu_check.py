@@ -1,0 +1,36 @@
+"""benchmarks/gpu_check.sh end to end on CPU with a tiny model, so that a GPU session is not spent on a broken
+script: every section runs, the summary parses the run's metrics, and what a CPU cannot measure says n/a."""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ("model.name_or_path=builtin:tiny-llama train.bf16=false train.max_steps=6 train.logging_steps=2 "
+        "data.max_length=64 train.per_device_train_batch_size=4")
+
+
+def test_gpu_check_script_on_cpu(ray_local, no_orphans, tmp_path):
+    out = tmp_path / "gc"
+    env = {**os.environ, "PY": sys.executable, "GPU_CHECK_TRAIN_ARGS": TINY,
+           "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}  # join the shared Ray: no second start-up
+    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=400)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    for section in ("== env", "== topo", "== GPUs: 0", "== train", "== commbench: skipped, 0 GPU(s)"):
+        assert section in text, section
+    assert "torch: 2.13.0" in (out / "env.txt").read_text()
+    tokens_per_s = float(re.search(r"tokens/s \(median\): (\d+)", text).group(1))
+    step_s = float(re.search(r"step time s \(median\): ([\d.]+)", text).group(1))
+    assert "MFU (median): n/a (unknown device)" in text  # a CPU has no peak in the table: never a guessed MFU
+    assert "peak memory GiB: n/a" in text
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert len(train) == 3  # 6 steps logged every 2
+    # The summary is the median over the logged intervals after the first (warm-up) one.
+    assert tokens_per_s == round(statistics.median(r["throughput/tokens_per_s"] for r in train[1:]))
+    assert step_s == round(statistics.median(r["time/step_s"] for r in train[1:]), 4)

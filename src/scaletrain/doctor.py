@@ -51,18 +51,37 @@ class Facts:
 Check = Callable[[Facts], "CheckResult | None"]
 
 
+def _worker_demand(config: Config, cluster: dict[str, float]) -> tuple[bool, int, float, int, int]:
+    """(use_gpu, workers, GPUs or CPUs per worker, cluster GPUs, cluster CPUs)."""
+    gpus, cpus = int(cluster.get("GPU", 0)), int(cluster.get("CPU", 0))
+    use_gpu = gpus > 0 if config.scaling.use_gpu == "auto" else bool(config.scaling.use_gpu)
+    per = (config.scaling.resources_per_worker or {}).get("GPU" if use_gpu else "CPU", 1)
+    return use_gpu, config.scaling.num_workers, per, gpus, cpus
+
+
 def check_workers(f: Facts) -> CheckResult | None:
     if f.config is None or f.cluster is None:
         return None
-    n = f.config.scaling.num_workers
-    gpus, cpus = int(f.cluster.get("GPU", 0)), int(f.cluster.get("CPU", 0))
-    use_gpu = gpus > 0 if f.config.scaling.use_gpu == "auto" else bool(f.config.scaling.use_gpu)
+    use_gpu, n, per, gpus, cpus = _worker_demand(f.config, f.cluster)
     have, what = (gpus, "GPUs") if use_gpu else (cpus, "CPUs")
-    per = (f.config.scaling.resources_per_worker or {}).get("GPU" if use_gpu else "CPU", 1)
     if n * per > have:
         return CheckResult("workers", Status.FAIL, f"scaling.num_workers={n} needs {n * per:g} {what}; the cluster has {have}",
                            f"lower scaling.num_workers to {int(have // per)} or add nodes")
     return CheckResult("workers", Status.OK, f"{n} worker(s) on {have} {what} ({cpus} CPUs, {gpus} GPUs in the cluster)")
+
+
+def check_cpu_headroom(f: Facts) -> CheckResult | None:
+    """CPU workers under Ray that take every core share them with Ray's own processes."""
+    if f.config is None or f.cluster is None or f.config.scaling.launcher != "ray":
+        return None
+    use_gpu, n, per, _, cpus = _worker_demand(f.config, f.cluster)
+    if use_gpu or n * per != cpus:  # headroom left, or more than the cluster has (check_workers fails it)
+        return None
+    return CheckResult("CPU headroom", Status.WARN,
+                       f"{n} CPU worker(s) x {per:g} CPU take all {cpus} CPUs, so Ray's controller, helper actors, "
+                       f"raylet and GCS run on the workers' cores (~5% lower throughput on 2 cores; "
+                       f"benchmarks/RESULTS.md)",
+                       "leave a CPU free, or measure scaling on this machine with scaling.launcher=torchrun")
 
 
 def check_visible_devices(f: Facts) -> CheckResult:
@@ -179,8 +198,8 @@ def check_smoke(f: Facts) -> CheckResult | None:
                        "" if ok else "run with the debug comm profile (comm.profile=debug) and read the worker logs")
 
 
-CHECKS: tuple[Check, ...] = (check_workers, check_visible_devices, check_shm, check_port, check_nofile, check_disk,
-                             check_paths, check_batch_lr, check_rocm_hints, check_topology, check_smoke)
+CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
+                             check_nofile, check_disk, check_paths, check_batch_lr, check_rocm_hints, check_topology, check_smoke)
 
 
 def run_checks(facts: Facts, checks: tuple[Check, ...] = CHECKS) -> list[CheckResult]:

@@ -1,7 +1,7 @@
 """Each preflight check with faked facts: it passes on a healthy machine and fails/warns on the broken one."""
 
 from scaletrain.config import validate
-from scaletrain.doctor import (GIB, Facts, Status, check_batch_lr, check_disk, check_nofile, check_paths, check_port,
+from scaletrain.doctor import (GIB, Facts, Status, check_batch_lr, check_cpu_headroom, check_disk, check_nofile, check_paths, check_port,
                                check_rocm_hints, check_shm, check_smoke, check_topology, check_visible_devices,
                                check_workers, run_checks)
 
@@ -30,6 +30,16 @@ def test_workers_vs_cluster():
     assert r.status is Status.FAIL and "needs 8 GPUs; the cluster has 4" in r.detail and "lower scaling.num_workers to 4" in r.fix
     assert check_workers(facts(config=cfg(4), cluster={"CPU": 64.0, "GPU": 4.0})).status is Status.OK
     assert check_workers(facts()) is None  # no config: nothing to compare
+
+
+def test_cpu_headroom_under_ray():
+    r = check_cpu_headroom(facts(config=cfg(2), cluster={"CPU": 2.0}))
+    assert r.status is Status.WARN and "2 CPU worker(s) x 1 CPU take all 2 CPUs" in r.detail
+    assert "scaling.launcher=torchrun" in r.fix
+    assert check_cpu_headroom(facts(config=cfg(2), cluster={"CPU": 4.0})) is None  # a core left for Ray
+    assert check_cpu_headroom(facts(config=cfg(2), cluster={"CPU": 64.0, "GPU": 2.0})) is None  # GPU workers
+    torchrun = cfg(2).model_copy(update={"scaling": cfg(2).scaling.model_copy(update={"launcher": "torchrun"})})
+    assert check_cpu_headroom(facts(config=torchrun, cluster={"CPU": 2.0})) is None  # no Ray processes
 
 
 def test_visible_device_conflicts():

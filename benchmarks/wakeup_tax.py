@@ -5,10 +5,13 @@ seven of them (two trainers, the controller, four helper actors). This benchmark
 plain processes so the cost can be told apart from Ray itself:
 
 1. the CPU one timer wake-up costs (a process that only waits 10 ms in epoll, over and over);
-2. the throughput of two single-thread torch matmul processes on two cores with 0 vs N such processes,
-   alternating in one invocation (median ratio over rounds, 95% bootstrap interval).
+2. ``--part matmul``: the throughput of two single-thread torch matmul processes on two cores with 0 vs N
+   such processes, alternating in one invocation (median ratio over rounds, 95% bootstrap interval);
+3. ``--part loop``: overhead.py's hand-written DDP loop (MiniLM full fine-tuning, fused AdamW, 2 workers)
+   alone and beside N such processes, against scaletrain with the Ray launcher, alternating in one invocation.
 
-    python benchmarks/wakeup_tax.py --wakers 7 --period-ms 10 --rounds 10
+    python benchmarks/wakeup_tax.py --part matmul --wakers 7 --period-ms 10 --rounds 10
+    python benchmarks/wakeup_tax.py --part loop --rounds 7 --steps 30
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ import random
 import resource
 import select
 import statistics
+import sys
+import tempfile
 import time
+from functools import partial
+from pathlib import Path
 
 
 def wake_cost(period_s: float, seconds: float = 5.0) -> tuple[float, float]:
@@ -73,6 +80,47 @@ def trial(wakers: int, period_s: float, seconds: float) -> float:
     return total
 
 
+def beside_wakers(fn, wakers: int, period_s: float) -> float:
+    """``fn()`` while ``wakers`` timer processes run."""
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    bg = [ctx.Process(target=waker, args=(stop, period_s)) for _ in range(wakers)]
+    for p in bg:
+        p.start()
+    try:
+        return fn()
+    finally:
+        stop.set()
+        for p in bg:
+            p.join()
+
+
+def loop_part(args, period: float) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import overhead as ov
+
+    from scaletrain.demo_data import write_demo_data
+
+    w, s = 5, args.steps
+    work = Path(tempfile.mkdtemp(prefix="scaletrain-wakeup-"))
+    data = write_demo_data(work / "data", n_sentiment=4000, n_reviews=4000)
+    prepared = ov.prepare(ov.config(ov.OVERHEAD_CONFIG, data, work, "prep", 2, "ray", w, s), work / "prep")
+    results: dict[str, list[float]] = {}
+    beside = f"hand-written + {args.wakers} timers"
+    for i in range(args.rounds):
+        cfg = ov.config(ov.OVERHEAD_CONFIG, data, work, f"ray{i}", 2, "ray", w, s)
+        hand = partial(ov.bare, cfg, prepared, w, s, 2, fused=True)
+        runs = [("hand-written", hand), (beside, partial(beside_wakers, hand, args.wakers, period)),
+                ("scaletrain Ray", partial(ov.ours, cfg, w))]
+        for key, run in runs if i % 2 == 0 else runs[::-1]:
+            results.setdefault(key, []).append(run())
+        print(f"round {i}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()) + " samples/s", flush=True)
+    for num, den in ((beside, "hand-written"), ("scaletrain Ray", "hand-written"), ("scaletrain Ray", beside)):
+        ratios = [x / y for x, y in zip(results[num], results[den])]
+        print(f"{num} / {den}: median {statistics.median(ratios):.3f} "
+              f"(rounds {', '.join(f'{r:.3f}' for r in ratios)})")
+
+
 def bootstrap(values: list[float], n: int = 5000) -> tuple[float, float]:
     rng = random.Random(0)
     meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
@@ -84,12 +132,17 @@ def main() -> None:
     ap.add_argument("--wakers", type=int, default=7, help="timer processes (a 2-worker Ray Train run has 7 actors)")
     ap.add_argument("--period-ms", type=float, default=10.0, help="their wake-up period (Ray's is 10 ms)")
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--seconds", type=float, default=12.0, help="measured seconds per trial")
+    ap.add_argument("--seconds", type=float, default=12.0, help="measured seconds per matmul trial")
+    ap.add_argument("--part", choices=("matmul", "loop"), default="matmul")
+    ap.add_argument("--steps", type=int, default=30, help="measured steps per loop run (after 5 warm-up steps)")
     args = ap.parse_args()
     mp.set_start_method("spawn")
     period = args.period_ms / 1000
     share, us = wake_cost(period)
     print(f"one process waking every {args.period_ms:g} ms: {share:.2f}% of a core, {us:.0f} us per wake-up")
+    if args.part == "loop":
+        loop_part(args, period)
+        return
     ratios = []
     for r in range(args.rounds):
         order = [0, args.wakers] if r % 2 == 0 else [args.wakers, 0]  # neither always first

@@ -199,7 +199,8 @@ def check_smoke(f: Facts) -> CheckResult | None:
 
 
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
-                             check_nofile, check_disk, check_paths, check_batch_lr, check_rocm_hints, check_topology, check_smoke)
+                             check_nofile, check_disk, check_paths, check_batch_lr, check_rocm_hints, check_topology,
+                             check_smoke)
 
 
 def run_checks(facts: Facts, checks: tuple[Check, ...] = CHECKS) -> list[CheckResult]:

@@ -2,8 +2,8 @@
 
 from scaletrain.config import validate
 from scaletrain.doctor import (GIB, Facts, Status, check_batch_lr, check_cpu_headroom, check_disk, check_nofile,
-                               check_paths, check_port, check_rocm_hints, check_shm, check_smoke, check_topology, check_visible_devices,
-                               check_workers, run_checks)
+                               check_paths, check_port, check_rocm_hints, check_shm, check_smoke, check_topology,
+                               check_visible_devices, check_workers, run_checks)
 
 
 def facts(**kw):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from scaletrain.comm.env import CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES
 from scaletrain.config.schema import Config
@@ -51,35 +51,56 @@ class Facts:
 Check = Callable[[Facts], "CheckResult | None"]
 
 
-def _worker_demand(config: Config, cluster: dict[str, float]) -> tuple[bool, int, float, int, int]:
-    """(use_gpu, workers, GPUs or CPUs per worker, cluster GPUs, cluster CPUs)."""
+class WorkerFit(NamedTuple):
+    """How a config's workers fit a Ray cluster's resources (shared by doctor and `scale`)."""
+
+    use_gpu: bool
+    per_worker: float  # GPUs (or CPUs, for CPU workers) one worker takes
+    have: int  # GPUs (or CPUs) in the cluster
+    cpus: int
+    gpus: int
+
+    @property
+    def capacity(self) -> int:
+        return int(self.have // self.per_worker)
+
+    def fills_cpus(self, workers: int, launcher: str) -> bool:
+        """CPU workers under Ray that take every CPU, so Ray's own processes run on the workers' cores."""
+        return launcher == "ray" and not self.use_gpu and workers * self.per_worker == self.cpus
+
+
+def worker_fit(config: Config, cluster: Mapping[str, float]) -> WorkerFit:
     gpus, cpus = int(cluster.get("GPU", 0)), int(cluster.get("CPU", 0))
     use_gpu = gpus > 0 if config.scaling.use_gpu == "auto" else bool(config.scaling.use_gpu)
     per = (config.scaling.resources_per_worker or {}).get("GPU" if use_gpu else "CPU", 1)
-    return use_gpu, config.scaling.num_workers, per, gpus, cpus
+    return WorkerFit(use_gpu, per, gpus if use_gpu else cpus, cpus, gpus)
+
+
+CPU_HEADROOM_NOTE = "Ray's processes share the workers' CPUs (~5% lower throughput on 2 cores)"
 
 
 def check_workers(f: Facts) -> CheckResult | None:
     if f.config is None or f.cluster is None:
         return None
-    use_gpu, n, per, gpus, cpus = _worker_demand(f.config, f.cluster)
-    have, what = (gpus, "GPUs") if use_gpu else (cpus, "CPUs")
-    if n * per > have:
-        return CheckResult("workers", Status.FAIL, f"scaling.num_workers={n} needs {n * per:g} {what}; the cluster has {have}",
-                           f"lower scaling.num_workers to {int(have // per)} or add nodes")
-    return CheckResult("workers", Status.OK, f"{n} worker(s) on {have} {what} ({cpus} CPUs, {gpus} GPUs in the cluster)")
+    fit, n = worker_fit(f.config, f.cluster), f.config.scaling.num_workers
+    what = "GPUs" if fit.use_gpu else "CPUs"
+    if n * fit.per_worker > fit.have:
+        return CheckResult("workers", Status.FAIL,
+                           f"scaling.num_workers={n} needs {n * fit.per_worker:g} {what}; the cluster has {fit.have}",
+                           f"lower scaling.num_workers to {fit.capacity} or add nodes")
+    return CheckResult("workers", Status.OK,
+                       f"{n} worker(s) on {fit.have} {what} ({fit.cpus} CPUs, {fit.gpus} GPUs in the cluster)")
 
 
 def check_cpu_headroom(f: Facts) -> CheckResult | None:
-    """CPU workers under Ray that take every core share them with Ray's own processes."""
-    if f.config is None or f.cluster is None or f.config.scaling.launcher != "ray":
+    if f.config is None or f.cluster is None:
         return None
-    use_gpu, n, per, _, cpus = _worker_demand(f.config, f.cluster)
-    if use_gpu or n * per != cpus:  # headroom left, or more than the cluster has (check_workers fails it)
+    fit, n = worker_fit(f.config, f.cluster), f.config.scaling.num_workers
+    if not fit.fills_cpus(n, f.config.scaling.launcher):
         return None
     return CheckResult("CPU headroom", Status.WARN,
-                       f"{n} CPU worker(s) x {per:g} CPU take all {cpus} CPUs, so Ray's controller, helper actors, "
-                       f"raylet and GCS run on the workers' cores (~5% lower throughput on 2 cores; "
+                       f"{n} CPU worker(s) x {fit.per_worker:g} CPU take all {fit.cpus} CPUs, so Ray's controller, "
+                       f"helper actors, raylet and GCS run on the workers' cores (~5% lower throughput on 2 cores; "
                        f"benchmarks/RESULTS.md)",
                        "leave a CPU free, or measure scaling on this machine with scaling.launcher=torchrun")
 

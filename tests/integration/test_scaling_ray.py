@@ -29,6 +29,8 @@ def test_scale_1_2_workers_writes_the_table(classify_cfg, tmp_path, ray_local, n
     rows = json.loads((out / "scaling.json").read_text())
     one, two, four = rows
     assert four["workers"] == 4 and "skipped" in four["note"]  # the shared instance has 2 CPUs
+    # 2 CPU workers take both CPUs: the row says why its efficiency is low; 1 worker leaves a CPU to Ray.
+    assert one["note"] == "" and "Ray's processes share the workers' CPUs" in two["note"]
     assert two["speedup"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"])
     assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
     assert one["exposed_comm_share"] == 0.0 and two["exposed_comm_share"] is not None

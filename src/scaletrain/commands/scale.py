@@ -55,17 +55,10 @@ def _shared_ray(address):
             ray.shutdown()
 
 
-def _capacity(cfg, resources) -> int:
-    gpus = int(resources.get("GPU", 0))
-    use_gpu = gpus > 0 if cfg.scaling.use_gpu == "auto" else bool(cfg.scaling.use_gpu)
-    name = "GPU" if use_gpu else "CPU"
-    per = (cfg.scaling.resources_per_worker or {}).get(name, 1)
-    return int(resources.get(name, 0) // per)
-
-
 def run_scale(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.console import console
+    from scaletrain.doctor import CPU_HEADROOM_NOTE, worker_fit
     from scaletrain.launch.job import run_job
     from scaletrain.launch.rundir import create_run_dir
     from scaletrain.scaling.sweep import add_speedup, measure, plan_config, write_outputs
@@ -75,7 +68,8 @@ def run_scale(args: argparse.Namespace) -> int:
     if args.warmup < 1 or args.steps < 1:
         raise ConfigError("--warmup and --steps must be >= 1")
     with _shared_ray(cfg.scaling.address) as resources:
-        capacity = _capacity(cfg, resources)
+        fit = worker_fit(cfg, resources)
+        capacity = fit.capacity
         out = create_run_dir(cfg.output.output_dir, None, f"scale-{Path(args.config).stem}")
         rows = []
         for n in sizes:
@@ -85,7 +79,10 @@ def run_scale(args: argparse.Namespace) -> int:
                 continue
             run_cfg = plan_config(cfg, n, args.warmup, args.steps, args.fixed_global_batch, out, args.breakdown_every)
             result = run_job(run_cfg, args.config, show_progress=False)
-            rows.append(measure(result.run_dir, args.warmup, n))
+            row = measure(result.run_dir, args.warmup, n)
+            if fit.fills_cpus(n, cfg.scaling.launcher):  # says why this size's efficiency is low on a small box
+                row["note"] = CPU_HEADROOM_NOTE
+            rows.append(row)
     paths = write_outputs(add_speedup(rows), out, f"scaletrain scale: {Path(args.config).name}")
     console.print((out / "scaling.md").read_text(), soft_wrap=True)
     console.print(f"written: {', '.join(str(p) for p in paths)}", soft_wrap=True)

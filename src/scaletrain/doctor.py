@@ -8,6 +8,7 @@ facts from a local or joined Ray cluster.
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple
 
@@ -62,7 +63,8 @@ class WorkerFit(NamedTuple):
 
     @property
     def capacity(self) -> int:
-        return int(self.have // self.per_worker)
+        """How many workers fit (any number when a worker asks for none of the resource)."""
+        return int(self.have // self.per_worker) if self.per_worker > 0 else sys.maxsize
 
     def fills_cpus(self, workers: int, launcher: str) -> bool:
         """CPU workers under Ray that take every CPU, so Ray's own processes run on the workers' cores."""

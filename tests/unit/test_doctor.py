@@ -3,7 +3,7 @@
 from scaletrain.config import validate
 from scaletrain.doctor import (GIB, Facts, Status, check_batch_lr, check_cpu_headroom, check_disk, check_nofile,
                                check_paths, check_port, check_rocm_hints, check_shm, check_smoke, check_topology,
-                               check_visible_devices, check_workers, run_checks)
+                               check_visible_devices, check_workers, run_checks, worker_fit)
 
 
 def facts(**kw):
@@ -30,6 +30,15 @@ def test_workers_vs_cluster():
     assert r.status is Status.FAIL and "needs 8 GPUs; the cluster has 4" in r.detail and "lower scaling.num_workers to 4" in r.fix
     assert check_workers(facts(config=cfg(4), cluster={"CPU": 64.0, "GPU": 4.0})).status is Status.OK
     assert check_workers(facts()) is None  # no config: nothing to compare
+
+
+def test_worker_fit_capacity():
+    assert worker_fit(cfg(2), {"CPU": 8.0, "GPU": 3.0}).capacity == 3
+    half = validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x.jsonl"},
+                     "scaling": {"num_workers": 2, "resources_per_worker": {"CPU": 0.5}}})
+    assert worker_fit(half, {"CPU": 2.0}).capacity == 4 and worker_fit(half, {"CPU": 2.0}).fills_cpus(4, "ray")
+    none = half.model_copy(update={"scaling": half.scaling.model_copy(update={"resources_per_worker": {"CPU": 0}})})
+    assert worker_fit(none, {"CPU": 2.0}).capacity > 1000  # asks for no CPU: no limit, no division by zero
 
 
 def test_cpu_headroom_under_ray():

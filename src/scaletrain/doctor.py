@@ -78,7 +78,9 @@ def worker_fit(config: Config, cluster: Mapping[str, float]) -> WorkerFit:
     return WorkerFit(use_gpu, per, gpus if use_gpu else cpus, cpus, gpus)
 
 
-CPU_HEADROOM_NOTE = "Ray's processes share the workers' CPUs (~5% lower throughput on 2 cores)"
+# Measured: benchmarks/RESULTS.md, Ray launcher 0.952 of a hand-written loop on 2 cores (28 rounds).
+CPU_HEADROOM_COST = "~5% lower throughput on 2 cores"
+CPU_HEADROOM_NOTE = f"Ray's processes share the workers' CPUs ({CPU_HEADROOM_COST})"
 
 
 def check_workers(f: Facts) -> CheckResult | None:
@@ -102,7 +104,7 @@ def check_cpu_headroom(f: Facts) -> CheckResult | None:
         return None
     return CheckResult("CPU headroom", Status.WARN,
                        f"{n} CPU worker(s) x {fit.per_worker:g} CPU take all {fit.cpus} CPUs, so Ray's controller, "
-                       f"helper actors, raylet and GCS run on the workers' cores (~5% lower throughput on 2 cores; "
+                       f"helper actors, raylet and GCS run on the workers' cores ({CPU_HEADROOM_COST}; "
                        f"benchmarks/RESULTS.md)",
                        "leave a CPU free, or measure scaling on this machine with scaling.launcher=torchrun")
 

@@ -61,32 +61,25 @@ def matmul_worker(seconds: float, out) -> None:
     out.put(n / seconds)
 
 
-def trial(wakers: int, period_s: float, seconds: float) -> float:
-    """Matmuls per second of two workers together while ``wakers`` timer processes run."""
-    stop, out = mp.Event(), mp.Queue()
-    bg = [mp.Process(target=waker, args=(stop, period_s)) for _ in range(wakers)]
-    for p in bg:
-        p.start()
-    time.sleep(0.5)
+def matmul_pair(seconds: float) -> float:
+    """Matmuls per second of two single-thread workers together."""
+    out = mp.Queue()
     workers = [mp.Process(target=matmul_worker, args=(seconds, out)) for _ in range(2)]
     for p in workers:
         p.start()
     total = sum(out.get() for _ in workers)
     for p in workers:
         p.join()
-    stop.set()
-    for p in bg:
-        p.join()
     return total
 
 
 def beside_wakers(fn, wakers: int, period_s: float) -> float:
-    """``fn()`` while ``wakers`` timer processes run."""
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    bg = [ctx.Process(target=waker, args=(stop, period_s)) for _ in range(wakers)]
+    """``fn()`` while ``wakers`` timer processes run (none: just ``fn()``)."""
+    stop = mp.Event()
+    bg = [mp.Process(target=waker, args=(stop, period_s)) for _ in range(wakers)]
     for p in bg:
         p.start()
+    time.sleep(0.5 if bg else 0)  # let them settle into their loop
     try:
         return fn()
     finally:
@@ -146,7 +139,7 @@ def main() -> None:
     ratios = []
     for r in range(args.rounds):
         order = [0, args.wakers] if r % 2 == 0 else [args.wakers, 0]  # neither always first
-        rate = {k: trial(k, period, args.seconds) for k in order}
+        rate = {k: beside_wakers(partial(matmul_pair, args.seconds), k, period) for k in order}
         ratios.append(rate[args.wakers] / rate[0])
         print(f"round {r}: 0 wakers {rate[0]:.1f} matmul/s, {args.wakers} wakers {rate[args.wakers]:.1f} matmul/s, "
               f"ratio {ratios[-1]:.3f}", flush=True)

@@ -103,3 +103,21 @@ def test_unknown_arguments_still_fail(argv, capsys):
         parse(argv)
     assert e.value.code == 2
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["parity", "--workers", "1"], ["pass --workers 2 or more"]),
+    (["parity", "--workers", "2", "--steps", "0"], ["--steps 0", "--steps 1 or more"]),
+    (["parity", "--workers", "2", "--tolerance", "-1"], ["--tolerance -1", ">= 0"]),
+    (["parity", "--workers", "3"], ["train.per_device_train_batch_size=8", "--workers 3"]),
+    (["scale", "--workers", "1,2", "--breakdown-every", "-1"], ["--breakdown-every -1", "0 to time no phases"]),
+    (["scale", "--workers", "1,2,3", "--fixed-global-batch"], ["global batch 8", "3 workers"]),
+])
+def test_scale_and_parity_flags_fail_before_ray(classify_cfg, tmp_path, earlier_run, argv, needles):
+    # Checked before Ray starts (~20 s here) or a run directory is made, not after the first world size ran.
+    classify_cfg["output"]["output_dir"] = str(earlier_run.parent)
+    cmd, *flags = argv
+    proc = run_cli(cmd, write_config(tmp_path / "c.yaml", classify_cfg), *flags)
+    _assert_one_line_error(proc, *needles)
+    assert "Ray" not in proc.stderr  # Ray's start-up lines never appear
+    _untouched(earlier_run)

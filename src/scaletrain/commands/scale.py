@@ -61,12 +61,11 @@ def run_scale(args: argparse.Namespace) -> int:
     from scaletrain.doctor import CPU_HEADROOM_NOTE, worker_fit
     from scaletrain.launch.job import run_job
     from scaletrain.launch.rundir import create_run_dir
-    from scaletrain.scaling.sweep import add_speedup, measure, plan_config, write_outputs
+    from scaletrain.scaling.sweep import add_speedup, check_sweep, measure, plan_config, write_outputs
 
     cfg = load_config(args.config, args.overrides)
     sizes = parse_workers(args.workers)
-    if args.warmup < 1 or args.steps < 1:
-        raise ConfigError("--warmup and --steps must be >= 1")
+    check_sweep(cfg, sizes, args.warmup, args.steps, args.fixed_global_batch, args.breakdown_every)
     with _shared_ray(cfg.scaling.address) as resources:
         fit = worker_fit(cfg, resources)
         capacity = fit.capacity
@@ -94,10 +93,11 @@ def run_parity(args: argparse.Namespace) -> int:
     from scaletrain.console import console
     from scaletrain.launch.job import run_job
     from scaletrain.launch.rundir import create_run_dir
-    from scaletrain.scaling.parity import DEFAULT_TOLERANCE, compare, plan_pair, verdict
+    from scaletrain.scaling.parity import DEFAULT_TOLERANCE, check_pair, compare, plan_pair, verdict
 
     cfg = load_config(args.config, args.overrides)
     tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE
+    check_pair(cfg, args.workers, args.steps, tolerance)
     with _shared_ray(cfg.scaling.address):
         out = create_run_dir(cfg.output.output_dir, None, f"parity-{Path(args.config).stem}")
         one, many = plan_pair(cfg, args.workers, args.steps, args.keep_dropout, out)

@@ -16,13 +16,22 @@ from scaletrain.metrics.records import read_jsonl
 DEFAULT_TOLERANCE = 1e-3  # max relative difference of losses
 
 
-def plan_pair(cfg: Config, workers: int, steps: int, keep_dropout: bool, out_dir) -> tuple[Config, Config]:
+def check_pair(cfg: Config, workers: int, steps: int, tolerance: float) -> None:
+    """Every bad flag fails here, before Ray starts or a run directory exists."""
     b = cfg.train.per_device_train_batch_size
     if workers < 2:
         raise ConfigError("parity compares 1 worker with N >= 2 workers; pass --workers 2 or more")
+    if steps < 1:
+        raise ConfigError(f"--steps {steps}: parity compares the loss of each step; pass --steps 1 or more")
+    if not tolerance >= 0:  # also catches NaN
+        raise ConfigError(f"--tolerance {tolerance:g}: a relative difference is >= 0; pass e.g. --tolerance 1e-3")
     if b % workers:
         raise ConfigError(f"train.per_device_train_batch_size={b} is the 1-worker global batch and must divide by "
                           f"--workers {workers}; pick a batch that does")
+
+
+def plan_pair(cfg: Config, workers: int, steps: int, keep_dropout: bool, out_dir) -> tuple[Config, Config]:
+    b = cfg.train.per_device_train_batch_size
 
     def make(n: int) -> Config:
         train = cfg.train.model_copy(update={"per_device_train_batch_size": b // n, "max_steps": steps,

@@ -20,15 +20,32 @@ COLUMNS = ["workers", "samples_per_s", "tokens_per_s", "speedup", "efficiency", 
            "eval_time_s", "peak_memory_gib", "memory_pct", "exposed_comm_share", "data_wait_share", "mfu", "note"]
 
 
+def check_sweep(cfg: Config, sizes: list[int], warmup: int, measured: int, fixed_global_batch: bool,
+                breakdown_every: int) -> None:
+    """Every bad flag fails here, before Ray starts, a run directory exists or a world size has run."""
+    if warmup < 1 or measured < 1:
+        raise ConfigError("--warmup and --steps must be >= 1")
+    if breakdown_every < 0:
+        raise ConfigError(f"--breakdown-every {breakdown_every}: give a step interval >= 1, or 0 to time no phases")
+    for n in sizes:
+        per_device_batch(cfg, n, fixed_global_batch)
+
+
+def per_device_batch(cfg: Config, workers: int, fixed_global_batch: bool) -> int:
+    b = cfg.train.per_device_train_batch_size
+    if not fixed_global_batch:
+        return b
+    base = b * cfg.scaling.num_workers
+    if base % workers:
+        raise ConfigError(f"--fixed-global-batch: the global batch {base} does not divide by {workers} workers; "
+                          f"choose world sizes that divide it")
+    return base // workers
+
+
 def plan_config(cfg: Config, workers: int, warmup: int, measured: int, fixed_global_batch: bool,
                 out_dir: Path, breakdown_every: int) -> Config:
     train = cfg.train.model_copy()
-    if fixed_global_batch:
-        base = cfg.train.per_device_train_batch_size * cfg.scaling.num_workers
-        if base % workers:
-            raise ConfigError(f"--fixed-global-batch: the global batch {base} does not divide by {workers} workers; "
-                              f"choose world sizes that divide it")
-        train.per_device_train_batch_size = base // workers
+    train.per_device_train_batch_size = per_device_batch(cfg, workers, fixed_global_batch)
     measured = -(-measured // warmup) * warmup  # a whole number of metric windows
     train.max_steps, train.logging_steps, train.eval_steps = warmup + measured, warmup, 0
     return cfg.model_copy(update={

@@ -220,3 +220,33 @@ def test_report_needs_a_run_dir_and_a_writable_place(tmp_path):
         write_report(tmp_path, blocker / "sub")
     path = write_report(tmp_path)  # a run with no records yet still gets a report
     assert "Status: **running or stopped**" in path.read_text()
+
+
+def test_report_out_never_replaces_another_runs_files(tmp_path):
+    from scaletrain.report.markdown import write_report
+
+    def make_run(name):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.resolved.yaml").write_text(
+            "model: {name_or_path: x, task: causal-lm, finetuning_type: full}\n"
+            "train: {strategy: ddp, per_device_train_batch_size: 2, gradient_accumulation_steps: 1}\n"
+            "scaling: {num_workers: 1}\n")
+        return run
+
+    a, b = make_run("run-a"), make_run("run-b")
+    b_report = write_report(b).read_text()
+    with pytest.raises(ConfigError, match=r"--out .*run-b is another run's directory"):
+        write_report(a, b)
+    assert (b / "report.md").read_text() == b_report
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "loss.png").write_bytes(b"the user's own plot")
+    with pytest.raises(ConfigError, match=r"already holds loss.png not written for run-a"):
+        write_report(a, user)
+    assert (user / "loss.png").read_bytes() == b"the user's own plot"
+    shared = tmp_path / "reports"
+    first = write_report(a, shared)  # a new directory, then a refresh of the same run's report there: allowed
+    assert write_report(a, shared) == first and first.read_text().startswith("# scaletrain report: run-a\n")
+    with pytest.raises(ConfigError, match=r"already holds report.md not written for run-b"):
+        write_report(b, shared)

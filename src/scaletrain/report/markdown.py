@@ -18,12 +18,15 @@ from scaletrain.metrics.records import read_jsonl
 from scaletrain.report import plots
 from scaletrain.report.logscan import scan_logs
 
+REPORT, TITLE = "report.md", "# scaletrain report: "
+
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     run = Path(run_dir)
     if not (run / "config.resolved.yaml").is_file():
         raise ConfigError(f"{run}: not a scaletrain run directory (no config.resolved.yaml)")
     out = Path(out_dir) if out_dir else run
+    _refuse_foreign(out, run)
     try:
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
@@ -39,7 +42,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     images = [p for p in (plots.loss(train, evals, out), plots.throughput(train, out), plots.ranks(train, out),
                           plots.utilization(system, out)) if p]
     status = "finished" if summary else ("failed" if "failure:" in _read(run / MAIN_LOG) else "running or stopped")
-    lines = [f"# scaletrain report: {run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]
+    lines = [f"{TITLE}{run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]
     s = summary or {}
     world = s.get("world_size", cfg["scaling"]["num_workers"])
     gb = s.get("global_batch_size", cfg["train"]["per_device_train_batch_size"]
@@ -61,9 +64,24 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     findings = scan_logs(run)
     lines += ["", f"## Errors and warnings in worker logs ({len(findings)} distinct)", ""]
     lines += [f"- {f.line()}" for f in findings] or ["none"]
-    path = out / "report.md"
+    path = out / REPORT
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _refuse_foreign(out: Path, run: Path) -> None:
+    """``--out`` may refresh this run's own report there, never replace another run's files or a user's."""
+    if out.resolve() == run.resolve() or not out.is_dir():
+        return
+    if (out / "config.resolved.yaml").is_file():
+        raise ConfigError(f"--out {out} is another run's directory and its report would be replaced; "
+                          f"pass a new or empty directory")
+    report = out / REPORT
+    ours = report.is_file() and report.read_text(errors="replace").startswith(f"{TITLE}{run.name}\n")
+    clash = [name for name in (REPORT, *plots.FILES) if (out / name).exists()]
+    if clash and not ours:
+        raise ConfigError(f"--out {out} already holds {', '.join(clash)} not written for {run.name}; "
+                          f"pass a new or empty directory")
 
 
 def _read(p: Path) -> str:

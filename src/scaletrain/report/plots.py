@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
+LOSS, THROUGHPUT, RANKS, UTILIZATION = "loss.png", "throughput.png", "ranks.png", "utilization.png"
+FILES = (LOSS, THROUGHPUT, RANKS, UTILIZATION)
 
 
 def _save(fig, path: Path) -> Path:
@@ -30,7 +32,7 @@ def loss(train: list[dict], evals: list[dict], out: Path) -> Path | None:
         ax.plot([r["step"] for r in ev], [r["eval/loss"] for r in ev], "o-", label="eval loss")
     ax.set(xlabel="step", ylabel="loss", title="Loss")
     ax.legend()
-    return _save(fig, out / "loss.png")
+    return _save(fig, out / LOSS)
 
 
 def throughput(train: list[dict], out: Path) -> Path | None:
@@ -39,7 +41,7 @@ def throughput(train: list[dict], out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=FIGSIZE)
     ax.plot([r["step"] for r in train], [r["throughput/samples_per_s"] for r in train])
     ax.set(xlabel="step", ylabel="samples/s", title="Throughput (all ranks)")
-    return _save(fig, out / "throughput.png")
+    return _save(fig, out / THROUGHPUT)
 
 
 def ranks(train: list[dict], out: Path) -> Path | None:
@@ -54,7 +56,7 @@ def ranks(train: list[dict], out: Path) -> Path | None:
     a.set(xlabel="step", ylabel="s/step", title="Step time per rank")
     b.set(xlabel="step", ylabel="GiB", title="Host memory (RSS) per rank")
     a.legend()
-    return _save(fig, out / "ranks.png")
+    return _save(fig, out / RANKS)
 
 
 def utilization(system: list[dict], out: Path) -> Path | None:
@@ -70,4 +72,4 @@ def utilization(system: list[dict], out: Path) -> Path | None:
                     [r["gpu/util_pct"] for r in mine if "gpu/util_pct" in r], "--", label=f"rank {rank} GPU %")
     ax.set(xlabel="seconds since the first sample", ylabel="%", title="CPU and GPU utilisation")
     ax.legend()
-    return _save(fig, out / "utilization.png")
+    return _save(fig, out / UTILIZATION)

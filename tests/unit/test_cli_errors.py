@@ -121,3 +121,12 @@ def test_scale_and_parity_flags_fail_before_ray(classify_cfg, tmp_path, earlier_
     _assert_one_line_error(proc, *needles)
     assert "Ray" not in proc.stderr  # Ray's start-up lines never appear
     _untouched(earlier_run)
+
+
+def test_commbench_out_keeps_an_earlier_result(tmp_path):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "commbench.json").write_text("[]")
+    _assert_one_line_error(run_cli("commbench", "-n", "2", "--out", out), f"--out {out} already holds commbench.json",
+                           "pass a new directory")
+    assert (out / "commbench.json").read_text() == "[]"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scaletrain.errors import ConfigError
 
+RESULTS, BEST_PROFILE = "commbench.json", "best-profile.yaml"  # written under --out
 DEFAULT_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb: the all-reduce size that matters for training
 
 
@@ -92,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     extra = dict(_pair(e) for e in args.env)
     combos = parse_sweep(args.sweep) if args.sweep else [{}]
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="scaletrain-commbench-"))
+    earlier = [name for name in (RESULTS, BEST_PROFILE) if (out_dir / name).exists()]
+    if earlier:
+        raise ConfigError(f"--out {out_dir} already holds {', '.join(earlier)} of an earlier commbench; "
+                          f"pass a new directory (results are never overwritten)")
     results = []
     for settings in combos:
         env = {**extra, **settings}
@@ -104,13 +109,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(format_table(rows, f"scaletrain commbench: {args.workers} ranks, {params.dtype}, "
                                      f"warmup {params.warmup_iters}, iters {params.iters}"))
-    (out_dir / "commbench.json").write_text(json.dumps([{"settings": s, "rows": r} for s, r in results], indent=1))
+    (out_dir / RESULTS).write_text(json.dumps([{"settings": s, "rows": r} for s, r in results], indent=1))
     if args.sweep:
         ranked = rank_sweep(results, args.bucket_mb * 1024**2)
         console.print(f"\nsweep ranked by busbw near the {args.bucket_mb:g} MB gradient bucket (GB/s):")
         for settings, score in ranked:
             console.print(f"  {score:8.3f}  {' '.join(f'{k}={v}' for k, v in settings.items())}", soft_wrap=True)
-        best = out_dir / "best-profile.yaml"
+        best = out_dir / BEST_PROFILE
         best.write_text("# winning settings of `scaletrain commbench --sweep`; paste under comm: in a config\n"
                         "env:\n" + "".join(f"  {k}: \"{v}\"\n" for k, v in ranked[0][0].items()))
         console.print(f"winning profile written to {best} (use it as comm.profile={best})", soft_wrap=True)

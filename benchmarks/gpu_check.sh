@@ -2,10 +2,15 @@
 # One prepared command for a machine with a GPU (about 10 minutes at most): env and topology, single-GPU
 # training throughput and MFU of a ~0.9B Llama in bf16, and commbench on the GPUs that are there.
 # Usage (repo root, torch with CUDA/ROCm already installed): bash benchmarks/gpu_check.sh [OUT_DIR]
+# OUT_DIR defaults to a new gpu_check_out/DATE-TIME; an OUT_DIR that holds an earlier check is refused.
 # GPU_CHECK_TRAIN_ARGS adds key=value overrides to the training run (the tests use it to run this script on CPU
 # with a tiny model, so that the one GPU session it gets is not spent on a broken script).
 set -uo pipefail
-OUT=${1:-gpu_check_out}
+OUT=${1:-gpu_check_out/$(date +%Y%m%d-%H%M%S)}
+if [ -e "$OUT/env.txt" ]; then
+  echo "error: $OUT holds an earlier gpu_check (env.txt); pass a new OUT_DIR (nothing is overwritten)" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -34,3 +34,8 @@ def test_gpu_check_script_on_cpu(ray_local, no_orphans, tmp_path):
     # The summary is the median over the logged intervals after the first (warm-up) one.
     assert tokens_per_s == round(statistics.median(r["throughput/tokens_per_s"] for r in train[1:]))
     assert step_s == round(statistics.median(r["time/step_s"] for r in train[1:]), 4)
+    before = (out / "env.txt").read_text()
+    again = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=60)  # a second check into the same directory is refused at once
+    assert again.returncode == 2 and f"error: {out} holds an earlier gpu_check" in again.stderr
+    assert (out / "env.txt").read_text() == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -17,9 +18,7 @@ def wrap_model(model: nn.Module, ctx: DistContext, strategy: str) -> nn.Module:
         return model  # nothing to synchronise; keeps the 1-worker baseline free of DDP overhead
     if strategy == "ddp":
         ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
-        # HF models' buffers (position ids) never change: broadcasting them each forward is a wasted
-        # collective, and it would make forward a sync point (a stuck rank would look like a forward hang).
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, **no_forward_buffer_sync())
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -29,6 +28,18 @@ def wrap_model(model: nn.Module, ctx: DistContext, strategy: str) -> nn.Module:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for the buffer broadcast before every forward, off.
+
+    HF models' buffers (position ids) never change: broadcasting them each forward is a wasted collective,
+    and it would make forward a sync point (a stuck rank would look like a forward hang). torch 2.13 renamed
+    the switch ``forward_sync_buffers`` and warns on ``broadcast_buffers``, which older builds (the ROCm and
+    CUDA torch users bring) still need.
+    """
+    params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
 
 
 def _transformer_blocks(model: nn.Module) -> list[nn.Module]:

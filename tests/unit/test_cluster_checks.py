@@ -39,17 +39,39 @@ def test_unreachable_address_fails_fast():
 
 @pytest.fixture
 def fake_ray(monkeypatch):
-    import ray
+    import logging
 
-    calls = []
+    import ray
+    from ray._private.authentication import authentication_token_setup as auth
+
+    from scaletrain.launch.ray_launcher import RAY_AUTH_NOTICE_LOGGER
+
+    class Calls(list):  # ray.init's keyword arguments per call, and the auth notices logged
+        notices: list[str]
+
+    calls = Calls()
+
+    def init(**kw):
+        auth._warn_token_auth_enabled()  # what Ray's init logs when it starts a new local cluster
+        calls.append(kw)
+
+    notices = []
+    handler = logging.Handler()
+    handler.emit = lambda record: notices.append(record.getMessage())
+    notice_logger = logging.getLogger(RAY_AUTH_NOTICE_LOGGER)
+    level = notice_logger.level
+    notice_logger.addHandler(handler)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr("scaletrain.launch.ray_launcher._probe_address", lambda address: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # setenv first so the teardown restores the variable ensure_ray sets (delenv of an unset name records nothing)
     monkeypatch.setenv(WATCHER, "unset")
     monkeypatch.delenv(WATCHER)
-    return calls
+    calls.notices = notices
+    yield calls
+    notice_logger.removeHandler(handler)
+    notice_logger.setLevel(level)
 
 
 def test_embedded_ray_drops_the_preemption_watcher_unless_the_user_set_it(fake_ray, monkeypatch):
@@ -58,6 +80,7 @@ def test_embedded_ray_drops_the_preemption_watcher_unless_the_user_set_it(fake_r
     assert ensure_ray(None) is True
     assert os.environ[WATCHER] == "0"
     assert "address" not in fake_ray[0]
+    assert fake_ray.notices == []  # Ray's token-authentication notice is not in every run's output
 
     monkeypatch.setenv(WATCHER, "1")
     ensure_ray(None)
@@ -70,3 +93,4 @@ def test_a_cluster_keeps_the_preemption_watcher(fake_ray, monkeypatch):
     assert ensure_ray("10.0.0.1:6379") is False
     assert fake_ray[0]["address"] == "10.0.0.1:6379"
     assert WATCHER not in os.environ
+    assert [n.split(".")[0] for n in fake_ray.notices] == ["Token authentication is enabled for this Ray cluster"]

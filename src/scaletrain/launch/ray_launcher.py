@@ -20,6 +20,9 @@ from scaletrain.worker.spec import JobSpec
 os.environ.setdefault(envvars.RAY_TRAIN_V2_ENABLED, "1")
 
 
+RAY_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
 @dataclass(frozen=True)
 class ClusterPlan:
     use_gpu: bool
@@ -47,6 +50,10 @@ def ensure_ray(address: str | None) -> bool:
                               f"to train on this machine") from None
         return False
     envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # Ray Train reads them when the trainer starts
+    # A new local Ray turns on token authentication and logs a notice about it on every start; here
+    # scaletrain starts that Ray for the user, so the notice is noise in every run's output. Ray's default
+    # (token authentication on) is kept: setting RAY_AUTH_MODE after ray is imported breaks the driver.
+    logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
     ray.init(**kwargs)
     return True
 

@@ -130,3 +130,17 @@ def test_commbench_out_keeps_an_earlier_result(tmp_path):
     _assert_one_line_error(run_cli("commbench", "-n", "2", "--out", out), f"--out {out} already holds commbench.json",
                            "pass a new directory")
     assert (out / "commbench.json").read_text() == "[]"
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--step-time", "0"], "--step-time 0: must be greater than 0"),
+    (["--grad-bytes", "-5"], "--grad-bytes -5: must be greater than 0"),
+    (["--bucket-mb", "0"], "--bucket-mb 0: must be greater than 0"),  # divided by zero with a traceback before
+    (["--gpus-per-node", "0"], "--gpus-per-node 0: must be greater than 0"),
+    (["--param-bytes", "-1"], "--param-bytes -1"),
+    (["--gpus", "0,2"], "--gpus 0,2: world sizes must be >= 1"),
+])
+def test_predict_numbers_out_of_range(flags, needle):
+    base = {"--step-time": "0.5", "--grad-bytes": "1e9", "--profile": "mi300x"}
+    base.update(dict(zip(flags[::2], flags[1::2])))
+    _assert_one_line_error(run_cli("predict", *[x for kv in base.items() for x in kv]), needle)

@@ -42,10 +42,24 @@ def _curve_from(path: str):
     return BusCurve.from_rows(rows)
 
 
+def _check_numbers(args) -> None:
+    """Each numeric flag in its range, named in the error (a zero bucket divided by zero before)."""
+    for flag, value, low in (("--step-time", args.step_time, 0), ("--grad-bytes", args.grad_bytes, 0),
+                             ("--samples-per-step", args.samples_per_step, 0), ("--bucket-mb", args.bucket_mb, 0),
+                             ("--gpus-per-node", args.gpus_per_node, 0)):
+        if value is not None and not value > low:
+            raise ConfigError(f"{flag} {value:g}: must be greater than {low}")
+    if not args.param_bytes >= 0:
+        raise ConfigError(f"--param-bytes {args.param_bytes:g}: must be 0 (DDP) or the bytes FSDP gathers per pass")
+    if not 0 <= args.overlap <= 1:
+        raise ConfigError(f"--overlap {args.overlap}: a fraction between 0 and 1")
+
+
 def inputs_from_args(args):
     from scaletrain.metrics.records import read_jsonl
     from scaletrain.scaling.predict import PROFILES, Inputs
 
+    _check_numbers(args)
     grad_bytes, samples = args.grad_bytes, args.samples_per_step
     if args.from_run:
         run = Path(args.from_run)
@@ -77,8 +91,6 @@ def inputs_from_args(args):
         per_node = 8
     else:
         raise ConfigError("give --profile NAME or --commbench commbench.json for the network")
-    if not 0 <= args.overlap <= 1:
-        raise ConfigError(f"--overlap {args.overlap}: a fraction between 0 and 1")
     return Inputs(compute_s=compute, grad_bytes=grad_bytes, intra=intra, inter=inter,
                   gpus_per_node=args.gpus_per_node or per_node, bucket_bytes=args.bucket_mb * 1024**2,
                   overlap=args.overlap, strategy=args.strategy, param_bytes=args.param_bytes,
@@ -89,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.commands.scale import parse_workers
     from scaletrain.scaling.predict import table
 
-    rows = table(inputs_from_args(args), parse_workers(args.gpus))
+    rows = table(inputs_from_args(args), parse_workers(args.gpus, flag="--gpus"))
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

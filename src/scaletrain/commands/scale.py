@@ -31,13 +31,13 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     q.set_defaults(func=run_parity)
 
 
-def parse_workers(text: str) -> list[int]:
+def parse_workers(text: str, flag: str = "--workers") -> list[int]:
     try:
         sizes = sorted({int(w) for w in text.split(",") if w.strip()})
     except ValueError:
-        raise ConfigError(f"--workers {text}: give world sizes like 1,2,4,8") from None
+        raise ConfigError(f"{flag} {text}: give world sizes like 1,2,4,8") from None
     if not sizes or sizes[0] < 1:
-        raise ConfigError(f"--workers {text}: world sizes must be >= 1")
+        raise ConfigError(f"{flag} {text}: world sizes must be >= 1")
     return sizes
 
 

@@ -123,6 +123,10 @@ def test_scale_and_parity_flags_fail_before_ray(classify_cfg, tmp_path, earlier_
     _untouched(earlier_run)
 
 
+def test_commbench_timeout_below_the_minimum():
+    _assert_one_line_error(run_cli("commbench", "-n", "2", "--timeout", "0"), "--timeout 0", "at least 10 seconds")
+
+
 def test_commbench_out_keeps_an_earlier_result(tmp_path):
     out = tmp_path / "sweep"
     out.mkdir()

@@ -8,6 +8,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from scaletrain.config.schema import MIN_COMM_TIMEOUT_S
 from scaletrain.errors import ConfigError
 
 RESULTS, BEST_PROFILE = "commbench.json", "best-profile.yaml"  # written under --out
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
     params = _params(args)
     validate_params(params, args.workers)
+    if args.timeout < MIN_COMM_TIMEOUT_S:  # what comm.timeout_s allows (raised to it without a word before)
+        raise ConfigError(f"--timeout {args.timeout}: give at least {MIN_COMM_TIMEOUT_S} seconds for a collective")
     extra = dict(_pair(e) for e in args.env)
     combos = parse_sweep(args.sweep) if args.sweep else [{}]
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="scaletrain-commbench-"))

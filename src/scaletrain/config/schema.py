@@ -11,6 +11,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+MIN_COMM_TIMEOUT_S = 10  # seconds a collective may take before it counts as hung, at least
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -129,7 +131,7 @@ class ScalingConfig(_Section):
 class CommConfig(_Section):
     backend: Literal["auto", "nccl", "rccl", "gloo"] = "auto"
     # Process-group timeout: a collective that waits longer fails instead of hanging.
-    timeout_s: int = Field(1800, ge=10)
+    timeout_s: int = Field(1800, ge=MIN_COMM_TIMEOUT_S)
     # A shipped profile (debug, rocm-mi300x, tcp-only) or a YAML file with env:; comm.env wins over it.
     profile: Optional[str] = None
     # Environment variables for every worker (NCCL_*, RCCL_*, TORCH_NCCL_*, ...).

@@ -17,7 +17,7 @@ def run_commbench(params: BenchParams, workers: int, backend: str, profile: str 
                   address: str | None, timeout_s: int, out_dir: Path) -> list[Row]:
     vendor = Platform.detect().vendor
     scaling = ScalingConfig(num_workers=workers, address=address)
-    comm = CommConfig(backend=backend, profile=profile, env=env, timeout_s=max(10, timeout_s))
+    comm = CommConfig(backend=backend, profile=profile, env=env, timeout_s=timeout_s)
     ray_launcher.prepare_driver_env(vendor)
     started = ray_launcher.ensure_ray(address)
     try:

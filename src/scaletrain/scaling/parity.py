@@ -31,6 +31,7 @@ def check_pair(cfg: Config, workers: int, steps: int, tolerance: float) -> None:
 
 
 def plan_pair(cfg: Config, workers: int, steps: int, keep_dropout: bool, out_dir) -> tuple[Config, Config]:
+    """The 1-worker and the N-worker config (after ``check_pair``): global batch B on one, B/N each on N."""
     b = cfg.train.per_device_train_batch_size
 
     def make(n: int) -> Config:

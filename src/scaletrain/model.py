@@ -84,8 +84,8 @@ def preload() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: F401
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
-    """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks."""
+def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
+    """The transformers Auto class for the task and the model's config with the task's and the run's settings."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = model_dir(cfg.name_or_path)
@@ -108,6 +108,13 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
         for name in DROPOUT_FIELDS:
             if getattr(config, name, None) is not None:
                 setattr(config, name, cfg.dropout)
+    return auto, config
+
+
+def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
+    """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks."""
+    auto, config = _auto_and_config(cfg, vocab_size, pad_token_id)
+    path = model_dir(cfg.name_or_path)
     if path is None:
         model = auto.from_config(config)
     else:
@@ -117,6 +124,25 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
     return model
+
+
+def check_lora_target(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> None:
+    """Every name in ``model.lora_target`` must name a module of the model, checked in the driver on an empty
+    (meta-device) copy: PEFT fails only when no name matches, inside the workers, and drops a misspelt name
+    among good ones without a word (LoRA then trains fewer layers than asked)."""
+    import torch
+
+    if cfg.finetuning_type != "lora" or cfg.lora_target == "all-linear":
+        return
+    auto, config = _auto_and_config(cfg, vocab_size, pad_token_id)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [t for t in cfg.lora_target if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ConfigError(f"model.lora_target: {', '.join(missing)} names no module of {cfg.name_or_path}; its "
+                          f"linear layers are {', '.join(linear)} (or set model.lora_target=all-linear)")
 
 
 def apply_lora(model, cfg: ModelConfig):

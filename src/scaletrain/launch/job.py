@@ -32,7 +32,7 @@ from scaletrain.worker.loop import RUN_UMASK, STOP_FILE
 from scaletrain.launch.rundir import RESOLVED_CONFIG, create_run_dir
 from scaletrain.metrics.logs import EventLog
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
-from scaletrain.model import load_tokenizer, model_dir
+from scaletrain.model import check_lora_target, load_tokenizer, model_dir
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
 
@@ -65,6 +65,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     platform = Platform.detect()
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    check_lora_target(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0)
     data = prepare_data(cfg, tokenizer)
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")

@@ -41,6 +41,9 @@ def model_dir(name_or_path: str) -> Path | None:
     if name_or_path.startswith("builtin:"):
         raise ConfigError(f"model.name_or_path={name_or_path} is not a built-in; use one of {', '.join(BUILTINS)}")
     p = Path(name_or_path).expanduser()
+    if p.exists() and not (p / "config.json").is_file():  # a local path, not a hub id: no download hint
+        raise ConfigError(f"model.name_or_path={name_or_path} has no config.json; point it at a Hugging Face model "
+                          f"directory (config.json, weights, tokenizer files)")
     if not (p / "config.json").is_file():
         raise ConfigError(
             f"model.name_or_path={name_or_path} is not a local model directory (no config.json); scaletrain "

@@ -46,6 +46,7 @@ def _untouched(earlier_run):
     (lambda c: c["data"].update(train_file="/nonexistent/train.jsonl"), ["data.train_file=/nonexistent/train.jsonl", "file not found"]),
     (lambda c: c["data"].update(label_column="stars"), ["column 'stars' is missing", "set data.label_column"]),
     (lambda c: c["model"].update(name_or_path="meta-llama/Llama-3-8B"), ["model.name_or_path=meta-llama/Llama-3-8B", "never downloads", "huggingface-cli download"]),
+    (lambda c: c["model"].update(name_or_path="/"), ["model.name_or_path=/ has no config.json", "model directory"]),
     # PEFT drops a misspelt target among good ones without a word; scaletrain names it before Ray starts.
     (lambda c: c["model"].update(finetuning_type="lora", lora_target=["query", "vallue"]),
      ["model.lora_target: vallue names no module", "linear layers are classifier, dense, key, query, value"]),

@@ -67,11 +67,12 @@ def main() -> None:
 
     from scaletrain.config.schema import CommConfig, ScalingConfig
     from scaletrain.launch import ray_launcher
+    from scaletrain.launch.plan import plan_scaling
 
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
     out = Path(tempfile.mkdtemp(prefix="scaletrain-cb-"))
     scaling, comm = ScalingConfig(num_workers=2), CommConfig(backend="gloo")
-    plan = ray_launcher.plan_scaling(scaling, comm, ray_launcher.cluster_resources(), "cpu")
+    plan = plan_scaling(scaling, comm, ray_launcher.cluster_resources(), "cpu")
     ray_launcher.run_on_workers(_entry, {"rounds": args.rounds, "iters": args.iters, "warmup": args.warmup,
                                          "result": str(out / "r.json")}, scaling, plan,
                                 {"OMP_NUM_THREADS": "1"}, str(out), 300)

@@ -19,9 +19,15 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+from scaletrain.rundir import RunDir
+
+if TYPE_CHECKING:
+    from scaletrain.worker.trainer import Trainer
 
 log = logging.getLogger("scaletrain.checkpoint")
 
@@ -33,10 +39,6 @@ class TrainState:
     step: int = 0  # optimizer steps done
     epoch: int = 0
     micro_batches_in_epoch: int = 0  # data position inside `epoch`
-
-
-def checkpoints_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
 
 
 def _barrier() -> None:
@@ -76,23 +78,25 @@ def set_rng_state(state: dict) -> None:
         np.random.set_state(state["numpy"])
 
 
-def save(run_dir, state: TrainState, model, optimizer, scheduler, scaler, rank: int, keep: int,
-         trainable_only: bool) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint directory."""
+def save(t: Trainer, keep: int) -> Path:
+    """Collective: every rank calls it. Keeps the newest ``keep``; returns the final checkpoint directory."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    root = checkpoints_dir(run_dir)
+    state, rank, scaler = t.progress, t.ctx.world_rank, t.precision.scaler
+    root = t.run_dir.checkpoints
     final = root / f"step-{state.step}"
     tmp = root / f".tmp-step-{state.step}"
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
+    # The full state is gathered, offloaded to the CPU, on rank 0 only (cpu_offload=True); a LoRA run keeps
+    # only the trainable adapter.
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=t.lora)
+    model_sd, optim_sd = get_state_dict(t.model, t.optimizer, options=opts)
     if rank == 0:
         if tmp.exists():
             shutil.rmtree(tmp)  # our own leftover from a crash at this very step
         tmp.mkdir(parents=True, mode=0o750)
         torch.save(model_sd, tmp / "model.pt")
         torch.save(optim_sd, tmp / "optimizer.pt")
-        torch.save({"train_state": asdict(state), "scheduler": scheduler.state_dict(),
+        torch.save({"train_state": asdict(state), "scheduler": t.scheduler.state_dict(),
                     "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt")
     _barrier()
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
@@ -145,7 +149,7 @@ def verify(ckpt: Path) -> str | None:
 
 def latest_valid(run_dir) -> Path | None:
     """Newest checkpoint that passes its checksums; a broken newer one is skipped with a warning."""
-    for ckpt in reversed(list_checkpoints(checkpoints_dir(run_dir))):
+    for ckpt in reversed(list_checkpoints(RunDir(run_dir).checkpoints)):
         problem = verify(ckpt)
         if problem is None:
             return ckpt
@@ -153,19 +157,21 @@ def latest_valid(run_dir) -> Path | None:
     return None
 
 
-def restore(ckpt: Path, model, optimizer, scheduler, scaler, rank: int, trainable_only: bool) -> TrainState:
-    """Collective under FSDP. Every rank reads the full state from the shared run directory."""
+def restore(ckpt: Path, t: Trainer) -> TrainState:
+    """Load ``ckpt`` into the trainer (collective under FSDP); every rank reads the full files from the shared
+    run directory. Returns the progress it holds (also set on the trainer)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     model_sd = torch.load(ckpt / "model.pt", weights_only=True)
     optim_sd = torch.load(ckpt / "optimizer.pt", weights_only=True)
-    opts = StateDictOptions(full_state_dict=True, strict=not trainable_only)
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
-    trainer = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    scheduler.load_state_dict(trainer["scheduler"])
-    if scaler is not None and trainer["scaler"]:
-        scaler.load_state_dict(trainer["scaler"])
-    rng_file = ckpt / f"rng-rank{rank}.pt"
+    opts = StateDictOptions(full_state_dict=True, strict=not t.lora)
+    set_state_dict(t.model, t.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
+    saved = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    t.scheduler.load_state_dict(saved["scheduler"])
+    if t.precision.scaler is not None and saved["scaler"]:
+        t.precision.scaler.load_state_dict(saved["scaler"])
+    rng_file = ckpt / f"rng-rank{t.ctx.world_rank}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))
-    return TrainState(**trainer["train_state"])
+    t.progress = TrainState(**saved["train_state"])
+    return t.progress

@@ -40,10 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScaletrainError as e:
         if args.debug:
             raise
-        from scaletrain.comm.env import secret_values
         from scaletrain.redact import Redactor
 
-        print(f"error: {Redactor(secret_values())(str(e))}", file=sys.stderr)
+        print(f"error: {Redactor.from_environment()(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

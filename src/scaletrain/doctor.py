@@ -12,7 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple
 
-from scaletrain.comm.env import CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES
+from scaletrain.comm.env import (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, HSA_FORCE_FINE_GRAIN_PCIE, MASTER_PORT,
+                                 ROCR_VISIBLE_DEVICES)
 from scaletrain.config.schema import Config
 
 GIB = 1024**3
@@ -143,8 +144,8 @@ def check_shm(f: Facts) -> CheckResult | None:
 def check_port(f: Facts) -> CheckResult:
     if f.port_free:
         return CheckResult("rendezvous port", Status.OK, "a free TCP port can be bound on this node")
-    return CheckResult("rendezvous port", Status.FAIL, "MASTER_PORT is taken (or no port can be bound)",
-                       "unset MASTER_PORT so one is chosen, or pick a free one")
+    return CheckResult("rendezvous port", Status.FAIL, f"{MASTER_PORT} is taken (or no port can be bound)",
+                       f"unset {MASTER_PORT} so one is chosen, or pick a free one")
 
 
 def check_nofile(f: Facts) -> CheckResult | None:
@@ -199,11 +200,11 @@ def check_rocm_hints(f: Facts) -> CheckResult | None:
     hints = []
     if "iommu=pt" not in f.kernel_cmdline:
         hints.append("the kernel command line lacks iommu=pt (AMD recommends it for multi-GPU peer-to-peer)")
-    if f.environ.get("HSA_FORCE_FINE_GRAIN_PCIE") != "1" and any("PCIE" in w for w in f.topology_warnings):
-        hints.append("GPUs talk over PCIe and HSA_FORCE_FINE_GRAIN_PCIE is not 1 (RCCL needs it for PCIe peer access)")
+    if f.environ.get(HSA_FORCE_FINE_GRAIN_PCIE) != "1" and any("PCIE" in w for w in f.topology_warnings):
+        hints.append(f"GPUs talk over PCIe and {HSA_FORCE_FINE_GRAIN_PCIE} is not 1 (RCCL needs it for PCIe peer access)")
     if hints:
         return CheckResult("ROCm hints", Status.WARN, "; ".join(hints),
-                           "add iommu=pt to the kernel command line; export HSA_FORCE_FINE_GRAIN_PCIE=1 on PCIe boxes")
+                           f"add iommu=pt to the kernel command line; export {HSA_FORCE_FINE_GRAIN_PCIE}=1 on PCIe boxes")
     return CheckResult("ROCm hints", Status.OK, "iommu=pt set")
 
 

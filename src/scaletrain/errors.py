@@ -12,6 +12,7 @@ class ScaletrainError(Exception):
     """One-line, actionable error: what happened, the likely cause and the setting to change."""
 
     exit_code = 2
+    label = "error"  # the CLI prints "<label>: <message>"
 
 
 class ConfigError(ScaletrainError):
@@ -24,6 +25,13 @@ class DataError(ScaletrainError):
 
 class LaunchError(ScaletrainError):
     """The job cannot start: cluster too small, backend without a device, run directory taken."""
+
+
+class Interrupted(ScaletrainError):
+    """The user asked the run to stop (Ctrl-C, SIGTERM) and it stopped as asked: not an error."""
+
+    exit_code = 130
+    label = "stopped"
 
 
 class TrainingError(ScaletrainError):

@@ -7,12 +7,11 @@ whose key looks secret, and Hugging Face token literals.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
-from scaletrain.comm.env import SECRET_NAME_PATTERNS
+from scaletrain.comm.env import is_secret_name, secret_values
 
 MASK = "***"
 
@@ -25,14 +24,16 @@ _SECRET_ASSIGN = re.compile(
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{16,}\b")
 
 
-def is_secret_name(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name.upper(), p) for p in SECRET_NAME_PATTERNS)
-
-
 class Redactor:
     def __init__(self, secret_values: Iterable[str] = ()):
         # Longest first, so a secret that contains another is masked whole.
         self.values = sorted({v for v in secret_values if v}, key=len, reverse=True)
+
+    @classmethod
+    def from_environment(cls, comm_env: Mapping[str, str] | None = None) -> "Redactor":
+        """Masks the secret-named variables of this process's environment and of ``comm.env``."""
+        extra = [v for k, v in (comm_env or {}).items() if is_secret_name(k)]
+        return cls(secret_values() + extra)
 
     def __call__(self, text: str) -> str:
         for v in self.values:

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from scaletrain import cli
 from scaletrain.config import validate
 from scaletrain.errors import TrainingError
-from scaletrain.launch.job import Interrupted, run_job
+from scaletrain.errors import Interrupted
+from scaletrain.launch.job import run_job
 from scaletrain.metrics.records import read_jsonl
 
 pytestmark = pytest.mark.ray

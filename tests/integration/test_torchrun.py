@@ -9,8 +9,8 @@ import yaml
 
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
-from scaletrain.launch import torchrun_launcher
-from scaletrain.launch.torchrun_launcher import free_port
+from scaletrain.launch.launcher import launcher_for
+from scaletrain.comm.ports import free_port
 from tests.conftest import train_losses
 
 pytestmark = pytest.mark.ray
@@ -94,9 +94,10 @@ def test_bad_data_stops_the_early_agent_and_touches_nothing(classify_cfg, tmp_pa
     cfg = _cfg(classify_cfg, tmp_path, "bad", "torchrun")
     cfg["data"]["train_file"] = str(tmp_path / "missing.jsonl")
     parsed = validate(cfg)
-    agent = torchrun_launcher.node_zero(parsed)  # as the CLI does: started before the data is read
+    launcher = launcher_for(parsed)  # as the CLI does: the agent starts before the data is read
+    agent = launcher.agent
     assert agent.proc.poll() is None and agent.handoff.parent.is_dir()
     with pytest.raises(DataError, match="data.train_file=.*missing.jsonl: file not found"):
-        run_job(parsed, tmp_path / "c.yaml", show_progress=False, agent=agent)
+        run_job(parsed, tmp_path / "c.yaml", show_progress=False, launcher=launcher)
     assert agent.proc is None and not agent.handoff.parent.exists()
     assert not (tmp_path / "runs").exists() and _ours_running() == []

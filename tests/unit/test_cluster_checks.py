@@ -7,7 +7,8 @@ import pytest
 
 from scaletrain.comm.env import RAY_TRAIN_ENABLE_PREEMPTION_WATCHER as WATCHER
 from scaletrain.errors import LaunchError
-from scaletrain.launch.ray_launcher import _probe_address, check_placement
+from scaletrain.launch.plan import check_placement
+from scaletrain.launch.ray_launcher import _probe_address
 
 TWO_NODES = [{"CPU": 1.0}, {"CPU": 1.0}]
 

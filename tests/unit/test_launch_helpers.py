@@ -13,7 +13,8 @@ from pathlib import Path
 from scaletrain import cli
 from scaletrain.comm.env import worker_env
 from scaletrain.config import validate
-from scaletrain.launch.ray_launcher import worker_env_for
+from scaletrain.comm import launch_env
+from scaletrain.comm.ports import free_port
 from scaletrain.errors import LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import training_error
@@ -28,12 +29,12 @@ def _cfg(**comm):
 
 def test_worker_env_nccl_watchdog_profile_and_offline(monkeypatch):
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
-    env = worker_env_for(_cfg(profile="debug", env={"NCCL_DEBUG": "WARN"}), "rocm", "nccl", "/runs/x")
+    env = launch_env.worker_env(_cfg(profile="debug", env={"NCCL_DEBUG": "WARN"}).comm, "rocm", "nccl", "/runs/x")
     assert env["HF_HUB_OFFLINE"] == "1" and env["NCCL_DEBUG"] == "WARN"  # comm.env beats the profile
     assert env["NCCL_DEBUG_SUBSYS"] == "INIT,COLL" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and env["TORCH_FR_DUMP_TEMP_FILE"].startswith("/runs/x/flight/")
     assert env["RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"] == "1"  # ROCm: keep HIP's view whole
-    cpu = worker_env_for(_cfg(), "cpu", "gloo", "/runs/x")
+    cpu = launch_env.worker_env(_cfg().comm, "cpu", "gloo", "/runs/x")
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in cpu and "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES" not in cpu
 
 
@@ -112,7 +113,7 @@ def test_torchrun_env_keeps_the_shells_thread_count(monkeypatch):
 
 
 def test_node_zero_over_several_nodes_uses_the_shared_run_dir_and_checks_the_port():
-    cfg = _torchrun_cfg(nnodes=2, num_workers=2, master_port=torchrun_launcher.free_port())
+    cfg = _torchrun_cfg(nnodes=2, num_workers=2, master_port=free_port())
     node = torchrun_launcher.node_zero(cfg)
     assert node.proc is None  # started once the spec is in the shared run directory
     assert node.handoff == Path("/runs/job/launch.json") and node.rdzv_id == "job"

@@ -7,8 +7,8 @@ import pytest
 from scaletrain.config import validate
 from scaletrain.errors import ConfigError, LaunchError, TrainingError
 from scaletrain.launch.failures import group_failures
-from scaletrain.launch.ray_launcher import plan_cluster
-from scaletrain.launch.rundir import create_run_dir, default_run_name
+from scaletrain.launch.plan import plan_cluster
+from scaletrain.rundir import create_run_dir, default_run_name
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, steps_per_epoch, total_steps
 
 

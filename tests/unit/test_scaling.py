@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scaletrain.scaling.flops import device_key, flops_per_token, mfu, peak_tflops
+from scaletrain.metrics.flops import device_key, flops_per_token, mfu, peak_tflops
 from scaletrain.scaling.parity import compare, verdict
 from scaletrain.scaling.predict import PROFILES, BusCurve, Inputs, allgather_s, allreduce_s, step, table
 from scaletrain.scaling.sweep import add_speedup, write_outputs

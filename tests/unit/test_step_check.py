@@ -3,7 +3,8 @@
 import math
 
 from scaletrain.config.schema import Config
-from scaletrain.worker.loop import STOP_FILE, StepCheck, _writes_at
+from scaletrain.rundir import RunDir
+from scaletrain.worker.step_check import StepCheck, writes_at
 
 
 class _Spec:
@@ -47,7 +48,7 @@ def test_the_earlier_bad_step_wins_when_both_are_read(tmp_path):
 def test_the_stop_file_stops_at_the_next_step_or_at_once_on_a_writing_step(tmp_path):
     check = StepCheck(str(tmp_path), "cpu")
     check.advance(1, 0.5, wait=False)
-    (tmp_path / STOP_FILE).touch()
+    RunDir(tmp_path).stop.touch()
     assert check.advance(2, 0.5, wait=False) == (None, False)  # step 1's answer: no stop file then
     assert check.advance(3, 0.5, wait=False) == (None, True)
     other = StepCheck(str(tmp_path), "cpu")
@@ -57,6 +58,6 @@ def test_the_stop_file_stops_at_the_next_step_or_at_once_on_a_writing_step(tmp_p
 def test_writing_steps():
     cfg = Config.model_validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x.jsonl"},
                                  "train": {"logging_steps": 5, "eval_steps": 7}, "checkpoint": {"save_steps": 6}})
-    writes = [s for s in range(1, 21) if _writes_at(s, cfg, _Spec(), _Meter())]
+    writes = [s for s in range(1, 21) if writes_at(s, cfg, _Spec(), _Meter())]
     assert writes == [5, 6, 7, 10, 12, 14, 15, 18, 20]
-    assert _writes_at(3, cfg, _Spec(), _Meter(every=3))  # a breakdown probe writes a record
+    assert writes_at(3, cfg, _Spec(), _Meter(every=3))  # a breakdown probe writes a record

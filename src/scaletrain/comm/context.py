@@ -9,7 +9,10 @@ import os
 from dataclasses import dataclass
 
 from scaletrain.comm.device import Platform, local_device_index
-from scaletrain.comm.env import apply_defaults, nccl_watchdog_env
+from scaletrain.rundir import RunDir
+from scaletrain.comm.env import (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE,
+                                 TORCHRUN_LOCAL_RANK, TORCHRUN_LOCAL_WORLD_SIZE, TORCHRUN_NODE_RANK, TORCHRUN_RANK,
+                                 TORCHRUN_WORLD_SIZE, apply_defaults, nccl_watchdog_env)
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,6 @@ def context_from_ray(backend: str) -> DistContext:
     )
 
 
-# Variables torch.distributed.run sets for every worker process.
-TORCHRUN_RANK, TORCHRUN_LOCAL_RANK, TORCHRUN_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE"
-TORCHRUN_LOCAL_WORLD_SIZE, TORCHRUN_NODE_RANK = "LOCAL_WORLD_SIZE", "GROUP_RANK"
-MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
-TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"
-
-
 def context_from_torchrun(backend: str, timeout_s: int, run_dir: str) -> DistContext:
     """Read torchrun's rank variables, pick the device, and join the process group."""
     import socket
@@ -78,7 +74,7 @@ def context_from_torchrun(backend: str, timeout_s: int, run_dir: str) -> DistCon
     device = "cpu"
     if backend == "nccl":
         # Set here, not in torchrun's environment: the agent starts before the driver has chosen the backend.
-        apply_defaults(nccl_watchdog_env(f"{run_dir}/flight"))
+        apply_defaults(nccl_watchdog_env(str(RunDir(run_dir).flight)))
         platform = Platform.detect()
         index = local_device_index(platform.vendor, env, local_rank, platform.device_count)
         torch.cuda.set_device(index)

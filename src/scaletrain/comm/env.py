@@ -6,6 +6,7 @@ config or the frozen worker context.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import warnings
 from typing import Mapping
@@ -27,9 +28,24 @@ TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 # CPU threads per worker process (torchrun sets 1 only with several processes per node; Ray sets the CPUs).
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
+# Variables torch.distributed.run (torchrun) sets for every worker process.
+TORCHRUN_RANK, TORCHRUN_LOCAL_RANK, TORCHRUN_WORLD_SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE"
+TORCHRUN_LOCAL_WORLD_SIZE, TORCHRUN_NODE_RANK = "LOCAL_WORLD_SIZE", "GROUP_RANK"
+MASTER_ADDR, MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
+TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"
+
+# ROCm: RCCL needs fine-grained PCIe memory for peer access between GPUs that talk over PCIe.
+HSA_FORCE_FINE_GRAIN_PCIE = "HSA_FORCE_FINE_GRAIN_PCIE"
+
 # Ray
 RAY_ADDRESS = "RAY_ADDRESS"
 RAY_TRAIN_V2_ENABLED = "RAY_TRAIN_V2_ENABLED"
+# Ray would give each ROCm worker HIP_VISIBLE_DEVICES=<its GPU> while Train V2 shares
+# CUDA_VISIBLE_DEVICES=<all GPUs of the node>; the two views disagree and device indices break
+# (ray-project/ray#49260). "1" keeps HIP's view whole so both index the same list.
+RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"
+# Train V2 is the default from Ray 2.51; set in the driver before Ray starts so an older default never picks V1.
+RAY_DRIVER_DEFAULTS: dict[str, str] = {RAY_TRAIN_V2_ENABLED: "1"}
 # Ray Train's preemption watcher is one more actor that wakes its core-worker loop 100 times a second
 # (~0.9% of a core, measured) to watch for node preemption, which an embedded single-machine Ray never sees.
 RAY_TRAIN_ENABLE_PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
@@ -46,9 +62,12 @@ WORKER_ENV_DEFAULTS: dict[str, str] = {
     TOKENIZERS_PARALLELISM: "false",
 }
 
-# Prefixes of communication variables that are copied from the driver's shell to the workers,
-# so `NCCL_DEBUG=INFO scaletrain train ...` behaves as users expect.
-PROPAGATED_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HSA_", "GLOO_", "HF_")
+# Prefixes of the communication libraries' variables (NCCL/RCCL, torch.distributed, ROCm's HSA runtime, gloo):
+# shown by `scaletrain env`, checked for misspellings, and copied from the driver's shell to the workers.
+COMM_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HSA_", "GLOO_")
+# Copied from the driver's shell to the workers, so `NCCL_DEBUG=INFO scaletrain train ...` behaves as users
+# expect (HF_: the hub cache and offline settings).
+PROPAGATED_PREFIXES = (*COMM_PREFIXES, "HF_")
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -90,6 +109,11 @@ def apply_defaults(values: Mapping[str, str]) -> None:
         os.environ.setdefault(key, value)
 
 
+def apply(values: Mapping[str, str]) -> None:
+    """Set variables in this process (for values computed from what the user set, e.g. reconcile_rocr)."""
+    os.environ.update(values)
+
+
 def nccl_watchdog_env(flight_dir: str) -> dict[str, str]:
     """Make an nccl/RCCL collective that outlives the process-group timeout fail loudly and leave a trace."""
     return {
@@ -124,13 +148,14 @@ SECRET_NAME_PATTERNS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "*_API_KEY", "*_SE
                         "*PASSWORD*")
 
 
+def is_secret_name(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name.upper(), p) for p in SECRET_NAME_PATTERNS)
+
+
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """Values of secret-looking variables in the environment (at least 6 characters, to avoid noise)."""
-    import fnmatch
-
     environ = os.environ if environ is None else environ
-    return [v for k, v in environ.items()
-            if len(v) >= 6 and any(fnmatch.fnmatchcase(k.upper(), p) for p in SECRET_NAME_PATTERNS)]
+    return [v for k, v in environ.items() if len(v) >= 6 and is_secret_name(k)]
 
 
 def snapshot() -> dict[str, str]:

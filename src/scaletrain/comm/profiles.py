@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from scaletrain.comm.env import MISQUOTED_ENV
+from scaletrain.comm.env import COMM_PREFIXES, MISQUOTED_ENV
 from scaletrain.errors import ConfigError
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -37,7 +37,6 @@ TORCH_FR_DUMP_TEMP_FILE TORCH_DISTRIBUTED_DEBUG TORCH_CPP_LOG_LEVEL TORCH_SHOW_C
 HSA_FORCE_FINE_GRAIN_PCIE HSA_NO_SCRATCH_RECLAIM HSA_ENABLE_SDMA HSA_OVERRIDE_GFX_VERSION HSA_ENABLE_INTERRUPT
 GLOO_SOCKET_IFNAME GLOO_DEVICE_TRANSPORT
 """.split())
-CHECKED_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HSA_", "GLOO_")
 
 
 def available() -> list[str]:
@@ -69,7 +68,7 @@ def check_names(names) -> list[str]:
     for name in names:
         if name in MISQUOTED_ENV:
             out.append(f"{name}: {MISQUOTED_ENV[name]}")
-        elif name.startswith(CHECKED_PREFIXES) and name not in KNOWN_VARS:
+        elif name.startswith(COMM_PREFIXES) and name not in KNOWN_VARS:
             near = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.6)
             out.append(f"{name}: not a variable NCCL/RCCL/torch reads" + (f"; did you mean {near[0]}?" if near else ""))
     return out

@@ -1,7 +1,7 @@
 """Hang detection: per-rank heartbeats, stack dumps on stalls, and the driver's diagnosis.
 
 Each worker records which phase of which step it is in (cheap attribute writes on the hot path);
-a background thread writes that to ``heartbeat/rank-<R>.json`` every second and, when the phase
+a background thread writes that to ``heartbeat/rank-<R>.json (see rundir.py)`` every second and, when the phase
 has not changed for ``stall_s``, dumps every thread's Python stack to ``stacks/rank-<R>.txt``.
 When a collective times out (the process-group timeout, ``comm.timeout_s``), the driver reads the
 heartbeats: the ranks waiting in a collective and the ranks that never arrived at it.
@@ -19,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scaletrain.rundir import RunDir
+
 log = logging.getLogger("scaletrain.watchdog")
 
 # Phases in which a rank waits for every other rank.
@@ -33,14 +35,6 @@ COLLECTIVE_PHASES = {
 }
 
 
-def heartbeat_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "heartbeat" / f"rank-{rank}.json"
-
-
-def stacks_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "stacks" / f"rank-{rank}.txt"
-
-
 class Heartbeat:
     """Progress of one rank, published by a daemon thread. ``enter`` is the only hot-path call."""
 
@@ -50,7 +44,7 @@ class Heartbeat:
         self.step_done = 0
         self._dumped_since = None
         self._stop = threading.Event()
-        heartbeat_path(run_dir, rank).parent.mkdir(parents=True, exist_ok=True)
+        RunDir(run_dir).heartbeats.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="scaletrain-heartbeat", daemon=True)
         self._thread.start()
 
@@ -69,7 +63,7 @@ class Heartbeat:
                 self.dump_stacks(f"no progress for {time.time() - since:.0f} s in phase {self.phase}")
 
     def publish(self) -> None:
-        path = heartbeat_path(self.run_dir, self.rank)
+        path = RunDir(self.run_dir).heartbeat(self.rank)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"rank": self.rank, "pid": os.getpid(), "step_done": self.step_done,
                                    "phase": self.phase, "phase_step": self.phase_step, "since": self.since,
@@ -77,7 +71,7 @@ class Heartbeat:
         os.replace(tmp, path)
 
     def dump_stacks(self, why: str) -> Path:
-        path = stacks_path(self.run_dir, self.rank)
+        path = RunDir(self.run_dir).stacks(self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(f"--- rank {self.rank} pid {os.getpid()} at {time.strftime('%H:%M:%S')}: {why}\n")
@@ -118,7 +112,7 @@ class HangReport:
 def read_heartbeats(run_dir: str | Path, world_size: int) -> dict[int, dict]:
     out = {}
     for rank in range(world_size):
-        p = heartbeat_path(run_dir, rank)
+        p = RunDir(run_dir).heartbeat(rank)
         try:
             out[rank] = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
@@ -139,7 +133,7 @@ def diagnose(run_dir: str | Path, world_size: int) -> HangReport | None:
     missing = [r for r in range(world_size) if r not in waiting]
     if not missing:
         return None
-    stacks = [stacks_path(run_dir, r) for r in range(world_size) if stacks_path(run_dir, r).exists()]
+    stacks = [p for p in (RunDir(run_dir).stacks(r) for r in range(world_size)) if p.exists()]
     last = {r: beats[r]["step_done"] if r in beats else None for r in range(world_size)}
     return HangReport(phase, step, waiting, missing, last, stacks)
 

@@ -6,7 +6,6 @@ import argparse
 import json
 import resource
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -20,19 +19,10 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.set_defaults(func=run)
 
 
-def _free_port(environ) -> bool:
-    port = int(environ.get("MASTER_PORT", 0) or 0)
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
-
-
 def gather_facts(cfg, smoke: bool):
     from scaletrain.comm.device import Platform
-    from scaletrain.comm.env import snapshot
+    from scaletrain.comm.env import MASTER_PORT, snapshot
+    from scaletrain.comm.ports import port_free
     from scaletrain.comm.topo import detect
     from scaletrain.doctor import Facts
 
@@ -49,7 +39,7 @@ def gather_facts(cfg, smoke: bool):
     topo = detect()
     facts = Facts(environ=environ, vendor=platform.vendor, gpu_count=max(platform.device_count, topo.count),
                   shm_bytes=shm, nofile_soft=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-                  disk_free_bytes=shutil.disk_usage(out).free, port_free=_free_port(environ), kernel_cmdline=cmdline,
+                  disk_free_bytes=shutil.disk_usage(out).free, port_free=port_free(int(environ.get(MASTER_PORT, 0) or 0)), kernel_cmdline=cmdline,
                   topology_warnings=topo.warnings(), config=cfg)
     if cfg is not None:
         facts.path_errors = _path_errors(cfg)
@@ -74,20 +64,20 @@ def _path_errors(cfg) -> list[str]:
 
 
 def _cluster_and_smoke(cfg, vendor):
+    from scaletrain.comm.launch_env import worker_env
     from scaletrain.errors import ScaletrainError
     from scaletrain.launch import ray_launcher
+    from scaletrain.launch.plan import plan_cluster
 
-    started = ray_launcher.ensure_ray(cfg.scaling.address)
-    try:
-        resources = ray_launcher.cluster_resources()
+    with ray_launcher.ray_session(cfg.scaling.address) as resources:
         try:
-            plan = ray_launcher.plan_cluster(cfg, resources, vendor)
+            plan = plan_cluster(cfg, resources, vendor)
         except ScaletrainError:
             return resources, None  # check_workers reports it
         if cfg.scaling.num_workers < 2:
             return resources, (True, "1 worker: no collective to test")
         out = Path(tempfile.mkdtemp(prefix="scaletrain-doctor-"))
-        env = ray_launcher.worker_env_for(cfg, vendor, plan.backend, str(out))
+        env = worker_env(cfg.comm, vendor, plan.backend, str(out))
         t0 = time.perf_counter()
         try:
             # SPREAD: on a multi-node cluster the smoke test should cross every node it can reach.
@@ -102,11 +92,6 @@ def _cluster_and_smoke(cfg, vendor):
         return resources, (ok, f"{cfg.scaling.num_workers} workers, {plan.backend}: sum {result['value']:g} "
                                f"(expected {result['expected']:g}) in {time.perf_counter() - t0:.1f} s with start-up; "
                                f"nodes {result['nodes']}")
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
 def _smoke_entry(config: dict) -> None:

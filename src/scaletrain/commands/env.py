@@ -13,10 +13,9 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scaletrain.comm.envinfo import collect, render
-    from scaletrain.comm.env import secret_values
+    from scaletrain.commands.envinfo import collect, render
     from scaletrain.redact import Redactor
 
     info = collect()
-    print(Redactor(secret_values())(json.dumps(info, indent=1)) if args.json else render(info))
+    print(Redactor.from_environment()(json.dumps(info, indent=1)) if args.json else render(info))
     return 0

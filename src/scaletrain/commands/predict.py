@@ -57,20 +57,20 @@ def _check_numbers(args) -> None:
 
 def inputs_from_args(args):
     from scaletrain.metrics.records import read_jsonl
+    from scaletrain.rundir import RunDir
     from scaletrain.scaling.predict import PROFILES, Inputs
 
     _check_numbers(args)
     grad_bytes, samples = args.grad_bytes, args.samples_per_step
     if args.from_run:
-        run = Path(args.from_run)
-        summary_path = run / "summary.json"
-        if not summary_path.is_file():
-            raise ConfigError(f"--from-run {run}: no summary.json; point it at a finished 1-worker run")
-        summary = json.loads(summary_path.read_text())
+        run = RunDir(args.from_run)
+        if not run.finished():
+            raise ConfigError(f"--from-run {run}: no {RunDir.SUMMARY}; point it at a finished 1-worker run")
+        summary = json.loads(run.summary.read_text())
         if summary["world_size"] != 1:
             raise ConfigError(f"--from-run {run}: a {summary['world_size']}-worker run; the compute time must come "
                               f"from 1 worker (scaletrain scale --workers 1,... writes one)")
-        times = [r["time/step_s"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"][1:]
+        times = [r["time/step_s"] for r in read_jsonl(run.metrics) if r["kind"] == "train"][1:]
         compute = statistics.median(times) if times else None
         grad_bytes = grad_bytes or summary.get("parameters/trainable", 0) * 4
         samples = samples or summary.get("samples_per_step_per_device")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
@@ -29,24 +28,21 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    from scaletrain.errors import ConfigError
-    from scaletrain.metrics.logs import MAIN_LOG
     from scaletrain.metrics.monitor import JsonlFollower
+    from scaletrain.rundir import RunDir
 
-    run = Path(args.run_dir)
-    if not (run / "config.resolved.yaml").is_file():
-        raise ConfigError(f"{run}: not a scaletrain run directory (no config.resolved.yaml)")
-    follower, latest, shown = JsonlFollower(run / "metrics.jsonl"), {}, 0
+    run = RunDir(args.run_dir).require_run()
+    follower, latest, shown = JsonlFollower(run.metrics), {}, 0
     while True:
         for r in follower.poll():
             latest[(r.get("kind"), r.get("rank", 0))] = r
-        events = (run / MAIN_LOG).read_text().splitlines() if (run / MAIN_LOG).exists() else []
+        events = run.events.read_text().splitlines() if run.events.exists() else []
         for line in events[shown:]:
             print(line)
         shown = len(events)
         for (kind, rank), r in sorted(latest.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
             fields = ", ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float) and k != "time")
             print(f"  latest {kind} rank {rank}: step {r.get('step', '-')}: {fields}")
-        if args.once or (run / "summary.json").exists():
+        if args.once or run.finished():
             return 0
         time.sleep(args.interval)

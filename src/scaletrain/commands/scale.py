@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
@@ -41,32 +40,19 @@ def parse_workers(text: str, flag: str = "--workers") -> list[int]:
     return sizes
 
 
-@contextlib.contextmanager
-def _shared_ray(address):
-    from scaletrain.launch import ray_launcher
-
-    started = ray_launcher.ensure_ray(address)
-    try:
-        yield ray_launcher.cluster_resources()
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
-
-
 def run_scale(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.console import console
     from scaletrain.doctor import CPU_HEADROOM_NOTE, worker_fit
     from scaletrain.launch.job import run_job
-    from scaletrain.launch.rundir import create_run_dir
+    from scaletrain.launch.ray_launcher import ray_session
+    from scaletrain.rundir import create_run_dir
     from scaletrain.scaling.sweep import add_speedup, check_sweep, measure, plan_config, write_outputs
 
     cfg = load_config(args.config, args.overrides)
     sizes = parse_workers(args.workers)
     check_sweep(cfg, sizes, args.warmup, args.steps, args.fixed_global_batch, args.breakdown_every)
-    with _shared_ray(cfg.scaling.address) as resources:
+    with ray_session(cfg.scaling.address) as resources:
         fit = worker_fit(cfg, resources)
         capacity = fit.capacity
         out = create_run_dir(cfg.output.output_dir, None, f"scale-{Path(args.config).stem}")
@@ -92,13 +78,14 @@ def run_parity(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.console import console
     from scaletrain.launch.job import run_job
-    from scaletrain.launch.rundir import create_run_dir
+    from scaletrain.launch.ray_launcher import ray_session
+    from scaletrain.rundir import create_run_dir
     from scaletrain.scaling.parity import DEFAULT_TOLERANCE, check_pair, compare, plan_pair, verdict
 
     cfg = load_config(args.config, args.overrides)
     tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE
     check_pair(cfg, args.workers, args.steps, tolerance)
-    with _shared_ray(cfg.scaling.address):
+    with ray_session(cfg.scaling.address):
         out = create_run_dir(cfg.output.output_dir, None, f"parity-{Path(args.config).stem}")
         one, many = plan_pair(cfg, args.workers, args.steps, args.keep_dropout, out)
         r1 = run_job(one, args.config, show_progress=False)

@@ -9,8 +9,7 @@ from pathlib import Path
 from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
 from scaletrain.launch.resume import resume_conflicts
-from scaletrain.launch.rundir import RESOLVED_CONFIG
-from scaletrain.launch.torchrun_launcher import node_zero
+from scaletrain.rundir import RunDir
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -27,11 +26,11 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
 def run(args: argparse.Namespace) -> int:
     resume = Path(args.resume).expanduser().resolve() if args.resume else None
     if resume is not None:
-        saved = resume / RESOLVED_CONFIG
+        saved = RunDir(resume).resolved_config
         if not saved.is_file():
-            raise ConfigError(f"--resume {resume}: no {RESOLVED_CONFIG} there; pass the directory of an earlier run")
-        if (resume / "summary.json").is_file():
-            raise ConfigError(f"--resume {resume}: this run finished (summary.json exists); start a new run instead")
+            raise ConfigError(f"--resume {resume}: no {RunDir.RESOLVED_CONFIG} there; pass the directory of an earlier run")
+        if RunDir(resume).finished():
+            raise ConfigError(f"--resume {resume}: this run finished ({RunDir.SUMMARY} exists); start a new run instead")
         if args.config and "=" in args.config:  # `train --resume DIR key=value`
             args.overrides.insert(0, args.config)
             args.config = None
@@ -46,11 +45,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("scaletrain train needs a config file: scaletrain train CONFIG.yaml [section.key=value ...]")
         cfg = load_config(args.config, args.overrides)
         config_path = Path(args.config)
+    from scaletrain.launch.launcher import joins_torchrun, launcher_for
+
     # A torchrun agent starts now: its start-up overlaps the driver's imports below and its data preparation.
-    with (node_zero(cfg) if cfg.scaling.node_rank == 0 else None) or contextlib.nullcontext() as agent:
+    with contextlib.nullcontext() if joins_torchrun(cfg) else launcher_for(cfg) as launcher:
         from scaletrain.console import console, summary_table
         from scaletrain.launch.job import run_job
 
-        result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress, agent=agent)
+        result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress, launcher=launcher)
     console.print(summary_table(result.summary, result.run_dir))
     return 0

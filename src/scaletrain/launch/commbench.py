@@ -7,8 +7,10 @@ from pathlib import Path
 
 from scaletrain.comm.bench import BenchParams, Row
 from scaletrain.comm.device import Platform
+from scaletrain.comm.launch_env import worker_env
 from scaletrain.config.schema import CommConfig, ScalingConfig
 from scaletrain.launch import ray_launcher
+from scaletrain.launch.plan import plan_scaling
 
 RESULT_FILE = "rows.json"
 
@@ -18,22 +20,15 @@ def run_commbench(params: BenchParams, workers: int, backend: str, profile: str 
     vendor = Platform.detect().vendor
     scaling = ScalingConfig(num_workers=workers, address=address)
     comm = CommConfig(backend=backend, profile=profile, env=env, timeout_s=timeout_s)
-    ray_launcher.prepare_driver_env(vendor)
-    started = ray_launcher.ensure_ray(address)
-    try:
-        plan = ray_launcher.plan_scaling(scaling, comm, ray_launcher.cluster_resources(), vendor)
+    with ray_launcher.ray_session(address) as resources:
+        plan = plan_scaling(scaling, comm, resources, vendor)
         out_dir.mkdir(parents=True, exist_ok=True)
         result = out_dir / RESULT_FILE
         result.unlink(missing_ok=True)
-        worker_env = ray_launcher.comm_worker_env(comm, vendor, plan.backend, str(out_dir))
+        env = worker_env(comm, vendor, plan.backend, str(out_dir))
         ray_launcher.run_on_workers(_entry, {"params": params, "result": str(result), "backend": plan.backend},
-                                    scaling, plan, worker_env, str(out_dir), comm.timeout_s)
+                                    scaling, plan, env, str(out_dir), comm.timeout_s)
         return [Row(**r) for r in json.loads(result.read_text())]
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
 
 
 def _entry(config: dict) -> None:

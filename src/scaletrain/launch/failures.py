@@ -54,6 +54,7 @@ def _root_cause(exc: BaseException) -> BaseException:
 _EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
 _EXIT_DETAIL = re.compile(r"Worker exit detail: ([^.]*)")
 MAX_CAUSE_CHARS = 240
+DEAD_PROCESS = "worker process died"
 
 
 def describe(exc: BaseException) -> str:
@@ -63,28 +64,30 @@ def describe(exc: BaseException) -> str:
     kind = _EXIT_TYPE.search(text)
     if kind:  # Ray reports a dead worker process; the signal itself is not passed on
         detail = _EXIT_DETAIL.search(text)
-        return (f"worker process died ({kind.group(1)}: {detail.group(1).strip() if detail else 'no detail'}); "
+        return (f"{DEAD_PROCESS} ({kind.group(1)}: {detail.group(1).strip() if detail else 'no detail'}); "
                 f"killed by a signal (SIGKILL, the OOM killer) or crashed")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     line = lines[-1] if lines else ""
     return f"{type(cause).__name__}: {line[:MAX_CAUSE_CHARS]}"
 
 
-def group_failures(failures: dict[int, BaseException]) -> tuple[list[tuple[list[int], str]], BaseException | None]:
-    """Group per-rank failures by message: [([0, 3], "ValueError: ..."), ...]; plus a shared user error."""
+def failures_by_rank(messages: dict[int, str]) -> list[tuple[list[int], str]]:
+    """Ranks grouped by message, [([0, 3], "ValueError: ..."), ...], in rank order within a group."""
     groups: dict[str, list[int]] = {}
-    causes = {}
     # A dead process is the cause; errors of its peers ("connection reset") follow from it: list it first.
-    ordered = sorted(failures.items(), key=lambda kv: (not describe(kv[1]).startswith("worker process died"), kv[0]))
-    for rank, exc in ordered:
-        text = describe(exc)
-        groups.setdefault(text, []).append(rank)
-        causes[text] = _root_cause(exc)
+    for rank, text in sorted(messages.items(), key=lambda kv: (not kv[1].startswith(DEAD_PROCESS), kv[0])):
+        groups.setdefault(text[:MAX_CAUSE_CHARS], []).append(rank)
+    return [(ranks, text) for text, ranks in groups.items()]
+
+
+def group_failures(failures: dict[int, BaseException]) -> tuple[list[tuple[list[int], str]], BaseException | None]:
+    """Per-rank exceptions grouped by message (``failures_by_rank``); plus the user error all ranks share."""
+    groups = failures_by_rank({rank: describe(exc) for rank, exc in failures.items()})
     user = None
     if len(groups) == 1:
-        only = next(iter(causes.values()))
+        only = _root_cause(next(iter(failures.values())))
         user = only if isinstance(only, ScaletrainError) else None
-    return [(ranks, text) for text, ranks in groups.items()], user
+    return groups, user
 
 
 def format_groups(groups: list[tuple[list[int], str]]) -> str:

@@ -6,7 +6,6 @@ columns, batch size, cluster size) is checked before a run directory is created.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,28 +16,23 @@ from pathlib import Path
 import yaml
 
 from scaletrain.comm import env as envvars
-from scaletrain.comm.env import secret_values
 from scaletrain.comm.device import Platform
 from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
 from scaletrain.console import ProgressView, console
 from scaletrain.data import PreparedData, prepare_data
-from scaletrain.errors import ScaletrainError
-from scaletrain.launch import ray_launcher, torchrun_launcher
+from scaletrain.errors import Interrupted
+from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
-from scaletrain.redact import Redactor, is_secret_name
-from scaletrain.worker.faults import parse_faults
-from scaletrain.worker.loop import RUN_UMASK, STOP_FILE
-from scaletrain.launch.rundir import RESOLVED_CONFIG, create_run_dir
+from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
 from scaletrain.metrics.logs import EventLog
+from scaletrain.redact import Redactor
+from scaletrain.rundir import RUN_UMASK, RunDir, create_run_dir
+from scaletrain.worker.faults import parse_faults
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.model import check_lora_target, load_tokenizer, model_dir
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
-
-
-class Interrupted(ScaletrainError):
-    exit_code = 130
 
 
 @dataclass(frozen=True)
@@ -48,20 +42,19 @@ class JobResult:
 
 
 def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None, show_progress: bool = True,
-            agent: torchrun_launcher.TorchrunNode | None = None) -> JobResult:
-    """``agent``: node 0's torchrun agent if the caller started it early (``torchrun_launcher.node_zero``)."""
+            launcher: Launcher | None = None) -> JobResult:
+    """``launcher``: the one the caller made early (``launcher_for``: a torchrun agent starts when it is made)."""
     os.umask(RUN_UMASK)
-    redact = Redactor(secret_values() + [v for k, v in cfg.comm.env.items() if is_secret_name(k)])
-    if cfg.scaling.launcher == "torchrun" and cfg.scaling.node_rank > 0:
+    redact = Redactor.from_environment(cfg.comm.env)
+    if joins_torchrun(cfg):
         return _join_torchrun(cfg, redact)
-    with agent or torchrun_launcher.node_zero(cfg) or contextlib.nullcontext() as agent:
-        return _run_job(cfg, config_path, resume_dir, show_progress, agent, redact)
+    with launcher or launcher_for(cfg, redact) as launcher:
+        return _run_job(cfg, config_path, resume_dir, show_progress, launcher, redact)
 
 
 def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show_progress: bool,
-             agent: torchrun_launcher.TorchrunNode | None, redact: Redactor) -> JobResult:
+             launcher: Launcher, redact: Redactor) -> JobResult:
     _quiet_libraries()
-    torchrun = agent is not None
     platform = Platform.detect()
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
@@ -70,44 +63,29 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
     check_sinks(cfg.monitor)
-    notes = ray_launcher.prepare_driver_env(platform.vendor) + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
-    started = False if torchrun else ray_launcher.ensure_ray(cfg.scaling.address)
+    notes = check_names(effective_env(cfg.comm.profile, cfg.comm.env))
+    plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
+    run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
+    rd = RunDir(run_dir)
+    events = EventLog(run_dir, "driver", redact)
+    if resume_dir is None:
+        rd.resolved_config.write_text(yaml.safe_dump(redact.mapping(cfg.model_dump(mode="json")), sort_keys=False))
+    rd.stop.unlink(missing_ok=True)  # a stop request of the previous session is done
+    spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
+    _announce(cfg, spec, plan, [*notes, *plan.notes], len(data.train), len(data.eval), events,
+              resumed=resume_dir is not None)
+    monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
+                         console)
     try:
-        plan = (torchrun_launcher.plan(cfg, platform) if torchrun
-                else ray_launcher.plan_cluster(cfg, ray_launcher.cluster_resources(), platform.vendor))
-        run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
-        events = EventLog(run_dir, "driver", redact)
-        if resume_dir is None:
-            (run_dir / RESOLVED_CONFIG).write_text(yaml.safe_dump(redact.mapping(cfg.model_dump(mode="json")),
-                                                                  sort_keys=False))
-        (run_dir / STOP_FILE).unlink(missing_ok=True)  # a stop request of the previous session is done
-        spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
-        _announce(cfg, spec, plan, notes + ([plan.note] if plan.note else []), len(data.train), len(data.eval),
-                  events, resumed=resume_dir is not None)
-        if torchrun:  # the spec goes to a file: secrets masked (the agent's environment carries comm.env)
-            launch = lambda: agent.run(replace(spec, config=redact.mapping(spec.config)))  # noqa: E731
-        else:
-            env = ray_launcher.worker_env_for(cfg, platform.vendor, plan.backend, str(run_dir))
-            ray_launcher.check_cluster(cfg, plan, str(run_dir))
-            launch = lambda: ray_launcher.run_workers(spec, cfg, plan, env, redact)  # noqa: E731
-        monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
-                             console)
-        try:
-            with StopOnSignal(run_dir, events), monitor:
-                _run_with_hang_retries(launch, spec, cfg, redact, events)
-        finally:
-            if cfg.monitor.report:
-                _write_report(run_dir)
-        if (run_dir / STOP_FILE).exists():
-            raise Interrupted(f"stopped at a checkpoint on request; continue with: scaletrain train --resume {run_dir}")
-        finish_final(cfg, run_dir, tokenizer)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        return JobResult(run_dir, summary)
+        with StopOnSignal(run_dir, events), monitor:
+            _run_with_hang_retries(lambda: launcher.run(spec, plan), spec, cfg, redact, events)
     finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+        if cfg.monitor.report:
+            _write_report(run_dir)
+    if rd.stop.exists():
+        raise Interrupted(f"stopped at a checkpoint on request; continue with: scaletrain train --resume {run_dir}")
+    finish_final(cfg, run_dir, tokenizer)
+    return JobResult(run_dir, json.loads(rd.summary.read_text()))
 
 
 def _join_torchrun(cfg: Config, redact: Redactor) -> JobResult:
@@ -119,8 +97,8 @@ def _join_torchrun(cfg: Config, redact: Redactor) -> JobResult:
     events("join", f"node {cfg.scaling.node_rank} starts {cfg.scaling.num_workers // cfg.scaling.nnodes} process(es)")
     with StopOnSignal(run_dir, events), torchrun_launcher.TorchrunNode(cfg, spec_path, run_dir.name) as agent:
         _run_with_hang_retries(lambda: agent.run(spec), spec, cfg, redact, events)
-    summary_path = run_dir / "summary.json"
-    return JobResult(run_dir, json.loads(summary_path.read_text()) if summary_path.exists() else {})
+    rd = RunDir(run_dir)
+    return JobResult(run_dir, json.loads(rd.summary.read_text()) if rd.finished() else {})
 
 
 def _run_with_hang_retries(launch, spec: JobSpec, cfg: Config, redact: Redactor, events) -> None:
@@ -150,7 +128,7 @@ class StopOnSignal:
         self.previous = {}
 
     def _handle(self, signum, frame):
-        stop = self.run_dir / STOP_FILE
+        stop = RunDir(self.run_dir).stop
         if stop.exists():
             raise KeyboardInterrupt
         stop.write_text(signal.Signals(signum).name)
@@ -198,7 +176,7 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
 def build_spec(cfg: Config, data: PreparedData, tokenizer, run_dir: Path, backend: str) -> JobSpec:
     """Save the tokenized splits into the run directory and describe the job for the workers."""
     n = cfg.scaling.num_workers
-    train_path, eval_path = data.save(run_dir / "data")
+    train_path, eval_path = data.save(RunDir(run_dir).data)
     return JobSpec(config=cfg.model_dump(mode="json"), run_dir=str(run_dir), train_path=train_path,
                    eval_path=eval_path, pad_token_id=data.pad_token_id, vocab_size=len(tokenizer), backend=backend,
                    total_steps=total_steps(len(data.train), cfg, n), learning_rate=scaled_learning_rate(cfg.train, n))
@@ -206,7 +184,7 @@ def build_spec(cfg: Config, data: PreparedData, tokenizer, run_dir: Path, backen
 
 def finish_final(cfg: Config, run_dir: Path, tokenizer) -> None:
     """Complete ``final/``: the tokenizer beside the weights, and a merged model for LoRA when asked."""
-    final = run_dir / "final"
+    final = RunDir(run_dir).final
     tokenizer.save_pretrained(str(final))
     if cfg.model.finetuning_type != "lora":
         return

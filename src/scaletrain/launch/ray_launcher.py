@@ -2,33 +2,86 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import replace
+from typing import Iterator
 
 from scaletrain.comm import env as envvars
-from scaletrain.comm.device import Platform, reconcile_rocr, select_backend
-from scaletrain.comm.profiles import effective_env
-from scaletrain.config.schema import CommConfig, Config
+from scaletrain.comm.device import Platform
+from scaletrain.comm.launch_env import prepare_ray_driver, worker_env
+from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
+from scaletrain.launch.plan import ClusterPlan, check_placement, plan_cluster
+from scaletrain.redact import Redactor
 from scaletrain.worker.spec import JobSpec
-
-# Train V2 is the default from Ray 2.51; set it so an older default can never pick V1.
-os.environ.setdefault(envvars.RAY_TRAIN_V2_ENABLED, "1")
-
 
 RAY_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
-@dataclass(frozen=True)
-class ClusterPlan:
-    use_gpu: bool
-    backend: str
-    resources_per_worker: dict[str, float]
-    note: str | None = None
+class RayLauncher:
+    """``plan`` starts (or joins) Ray and sizes the job against the cluster; ``run`` runs the workers on it;
+    ``close`` stops a Ray that ``plan`` started."""
+
+    name = "ray"
+
+    def __init__(self, cfg: Config, redact: Redactor):
+        self.cfg, self.redact = cfg, redact
+        self._session: contextlib.ExitStack | None = None
+
+    def plan(self, platform: Platform) -> ClusterPlan:
+        notes = prepare_ray_driver()
+        if self._session is None:
+            self._session = contextlib.ExitStack()
+            self.resources = self._session.enter_context(ray_session(self.cfg.scaling.address))
+        plan = plan_cluster(self.cfg, self.resources, platform.vendor)
+        return replace(plan, notes=(*notes, *plan.notes))
+
+    def run(self, spec: JobSpec, plan: ClusterPlan) -> None:
+        """Run the train loop on ``num_workers`` Ray Train workers; Ray's errors propagate (see failures.py)."""
+        from scaletrain.launch.ray_callbacks import FailureEvents
+
+        cfg = self.cfg
+        # Placement and storage checks need the live cluster (and, for storage, the run directory).
+        check_placement(cfg.scaling.placement_strategy, cfg.scaling.num_workers, plan.resources_per_worker,
+                        node_resources())
+        check_shared_storage(spec.run_dir)
+        env = worker_env(cfg.comm, Platform.detect().vendor, plan.backend, spec.run_dir)
+        run_on_workers(
+            _ray_worker_entry, {"spec": spec}, cfg.scaling, plan, env, spec.run_dir, cfg.comm.timeout_s,
+            max_failures=cfg.fault_tolerance.max_failures,
+            callbacks=[FailureEvents(spec.run_dir, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures,
+                                     self.redact)],
+        )
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self) -> RayLauncher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[dict[str, float]]:
+    """Join ``address`` (or RAY_ADDRESS, or a Ray this process already runs), else start an embedded local Ray,
+    and stop it at the end only if it was started here. Yields the cluster's resource totals."""
+    started = ensure_ray(address)
+    try:
+        yield cluster_resources()
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
 
 
 def ensure_ray(address: str | None) -> bool:
@@ -37,6 +90,7 @@ def ensure_ray(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
+    prepare_ray_driver()
     address = address or envvars.read(envvars.RAY_ADDRESS)
     kwargs = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False,
                   configure_logging=True)
@@ -74,25 +128,6 @@ def _probe_address(address: str, timeout_s: float = 5.0) -> None:
                           f"head node there with `ray start --head --port={port}` or fix the address") from None
 
 
-def check_placement(strategy: str, n: int, per_worker: dict[str, float], nodes: list[dict[str, float]]) -> None:
-    """Say which resource is short instead of letting Ray wait forever for an impossible placement."""
-    def fits(node: dict[str, float], count: int) -> bool:
-        return all(node.get(k, 0) >= v * count for k, v in per_worker.items())
-
-    need = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
-    if strategy == "STRICT_SPREAD":
-        ok = sum(fits(node, 1) for node in nodes)
-        if ok < n:
-            raise LaunchError(f"scaling.placement_strategy=STRICT_SPREAD puts each of the {n} workers on its own node, "
-                              f"but only {ok} of the cluster's {len(nodes)} node(s) have {need} free; use SPREAD or PACK, "
-                              f"or add nodes")
-    elif strategy == "STRICT_PACK" and not any(fits(node, n) for node in nodes):
-        biggest = max(nodes, key=lambda nd: nd.get("CPU", 0), default={})
-        raise LaunchError(f"scaling.placement_strategy=STRICT_PACK puts all {n} workers on one node, but no node has "
-                          f"{', '.join(f'{v * n:g} {k}' for k, v in per_worker.items())} (the largest has "
-                          f"{biggest.get('CPU', 0):g} CPU, {biggest.get('GPU', 0):g} GPU); use PACK or fewer workers")
-
-
 def node_resources() -> list[dict[str, float]]:
     import ray
 
@@ -124,59 +159,19 @@ def check_shared_storage(run_dir: str) -> None:
                           f"see it; on several nodes put output.output_dir on a shared filesystem (NFS) or a cloud URI")
 
 
-def plan_cluster(cfg: Config, resources: dict[str, float], vendor: str) -> ClusterPlan:
-    """Decide GPU use, backend and per-worker resources from the cluster's totals; check they fit."""
-    return plan_scaling(cfg.scaling, cfg.comm, resources, vendor)
-
-
-def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str, float], vendor: str) -> ClusterPlan:
-    gpus = int(resources.get("GPU", 0))
-    use_gpu = gpus > 0 if scaling.use_gpu == "auto" else bool(scaling.use_gpu)
-    choice = select_backend(comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))  # type: ignore[arg-type]
-    per_worker = dict(scaling.resources_per_worker or {"CPU": 1})
-    if use_gpu:
-        per_worker.setdefault("GPU", 1)
-    n = scaling.num_workers
-    for name, amount in per_worker.items():
-        have = resources.get(name, 0)
-        if amount * n > have:
-            what = "GPUs" if name == "GPU" else "CPUs" if name == "CPU" else f"'{name}' resources"
-            raise LaunchError(
-                f"scaling.num_workers={n} needs {amount * n:g} {what} ({amount:g} per worker) but the cluster "
-                f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
-                f"or scaling.resources_per_worker"
-            )
-    return ClusterPlan(use_gpu, choice.backend, per_worker, choice.note)
-
-
-def check_cluster(cfg: Config, plan: ClusterPlan, run_dir: str) -> None:
-    """Placement and storage checks that need the live cluster (after the run directory exists)."""
-    check_placement(cfg.scaling.placement_strategy, cfg.scaling.num_workers, plan.resources_per_worker,
-                    node_resources())
-    check_shared_storage(run_dir)
-
-
 def cluster_resources() -> dict[str, float]:
     import ray
 
     return dict(ray.cluster_resources())
 
 
-def run_workers(spec: JobSpec, cfg: Config, plan: ClusterPlan, worker_env: dict[str, str], redactor=None) -> None:
-    """Run the train loop on ``num_workers`` Ray Train workers; Ray's errors propagate (see launch/failures.py)."""
-    from scaletrain.launch.ray_callbacks import FailureEvents
+def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, env: dict[str, str],
+                   storage_dir: str, timeout_s: int, max_failures: int = 0, callbacks=()) -> None:
+    """Run ``entry(entry_config)`` on every worker of a Ray Train TorchTrainer (process group set up by Ray).
 
-    run_on_workers(
-        _ray_worker_entry, {"spec": spec}, cfg.scaling, plan, worker_env, spec.run_dir, cfg.comm.timeout_s,
-        max_failures=cfg.fault_tolerance.max_failures, keep=cfg.checkpoint.save_total_limit,
-        callbacks=[FailureEvents(spec.run_dir, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures, redactor)],
-    )
-
-
-def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, worker_env: dict[str, str],
-                   storage_dir: str, timeout_s: int, max_failures: int = 0, keep: int = 1, callbacks=()) -> None:
-    """Run ``entry(entry_config)`` on every worker of a Ray Train TorchTrainer (process group set up by Ray)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    Checkpoints are scaletrain's own (checkpoint.py; nothing is reported to Ray), so no CheckpointConfig."""
+    prepare_ray_driver()  # before ray.train is imported: pins Train V2
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     trainer = TorchTrainer(
@@ -190,8 +185,7 @@ def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: Clu
             # Ray's own bookkeeping goes to <storage_dir>/ray; our checkpoints live beside it.
             name="ray", storage_path=str(storage_dir),
             failure_config=FailureConfig(max_failures=max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=keep),
-            worker_runtime_env={"env_vars": worker_env},
+            worker_runtime_env={"env_vars": env},
             callbacks=list(callbacks),
         ),
     )
@@ -211,34 +205,6 @@ def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: Clu
         thread.join(0.2)
     if "error" in outcome:
         raise outcome["error"]
-
-
-def prepare_driver_env(vendor: str) -> list[str]:
-    """Fix what would break Ray on AMD before ``ray.init``; returns the notes to log."""
-    notes = []
-    changes, note = reconcile_rocr(os.environ)
-    if note:
-        os.environ.update(changes)
-        notes.append(note)
-    return notes
-
-
-def worker_env_for(cfg: Config, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
-    return comm_worker_env(cfg.comm, vendor, backend, run_dir)
-
-
-def comm_worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
-    out = envvars.worker_env(effective_env(comm.profile, comm.env))
-    if backend == "nccl":
-        # A stuck collective fails after comm.timeout_s and leaves a flight-recorder trace; a user's values win.
-        for k, v in envvars.nccl_watchdog_env(f"{run_dir}/flight").items():
-            out.setdefault(k, v)
-    if vendor == "rocm":
-        # Ray would give each ROCm worker HIP_VISIBLE_DEVICES=<its GPU> while Train V2 shares
-        # CUDA_VISIBLE_DEVICES=<all GPUs of the node>; the two views disagree and device indices break
-        # (ray-project/ray#49260). Keep HIP's view whole so both index the same list.
-        out.setdefault("RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", "1")
-    return out
 
 
 def _ray_worker_entry(config: dict) -> None:

@@ -14,10 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,47 +23,47 @@ import threading
 import time
 from pathlib import Path
 
-from scaletrain.comm import env as envvars
-from scaletrain.comm.device import Platform, select_backend
-from scaletrain.comm.profiles import effective_env
+from scaletrain.comm.device import Platform
+from scaletrain.comm.launch_env import torchrun_agent_env
+from scaletrain.comm.ports import free_port, port_free
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError
-from scaletrain.launch.failures import RankFailures
-from scaletrain.launch.ray_launcher import ClusterPlan
+from scaletrain.launch.failures import RankFailures, failures_by_rank
+from scaletrain.launch.plan import ClusterPlan, plan_node
+from scaletrain.metrics.logs import parse_failure
+from scaletrain.redact import Redactor
+from scaletrain.rundir import RunDir
 from scaletrain.worker.faults import Fault
 from scaletrain.worker.spec import JobSpec
 
-SPEC_FILE = "launch.json"
 JOIN_TIMEOUT_S = 600  # how long nodes > 0 wait for node 0 to write the spec
-_FAILED = re.compile(r"\[rank (\d+)\] ERROR scaletrain\.worker: rank \d+ failed at step \d+ \(phase [\w-]+\): (.*)$")
 
 
-def free_port(addr: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
+class TorchrunLauncher:
+    """``plan`` checks this node's capacity; ``run`` hands the spec to node 0's agent and waits for it."""
 
+    name = "torchrun"
 
-def port_free(addr: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((addr, port))
-            return True
-        except OSError:
-            return False
+    def __init__(self, cfg: Config, redact: Redactor):
+        self.cfg, self.redact = cfg, redact
+        # Started now on one node: its start-up overlaps the driver's imports and data preparation.
+        self.agent = node_zero(cfg)
 
+    def plan(self, platform: Platform) -> ClusterPlan:
+        return plan_node(self.cfg, platform, os.cpu_count() or 1)
 
-def plan(cfg: Config, platform: Platform, cpus: int | None = None) -> ClusterPlan:
-    """Backend and a capacity check for this node's processes."""
-    s = cfg.scaling
-    per_node = s.num_workers // s.nnodes
-    use_gpu = platform.has_gpu if s.use_gpu == "auto" else bool(s.use_gpu)
-    choice = select_backend(cfg.comm.backend, platform if use_gpu else Platform("cpu", 0, platform.torch_version))
-    have, what = (platform.device_count, "GPUs") if use_gpu else (cpus or os.cpu_count() or 1, "CPUs")
-    if per_node > have:
-        raise LaunchError(f"scaling.num_workers={s.num_workers} over scaling.nnodes={s.nnodes} puts {per_node} processes "
-                          f"on this node, which has {have} {what}; lower scaling.num_workers or add nodes")
-    return ClusterPlan(use_gpu, choice.backend, {"CPU": 1, **({"GPU": 1} if use_gpu else {})}, choice.note)
+    def run(self, spec: JobSpec, plan: ClusterPlan) -> None:
+        # The spec goes to a file: secrets masked (the agent's environment carries comm.env).
+        self.agent.run(dataclasses.replace(spec, config=self.redact.mapping(spec.config)))
+
+    def close(self) -> None:
+        self.agent.close()
+
+    def __enter__(self) -> TorchrunLauncher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def write_spec(spec: JobSpec, path: Path) -> Path:
@@ -98,11 +96,11 @@ def node_zero(cfg: Config) -> TorchrunNode | None:
         return None
     if cfg.scaling.nnodes == 1:
         return TorchrunNode(cfg).start()
-    return TorchrunNode(cfg, shared_run_dir(cfg) / SPEC_FILE, cfg.output.run_name)
+    return TorchrunNode(cfg, RunDir(shared_run_dir(cfg)).spec, cfg.output.run_name)
 
 
 def wait_for_spec(run_dir: Path, timeout_s: float = JOIN_TIMEOUT_S) -> Path:
-    path = run_dir / SPEC_FILE
+    path = RunDir(run_dir).spec
     deadline = time.time() + timeout_s
     while not path.exists():
         if time.time() > deadline:
@@ -134,12 +132,12 @@ class TorchrunNode:
     def __init__(self, cfg: Config, handoff: Path | None = None, rdzv_id: str | None = None):
         self.cfg = cfg
         s = cfg.scaling
-        if s.node_rank == 0 and s.master_port and not port_free(s.master_addr, s.master_port):
+        if s.node_rank == 0 and s.master_port and not port_free(s.master_port, s.master_addr):
             raise LaunchError(f"scaling.master_port={s.master_port} is in use on {s.master_addr}; pick a free port "
                               f"or leave it unset on one node")
         self.port = s.master_port or free_port(s.master_addr)
         self._tmp = None if handoff else Path(tempfile.mkdtemp(prefix="scaletrain-torchrun-"))
-        self.handoff = handoff or self._tmp / SPEC_FILE
+        self.handoff = handoff or self._tmp / RunDir.SPEC
         self.rdzv_id = rdzv_id or f"scaletrain-{os.getpid()}-{self.port}"
         self.proc: subprocess.Popen | None = None
         self._handed_over = False
@@ -166,16 +164,12 @@ class TorchrunNode:
                 "-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
 
     def env(self) -> dict[str, str]:
-        # The same thread count under both launchers keeps their numbers (and results) comparable: Ray gives
-        # each worker OMP_NUM_THREADS = its CPUs, torchrun sets 1 only with several processes per node.
-        cpus = (self.cfg.scaling.resources_per_worker or {}).get("CPU", 1)
-        comm = envvars.worker_env(effective_env(self.cfg.comm.profile, self.cfg.comm.env))
-        return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus))), **os.environ, **comm}
+        return torchrun_agent_env(self.cfg.comm, (self.cfg.scaling.resources_per_worker or {}).get("CPU", 1))
 
     def run(self, spec: JobSpec) -> None:
         """Hand the spec to the workers (starting the agent if it is not running) and wait for them."""
         run_dir = Path(spec.run_dir)
-        log = run_dir / "logs" / f"torchrun-node{self.cfg.scaling.node_rank}.log"
+        log = RunDir(run_dir).torchrun_log(self.cfg.scaling.node_rank)
         if self.cfg.scaling.node_rank == 0 and not self._handed_over:  # other nodes read node 0's
             write_spec(spec, self.handoff)
             self._handed_over = True
@@ -265,13 +259,9 @@ class _Pump:
 def failures_from_logs(run_dir: Path, code: int, log: Path) -> RankFailures:
     """Each rank's last failure from the worker logs, grouped across ranks (the message says the rest)."""
     last: dict[int, str] = {}
-    for path in sorted((run_dir / "logs").glob("worker-*.log")):
+    for path in RunDir(run_dir).worker_logs():
         for line in path.read_text(errors="replace").splitlines():
-            m = _FAILED.search(line)
-            if m:
-                last[int(m.group(1))] = m.group(2)[:240]
-    groups: dict[str, list[int]] = {}
-    for rank, msg in sorted(last.items()):
-        groups.setdefault(msg, []).append(rank)
-    return RankFailures([(ranks, msg) for msg, ranks in groups.items()],
+            if found := parse_failure(line):
+                last[found[0]] = found[1]
+    return RankFailures(failures_by_rank(last),
                         f"torchrun exited with code {code} before any rank reported an error (see {log})")

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from scaletrain.config.schema import AlertsConfig
+from scaletrain.rundir import RunDir
 
-ALERTS_FILE = "alerts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -167,5 +167,5 @@ def build_rules(cfg: AlertsConfig) -> list[Rule]:
 
 
 def write_alert(run_dir: str | Path, alert: Alert) -> None:
-    with open(Path(run_dir) / ALERTS_FILE, "a") as f:
+    with open(RunDir(run_dir).alerts, "a") as f:
         f.write(json.dumps(asdict(alert)) + "\n")

@@ -4,19 +4,22 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
-MAIN_LOG = "logs/main.log"
+from scaletrain.rundir import RunDir
 
-
-def worker_log_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "logs" / f"worker-{rank}.log"
-
+WORKER_LOGGER = "scaletrain.worker"
+_LINE_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
+# A rank's failure, as the worker logs it and as the torchrun launcher reads it back from the log files.
+_FAILURE = "rank %d failed at step %d (phase %s): %s: %s"
+_FAILURE_LINE = re.compile(r"\[rank (\d+)\] ERROR " + re.escape(WORKER_LOGGER)
+                           + r": rank \d+ failed at step \d+ \(phase [\w-]+\): (.*)$")
 
 def setup_worker_logging(run_dir: str | Path, rank: int, redactor=None) -> logging.Logger:
     """Send this process's logging and warnings to its per-rank file (appending across restarts)."""
-    path = worker_log_path(run_dir, rank)
+    path = RunDir(run_dir).worker_log(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -24,7 +27,7 @@ def setup_worker_logging(run_dir: str | Path, rank: int, redactor=None) -> loggi
             root.removeHandler(h)
     handler = logging.FileHandler(path)
     handler._scaletrain = True  # type: ignore[attr-defined]
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(_LINE_FORMAT.format(rank=rank)))
     if redactor is not None:
         from scaletrain.redact import RedactingFilter
 
@@ -32,7 +35,18 @@ def setup_worker_logging(run_dir: str | Path, rank: int, redactor=None) -> loggi
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
-    return logging.getLogger("scaletrain.worker")
+    return logging.getLogger(WORKER_LOGGER)
+
+
+def log_failure(rank: int, step: int, phase: str, exc: BaseException) -> None:
+    """The line (with its traceback) that says this rank failed; ``parse_failure`` reads it back."""
+    logging.getLogger(WORKER_LOGGER).error(_FAILURE, rank, step, phase, type(exc).__name__, exc, exc_info=True)
+
+
+def parse_failure(line: str) -> tuple[int, str] | None:
+    """(rank, "Type: message") from a line ``log_failure`` wrote, else None."""
+    m = _FAILURE_LINE.search(line)
+    return (int(m.group(1)), m.group(2)) if m else None
 
 
 class EventLog:
@@ -42,7 +56,7 @@ class EventLog:
     """
 
     def __init__(self, run_dir: str | Path, who: str, redactor=None):
-        self.path = Path(run_dir) / MAIN_LOG
+        self.path = RunDir(run_dir).events
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.who = who
         self.redact = redactor or (lambda text: text)

@@ -14,6 +14,7 @@ from pathlib import Path
 from scaletrain.config.schema import MonitorConfig
 from scaletrain.errors import ConfigError, LaunchError
 from scaletrain.metrics.alerts import build_rules, write_alert
+from scaletrain.rundir import RunDir
 
 
 class JsonlFollower:
@@ -107,13 +108,10 @@ def check_sinks(cfg: MonitorConfig) -> None:
         except ImportError:
             raise ConfigError("monitor.prometheus_port needs the prometheus-client package; "
                               "pip install prometheus-client") from None
-        import socket
+        from scaletrain.comm.ports import port_free
 
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", cfg.prometheus_port))
-            except OSError:
-                raise LaunchError(f"monitor.prometheus_port={cfg.prometheus_port} is in use; pick a free port") from None
+        if not port_free(cfg.prometheus_port):
+            raise LaunchError(f"monitor.prometheus_port={cfg.prometheus_port} is in use; pick a free port")
 
 
 class RunMonitor:
@@ -122,12 +120,12 @@ class RunMonitor:
     def __init__(self, run_dir: str | Path, cfg: MonitorConfig, events=None, progress=None, console=None,
                  poll_s: float = 0.5):
         self.run_dir = Path(run_dir)
-        self.follower = JsonlFollower(self.run_dir / "metrics.jsonl")
+        self.follower = JsonlFollower(RunDir(run_dir).metrics)
         self.rules = build_rules(cfg.alerts)
         self.events, self.progress, self.console, self.poll_s = events, progress, console, poll_s
         self.sinks = []
         if "tensorboard" in cfg.report_to:
-            self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+            self.sinks.append(TensorBoardSink(RunDir(run_dir).tensorboard))
         if cfg.prometheus_port:
             self.sinks.append(PrometheusSink(cfg.prometheus_port))
         self.alerts = []

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scaletrain.rundir import RunDir
+
 _LINE = re.compile(r"^\S+ \S+ \[rank (\d+)\] (ERROR|WARNING|CRITICAL) (\S+): (.*)$")
 _NUMBERS = re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?")
 
@@ -33,7 +35,7 @@ def scan_logs(run_dir: str | Path) -> list[Finding]:
         f.ranks.add(rank)
         f.count += 1
 
-    for path in sorted(Path(run_dir, "logs").glob("worker-*.log")):
+    for path in RunDir(run_dir).worker_logs():
         rank = int(path.stem.split("-")[1])
         in_tb = False
         for raw in path.read_text(errors="replace").splitlines():

@@ -12,19 +12,17 @@ from pathlib import Path
 import yaml
 
 from scaletrain.errors import ConfigError
-from scaletrain.metrics.alerts import ALERTS_FILE
-from scaletrain.metrics.logs import MAIN_LOG
 from scaletrain.metrics.records import read_jsonl
 from scaletrain.report import plots
 from scaletrain.report.logscan import scan_logs
+from scaletrain.rundir import RunDir
 
-REPORT, TITLE = "report.md", "# scaletrain report: "
+REPORT, TITLE = RunDir.REPORT, "# scaletrain report: "
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    run = Path(run_dir)
-    if not (run / "config.resolved.yaml").is_file():
-        raise ConfigError(f"{run}: not a scaletrain run directory (no config.resolved.yaml)")
+    rd = RunDir(run_dir).require_run()
+    run = rd.root
     out = Path(out_dir) if out_dir else run
     _refuse_foreign(out, run)
     try:
@@ -33,15 +31,15 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             raise PermissionError
     except (PermissionError, OSError):
         raise ConfigError(f"report directory {out} is not writable; pass --out DIR") from None
-    records = read_jsonl(run / "metrics.jsonl")
+    records = read_jsonl(rd.metrics)
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
     system = [r for r in records if r.get("kind") == "system"]
-    cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
-    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else None
+    cfg = yaml.safe_load(rd.resolved_config.read_text())
+    summary = json.loads(rd.summary.read_text()) if rd.finished() else None
     images = [p for p in (plots.loss(train, evals, out), plots.throughput(train, out), plots.ranks(train, out),
                           plots.utilization(system, out)) if p]
-    status = "finished" if summary else ("failed" if "failure:" in _read(run / MAIN_LOG) else "running or stopped")
+    status = "finished" if summary else ("failed" if "failure:" in _read(rd.events) else "running or stopped")
     lines = [f"{TITLE}{run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]
     s = summary or {}
     world = s.get("world_size", cfg["scaling"]["num_workers"])
@@ -57,10 +55,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     rows += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in final.items() if k.startswith("eval/")]
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, out)})" for p in images]
-    alerts = read_jsonl(run / ALERTS_FILE)
+    alerts = read_jsonl(rd.alerts)
     lines += ["", f"## Alerts ({len(alerts)})", ""]
     lines += [f"- step {a.get('step', '-')}: **{a['rule']}** {a['message']}" for a in alerts] or ["none"]
-    lines += ["", "## Events (logs/main.log)", "", "```", _read(run / MAIN_LOG).rstrip(), "```"]
+    lines += ["", "## Events (logs/main.log)", "", "```", _read(rd.events).rstrip(), "```"]
     findings = scan_logs(run)
     lines += ["", f"## Errors and warnings in worker logs ({len(findings)} distinct)", ""]
     lines += [f"- {f.line()}" for f in findings] or ["none"]
@@ -73,7 +71,7 @@ def _refuse_foreign(out: Path, run: Path) -> None:
     """``--out`` may refresh this run's own report there, never replace another run's files or a user's."""
     if out.resolve() == run.resolve() or not out.is_dir():
         return
-    if (out / "config.resolved.yaml").is_file():
+    if RunDir(out).is_run():
         raise ConfigError(f"--out {out} is another run's directory and its report would be replaced; "
                           f"pass a new or empty directory")
     report = out / REPORT

@@ -12,6 +12,7 @@ from __future__ import annotations
 from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 from scaletrain.metrics.records import read_jsonl
+from scaletrain.rundir import RunDir
 
 DEFAULT_TOLERANCE = 1e-3  # max relative difference of losses
 
@@ -49,10 +50,10 @@ def plan_pair(cfg: Config, workers: int, steps: int, keep_dropout: bool, out_dir
 
 def compare(run1, run_n) -> dict:
     def losses(run):
-        return {r["step"]: r["train/loss"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
+        return {r["step"]: r["train/loss"] for r in read_jsonl(RunDir(run).metrics) if r["kind"] == "train"}
 
     def final_eval(run):
-        evals = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "eval"]
+        evals = [r for r in read_jsonl(RunDir(run).metrics) if r["kind"] == "eval"]
         return evals[-1]["eval/loss"] if evals else None
 
     a, b = losses(run1), losses(run_n)

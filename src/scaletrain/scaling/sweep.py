@@ -15,6 +15,7 @@ from pathlib import Path
 from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 from scaletrain.metrics.records import read_jsonl
+from scaletrain.rundir import RunDir
 
 COLUMNS = ["workers", "samples_per_s", "tokens_per_s", "speedup", "efficiency", "step_time_s", "train_time_s",
            "eval_time_s", "peak_memory_gib", "memory_pct", "exposed_comm_share", "data_wait_share", "mfu", "note"]
@@ -59,13 +60,13 @@ def plan_config(cfg: Config, workers: int, warmup: int, measured: int, fixed_glo
 
 def measure(run_dir: Path, warmup: int, world: int) -> dict:
     """One row of the table from a finished run's records (warm-up window excluded)."""
-    records = read_jsonl(run_dir / "metrics.jsonl")
+    records = read_jsonl(RunDir(run_dir).metrics)
     train = [r for r in records if r["kind"] == "train" and r["step"] > warmup]
     if not train:
         raise ConfigError(f"{run_dir}: no measured steps after the warm-up; raise --steps")
     system = [r for r in records if r["kind"] == "system"]
     breakdown = [r for r in records if r["kind"] == "breakdown" and r["step"] > warmup]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     steps = train[-1]["step"] - warmup
     step_time = statistics.median(r["time/step_s"] for r in train)
     gpu = [r for r in system if "memory/peak_gib" in r]

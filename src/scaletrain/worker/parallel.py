@@ -68,7 +68,10 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def full_model_state(model: nn.Module, trainable_only: bool) -> dict:
-    """Unsharded CPU state dict on every rank (a collective under FSDP: call on all ranks)."""
+    """The unsharded state dict on the CPU, for rank 0 (a collective under FSDP: call on all ranks).
+
+    With ``cpu_offload`` and several ranks, torch gives the full tensors to rank 0 only; the others get an
+    empty dict, so only rank 0 may write what this returns."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     # get_model_state_dict strips the DDP "module." prefix and gathers FSDP shards.

@@ -7,9 +7,8 @@ import platform
 import sys
 from importlib import metadata
 
-from scaletrain.comm.env import VISIBLE_DEVICE_VARS, secret_values
-
-COMM_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "HSA_", "TORCH_DISTRIBUTED_", "GLOO_")
+from scaletrain.comm.env import COMM_PREFIXES, VISIBLE_DEVICE_VARS, snapshot
+from scaletrain.redact import Redactor
 PACKAGES = ("scaletrain", "torch", "ray", "transformers", "peft", "accelerate", "amdsmi", "nvidia-ml-py")
 
 
@@ -23,7 +22,7 @@ def _version(pkg: str) -> str:
 def collect(environ=None) -> dict[str, object]:
     import torch
 
-    environ = os.environ if environ is None else environ
+    environ = snapshot() if environ is None else environ
     info: dict[str, object] = {
         "OS": f"{platform.system()} {platform.release()} ({platform.machine()})",
         "Python": sys.version.split()[0],
@@ -53,8 +52,6 @@ def collect(environ=None) -> dict[str, object]:
 
 
 def render(info: dict[str, object]) -> str:
-    from scaletrain.redact import Redactor
-
     lines = ["scaletrain env (paste this into a bug report)"]
     for key, value in info.items():
         if isinstance(value, dict):
@@ -65,4 +62,4 @@ def render(info: dict[str, object]) -> str:
             lines += [f"    {v}" for v in value]
         else:
             lines.append(f"- {key}: {value}")
-    return Redactor(secret_values())("\n".join(lines))
+    return Redactor.from_environment()("\n".join(lines))

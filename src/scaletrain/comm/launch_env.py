@@ -1,0 +1,48 @@
+"""The environment a launch needs: the driver's, before Ray starts, and every worker's.
+
+Here (and in ``comm/env.py``, which names every variable) is the only place scaletrain changes its own
+process environment or composes a worker's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+from scaletrain.comm import env as envvars
+from scaletrain.comm.device import reconcile_rocr
+from scaletrain.comm.profiles import effective_env
+from scaletrain.rundir import RunDir
+
+if TYPE_CHECKING:
+    from scaletrain.config.schema import CommConfig
+
+
+def prepare_ray_driver() -> list[str]:
+    """Before Ray starts or ray.train is imported: pin Train V2 and fix what would break Ray on AMD (a user's
+    values win). A Ray instance the driver starts inherits them. Returns the notes to log (once)."""
+    envvars.apply_defaults(envvars.RAY_DRIVER_DEFAULTS)
+    changes, note = reconcile_rocr(envvars.snapshot())
+    envvars.apply(changes)
+    return [note] if note else []
+
+
+def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
+    """Every worker's variables: scaletrain's defaults < the driver's shell < the comm profile < comm.env, plus
+    the collective watchdog (nccl) and the ROCm device-view fix; a user's value wins over the last two."""
+    out = envvars.worker_env(effective_env(comm.profile, comm.env))
+    if backend == "nccl":
+        # A stuck collective fails after comm.timeout_s and leaves a flight-recorder trace.
+        for k, v in envvars.nccl_watchdog_env(str(RunDir(run_dir).flight)).items():
+            out.setdefault(k, v)
+    if vendor == "rocm":
+        out.setdefault(envvars.RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES, "1")
+    return out
+
+
+def torchrun_agent_env(comm: CommConfig, cpus_per_worker: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The torchrun agent's environment: the driver's, comm variables, and the workers' thread count."""
+    # The same thread count under both launchers keeps their numbers (and results) comparable: Ray gives
+    # each worker OMP_NUM_THREADS = its CPUs, torchrun sets 1 only with several processes per node.
+    environ = envvars.snapshot() if environ is None else dict(environ)
+    comm_vars = envvars.worker_env(effective_env(comm.profile, comm.env), environ)
+    return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus_per_worker))), **environ, **comm_vars}

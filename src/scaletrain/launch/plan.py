@@ -1,0 +1,77 @@
+"""Planning a launch, as pure functions of the config and the resources found: GPU use, backend, per-worker
+resources, and whether the workers fit (before any worker or run directory exists)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.comm.device import Platform, select_backend
+from scaletrain.config.schema import CommConfig, Config
+from scaletrain.config.schema import ScalingConfig as ScalingSection
+from scaletrain.errors import LaunchError
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    use_gpu: bool
+    backend: str
+    resources_per_worker: dict[str, float]
+    notes: tuple[str, ...] = ()  # what the user should know about the choice (backend fallback, device fixes)
+
+
+def plan_cluster(cfg: Config, resources: dict[str, float], vendor: str) -> ClusterPlan:
+    """Decide GPU use, backend and per-worker resources from a Ray cluster's totals; check they fit."""
+    return plan_scaling(cfg.scaling, cfg.comm, resources, vendor)
+
+
+def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str, float], vendor: str) -> ClusterPlan:
+    gpus = int(resources.get("GPU", 0))
+    use_gpu = gpus > 0 if scaling.use_gpu == "auto" else bool(scaling.use_gpu)
+    choice = select_backend(comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))  # type: ignore[arg-type]
+    per_worker = dict(scaling.resources_per_worker or {"CPU": 1})
+    if use_gpu:
+        per_worker.setdefault("GPU", 1)
+    n = scaling.num_workers
+    for name, amount in per_worker.items():
+        have = resources.get(name, 0)
+        if amount * n > have:
+            what = "GPUs" if name == "GPU" else "CPUs" if name == "CPU" else f"'{name}' resources"
+            raise LaunchError(
+                f"scaling.num_workers={n} needs {amount * n:g} {what} ({amount:g} per worker) but the cluster "
+                f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
+                f"or scaling.resources_per_worker"
+            )
+    return ClusterPlan(use_gpu, choice.backend, per_worker, (choice.note,) if choice.note else ())
+
+
+def plan_node(cfg: Config, platform: Platform, cpus: int) -> ClusterPlan:
+    """One torchrun node: its processes' backend, and whether this node has a device (or CPU) for each."""
+    s = cfg.scaling
+    per_node = s.num_workers // s.nnodes
+    use_gpu = platform.has_gpu if s.use_gpu == "auto" else bool(s.use_gpu)
+    choice = select_backend(cfg.comm.backend, platform if use_gpu else Platform("cpu", 0, platform.torch_version))
+    have, what = (platform.device_count, "GPUs") if use_gpu else (cpus, "CPUs")
+    if per_node > have:
+        raise LaunchError(f"scaling.num_workers={s.num_workers} over scaling.nnodes={s.nnodes} puts {per_node} processes "
+                          f"on this node, which has {have} {what}; lower scaling.num_workers or add nodes")
+    return ClusterPlan(use_gpu, choice.backend, {"CPU": 1, **({"GPU": 1} if use_gpu else {})},
+                       (choice.note,) if choice.note else ())
+
+
+def check_placement(strategy: str, n: int, per_worker: dict[str, float], nodes: list[dict[str, float]]) -> None:
+    """Say which resource is short instead of letting Ray wait forever for an impossible placement."""
+    def fits(node: dict[str, float], count: int) -> bool:
+        return all(node.get(k, 0) >= v * count for k, v in per_worker.items())
+
+    need = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
+    if strategy == "STRICT_SPREAD":
+        ok = sum(fits(node, 1) for node in nodes)
+        if ok < n:
+            raise LaunchError(f"scaling.placement_strategy=STRICT_SPREAD puts each of the {n} workers on its own node, "
+                              f"but only {ok} of the cluster's {len(nodes)} node(s) have {need} free; use SPREAD or PACK, "
+                              f"or add nodes")
+    elif strategy == "STRICT_PACK" and not any(fits(node, n) for node in nodes):
+        biggest = max(nodes, key=lambda nd: nd.get("CPU", 0), default={})
+        raise LaunchError(f"scaling.placement_strategy=STRICT_PACK puts all {n} workers on one node, but no node has "
+                          f"{', '.join(f'{v * n:g} {k}' for k, v in per_worker.items())} (the largest has "
+                          f"{biggest.get('CPU', 0):g} CPU, {biggest.get('GPU', 0):g} GPU); use PACK or fewer workers")

@@ -1,0 +1,185 @@
+"""The run directory's layout: every file and folder name of ``<output_dir>/<run_name>/`` lives here.
+
+Every reader and writer (driver, workers, monitor, reports, commands) asks a ``RunDir`` for its paths, so a
+rename is one edit. A run directory is created once (``create_run_dir``) and never reused by another run.
+
+    config.resolved.yaml   the config the run used, secrets redacted
+    summary.json           written by rank 0 when training ends (its presence means "finished")
+    metrics.jsonl          train/eval/system/breakdown records, one JSON object a line
+    alerts.jsonl           alerts fired by the driver's monitor or the workers
+    logs/main.log          key events of the driver and rank 0; logs/worker-<rank>.log per rank
+    checkpoints/step-<N>/  see checkpoint.py
+    heartbeat/ stacks/     per-rank progress and stack dumps (comm/watchdog.py)
+    data/                  the tokenized splits the workers load
+    final/                 a from_pretrained directory (LoRA: the adapter, base/, merged/)
+    STOP                   created on Ctrl-C/SIGTERM: every rank checkpoints and stops
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from scaletrain.errors import ConfigError, LaunchError
+
+# Owner and group only: configs and logs may hold paths and hostnames users consider private.
+DIR_MODE = 0o750
+RUN_UMASK = 0o027  # files of a run are not world-readable
+
+
+class RunDir:
+    """Paths inside one run directory (nothing is created by asking)."""
+
+    RESOLVED_CONFIG = "config.resolved.yaml"
+    SUMMARY = "summary.json"
+    METRICS = "metrics.jsonl"
+    ALERTS = "alerts.jsonl"
+    STOP = "STOP"
+    REPORT = "report.md"
+    MAIN_LOG = "logs/main.log"
+    SPEC = "launch.json"  # the torchrun launcher's hand-off of the job spec
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    # --- files written once per run -------------------------------------------------------------------
+    @property
+    def resolved_config(self) -> Path:
+        return self.root / self.RESOLVED_CONFIG
+
+    @property
+    def summary(self) -> Path:
+        return self.root / self.SUMMARY
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / self.METRICS
+
+    @property
+    def alerts(self) -> Path:
+        return self.root / self.ALERTS
+
+    @property
+    def report(self) -> Path:
+        return self.root / self.REPORT
+
+    @property
+    def stop(self) -> Path:
+        return self.root / self.STOP
+
+    @property
+    def spec(self) -> Path:
+        return self.root / self.SPEC
+
+    # --- logs -----------------------------------------------------------------------------------------
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def events(self) -> Path:
+        return self.root / self.MAIN_LOG
+
+    def worker_log(self, rank: int) -> Path:
+        return self.logs / f"worker-{rank}.log"
+
+    def worker_logs(self) -> list[Path]:
+        return sorted(self.logs.glob("worker-*.log"))
+
+    def torchrun_log(self, node_rank: int) -> Path:
+        return self.logs / f"torchrun-node{node_rank}.log"
+
+    # --- per-rank liveness ------------------------------------------------------------------------------
+    @property
+    def heartbeats(self) -> Path:
+        return self.root / "heartbeat"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeats / f"rank-{rank}.json"
+
+    def stacks(self, rank: int) -> Path:
+        return self.root / "stacks" / f"rank-{rank}.txt"
+
+    def pid(self, rank: int) -> Path:
+        return self.root / "pids" / f"rank-{rank}.pid"
+
+    @property
+    def flight(self) -> Path:
+        """Prefix directory of the NCCL/RCCL flight-recorder dumps."""
+        return self.root / "flight"
+
+    # --- state ----------------------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    # --- questions --------------------------------------------------------------------------------------
+    def is_run(self) -> bool:
+        return self.resolved_config.is_file()
+
+    def require_run(self) -> RunDir:
+        """This, if it is a scaletrain run directory; else the one-line error naming it."""
+        if not self.is_run():
+            raise ConfigError(f"{self.root}: not a scaletrain run directory (no {self.RESOLVED_CONFIG})")
+        return self
+
+    def finished(self) -> bool:
+        return self.summary.is_file()
+
+
+def default_run_name(config_path: str | Path, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{Path(config_path).stem}-{stamp}"
+
+
+def create_run_dir(output_dir: str | Path, run_name: str | None, config_path: str | Path,
+                   now: float | None = None) -> Path:
+    """Create a fresh run directory atomically (mkdir fails if it exists, so no run is overwritten)."""
+    # Absolute: Ray's storage_path and every worker (whatever its cwd) must resolve it the same way.
+    root = Path(output_dir).expanduser().resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    except OSError as e:
+        raise LaunchError(f"output.output_dir={output_dir}: cannot create it ({e.strerror}); choose a writable directory") from None
+    if run_name:
+        path = root / run_name
+        try:
+            path.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            raise LaunchError(f"output.run_name={run_name}: {path} already exists and is never overwritten; "
+                              f"choose another run_name, or continue it with --resume {path}") from None
+        return path
+    base = default_run_name(config_path, now)
+    for i in range(1, 1000):
+        path = root / (base if i == 1 else f"{base}-{i}")
+        try:
+            path.mkdir(mode=DIR_MODE)
+            return path
+        except FileExistsError:
+            continue
+    raise LaunchError(f"output.output_dir={output_dir}: could not find a free run name for {base}")

@@ -1,0 +1,119 @@
+"""Step timing and the metric records of a run: every ``logging_steps`` a train record aggregated over ranks
+(written by rank 0), breakdown records on probe steps, and the summary at the end."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
+from scaletrain.metrics.records import JsonlSink
+from scaletrain.metrics.sampler import SystemSampler
+from scaletrain.worker.breakdown import shares
+from scaletrain.worker.optim import global_batch_size
+from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum
+from scaletrain.worker.step_check import due
+from scaletrain.worker.trainer import Trainer
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
+
+
+class Meter:
+    def __init__(self, trainer: Trainer, sampler: SystemSampler):
+        self.t, self.sampler = trainer, sampler
+        self.ctx, self.cfg, self.spec = trainer.ctx, trainer.cfg, trainer.spec
+        self.device_name = device_name(self.ctx.device)
+        # MFU is never guessed: an unknown device gives None (and a warning from peak_tflops).
+        self.peak = peak_tflops(self.device_name, trainer.precision.dtype_name) if self.device_name != "cpu" else None
+        self.sink = JsonlSink(trainer.run_dir.metrics) if self.ctx.is_main else None
+        self.samples_total = self.tokens_total = 0.0
+        self.last_wait = 0.0
+        self._reset()
+
+    def _reset(self):
+        self.t0 = time.perf_counter()
+        self.loss = self.samples = self.tokens = self.wait = 0.0
+        self.steps = 0
+
+    def data_wait(self, seconds: float) -> None:
+        self.wait += seconds
+        self.last_wait = seconds
+
+    def probe_due(self, step: int) -> bool:
+        return due(self.cfg.monitor.breakdown_every, step) and self.cfg.train.strategy == "ddp"
+
+    def record_due(self, step: int) -> bool:
+        return due(self.cfg.train.logging_steps, step) or step == self.spec.total_steps
+
+    def _breakdown(self, step: int, timing: dict) -> None:
+        self.t.beat.enter("metrics", step)
+        values = [self.last_wait, timing["compute_s"], timing["fwd_bwd_sync_s"], timing["optimizer_s"]]
+        mean = [v / self.ctx.world_size for v in all_reduce_sum(values, self.ctx.device)]
+        self.write({"kind": "breakdown", "step": step, "world_size": self.ctx.world_size, **shares(*mean)})
+
+    def step_done(self, loss: float, window: list[dict], timing: dict | None = None) -> None:
+        step = self.t.progress.step
+        if timing:
+            self._breakdown(step, timing)
+            self.t0 += timing.get("probe_s", 0.0)
+        self.steps += 1
+        self.loss += loss
+        self.samples += sum(b["input_ids"].shape[0] for b in window)
+        self.tokens += sum(int(b["attention_mask"].sum()) for b in window)
+        if self.record_due(step):
+            self._flush()
+
+    def _flush(self) -> None:
+        progress = self.t.progress
+        elapsed = time.perf_counter() - self.t0
+        self.t.beat.enter("metrics", progress.step)
+        loss, samples, tokens = all_reduce_sum([self.loss, self.samples, self.tokens], self.ctx.device)
+        system = self.sampler.sample()
+        per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"]],
+                                     self.ctx.device)
+        slowest = max(r[0] for r in per_rank) * self.steps
+        wait = max(r[1] for r in per_rank) * self.steps
+        self.samples_total += samples
+        self.tokens_total += tokens
+        record = {
+            "kind": "train", "step": progress.step, "epoch": progress.epoch, "total_steps": self.spec.total_steps,
+            "train/loss": loss / self.ctx.world_size / self.steps, "train/lr": self.t.lr,
+            "throughput/samples_per_s": samples / slowest, "throughput/tokens_per_s": tokens / slowest,
+            "time/step_s": slowest / self.steps, "time/data_wait_s": wait / self.steps,
+            "world_size": self.ctx.world_size, **system,
+            "ranks/step_s": [r[0] for r in per_rank], "ranks/data_wait_s": [r[1] for r in per_rank],
+            "ranks/rss_gib": [r[2] for r in per_rank],
+        }
+        if samples:
+            f = self.t.facts.flops
+            per_token = flops_per_token(f["n_params"], f["n_layers"], f["hidden"], int(tokens / samples),
+                                        f["lora_params"] if self.t.lora else None)
+            record["perf/flops_per_token"] = per_token
+            value = mfu(tokens / slowest / self.ctx.world_size, per_token, self.peak)
+            if value is not None:
+                record["perf/mfu"] = value
+        self.write(record)
+        self._reset()
+
+    def write(self, record: dict) -> None:
+        if self.sink:
+            self.sink.write({"time": time.time(), **record})
+
+    def summary(self, train_time: float, eval_time: float, final_eval: dict) -> dict:
+        cfg, progress = self.cfg, self.t.progress
+        return {
+            "world_size": self.ctx.world_size, "backend": self.ctx.backend, "device": self.ctx.device,
+            "strategy": cfg.train.strategy, "task": cfg.model.task, "model": cfg.model.name_or_path,
+            "finetuning_type": cfg.model.finetuning_type,
+            "global_batch_size": global_batch_size(cfg.train, self.ctx.world_size),
+            "learning_rate": self.spec.learning_rate, "steps": progress.step, "epochs": progress.epoch,
+            "train_time_s": train_time, "eval_time_s": eval_time,
+            "throughput/samples_per_s": self.samples_total / train_time if train_time > 0 else 0.0,
+            "throughput/tokens_per_s": self.tokens_total / train_time if train_time > 0 else 0.0,
+            "samples_per_step_per_device": cfg.train.per_device_train_batch_size * cfg.train.gradient_accumulation_steps,
+            "parameters/trainable": self.t.facts.trainable, "parameters/total": self.t.facts.total,
+            "final": final_eval,
+        }

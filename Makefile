@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # install their own torch into the venv first (see README) and set TORCH_SPEC= to keep it.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test clean-venv
+.PHONY: install demo test test-fast clean-venv
 
 $(BIN)/scaletrain: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,8 +21,13 @@ demo: install
 	$(BIN)/python -m scaletrain.demo_data examples/data
 	$(BIN)/scaletrain train examples/classify.yaml scaling.num_workers=2
 
+# -rs: every skipped test says why at the end of the run.
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -rs tests
+
+# Unit tests only (no Ray, no torchrun): about a minute here, for iteration.
+test-fast: install
+	$(BIN)/python -m pytest -q -rs tests/unit
 
 clean-venv:
 	rm -rf $(VENV)

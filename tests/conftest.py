@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,18 @@ import yaml
 from scaletrain.demo_data import alpaca_rows, sentiment_rows
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+# Set by .ci/run: there the reference folder is laid beside the clone, so a missing file is a failure, not a skip.
+REQUIRE_REFERENCE = "SCALETRAIN_REQUIRE_REFERENCE"
+
+
+def reference_file(name: str) -> Path:
+    """A file of ../shared/reference (real tool outputs; never copied into the project)."""
+    path = REFERENCE / name
+    if not path.is_file():
+        if os.environ.get(REQUIRE_REFERENCE):
+            pytest.fail(f"{path} is missing and {REQUIRE_REFERENCE} is set: CI must run the tests that read it")
+        pytest.skip(f"{path} not present: these tests read the shared reference folder beside the checkout")
+    return path
 
 
 @pytest.fixture(scope="session")

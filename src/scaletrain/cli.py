@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from scaletrain.errors import ScaletrainError
+
+DESCRIPTION = ("Take a Transformer fine-tuning job from one device to many GPUs and nodes with Ray Train "
+               "(ROCm/RCCL and CUDA/NCCL): check the machine before (doctor, env, topo, commbench, predict), "
+               "train the same YAML on 1 to N workers, and measure after (scale, parity, report).")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from scaletrain.commands import commbench, doctor, env, predict, report, scale, topo, train
 
-    parser = argparse.ArgumentParser(prog="scaletrain", description=__doc__.split(":")[0])
+    parser = argparse.ArgumentParser(prog="scaletrain", description=DESCRIPTION)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
@@ -38,14 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ScaletrainError as e:
-        if args.debug:
-            raise
         from scaletrain.redact import Redactor
 
-        print(f"error: {Redactor.from_environment()(str(e))}", file=sys.stderr)
+        redact = Redactor.from_environment()
+        if args.debug:  # the traceback too, redacted, and still the error's own exit code
+            print(redact("".join(traceback.format_exception(e))), file=sys.stderr, end="")
+        for line in str(e).splitlines() or [""]:  # a config with several problems: one line each
+            print(f"{e.label}: {redact(line)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("stopped: interrupted (a second Ctrl-C, or one before training started: no checkpoint saved)", file=sys.stderr)
         return 130
 
 

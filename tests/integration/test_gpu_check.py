@@ -24,7 +24,9 @@ def test_gpu_check_script_on_cpu(ray_local, no_orphans, tmp_path):
     assert proc.returncode == 0, text[-3000:]
     for section in ("== env", "== topo", "== GPUs: 0", "== train", "== commbench: skipped, 0 GPU(s)"):
         assert section in text, section
-    assert "torch: 2.13.0" in (out / "env.txt").read_text()
+    import torch
+
+    assert f"torch: {torch.__version__}" in (out / "env.txt").read_text()  # whatever torch this venv has
     tokens_per_s = float(re.search(r"tokens/s \(median\): (\d+)", text).group(1))
     step_s = float(re.search(r"step time s \(median\): ([\d.]+)", text).group(1))
     assert "MFU (median): n/a (unknown device)" in text  # a CPU has no peak in the table: never a guessed MFU

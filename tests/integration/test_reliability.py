@@ -114,10 +114,11 @@ def test_hang_is_detected_names_the_rank_and_saves_stacks(classify_cfg, tmp_path
     run_dir = tmp_path / "runs" / "hang"
     assert "maybe_fire" in (run_dir / "stacks" / "rank-1.txt").read_text()  # the sleeping frame
     assert "backward" in (run_dir / "stacks" / "rank-0.txt").read_text()  # waiting in the gradient all-reduce
-    # detected within timeout_s + 30 s of the hang (both times come from this run's own files)
+    # detected within timeout_s + 60 s of the hang (both times come from this run's own files); ~15 s when the
+    # machine is idle, the margin is for a loaded 2-core machine where Ray's teardown itself can take half a minute
     hung_since = json.loads((run_dir / "heartbeat" / "rank-1.json").read_text())["since"]
     failed_at = os.path.getmtime(run_dir / "logs" / "main.log")
-    assert failed_at - hung_since < 10 + 30
+    assert failed_at - hung_since < 10 + 60
 
 
 def test_hang_is_retried_once_by_default(classify_cfg, tmp_path, monkeypatch, no_orphans):

@@ -6,7 +6,7 @@ from scaletrain.comm.bench import (BenchParams, Row, average_busbw, bandwidths, 
                                    parse_nccl_tests, parse_size, size_range, validate_params)
 from scaletrain.commands.commbench import parse_sweep, rank_sweep
 from scaletrain.errors import ConfigError
-from tests.conftest import REFERENCE
+from tests.conftest import reference_file
 
 
 def test_bus_factors_by_hand():
@@ -31,9 +31,7 @@ def test_bandwidths_by_hand():
                                         ("nccl-tests-all_reduce_perf-2node-16xH100.txt", 16),
                                         ("nccl-tests-all_reduce_perf-2xRTX2080Ti.txt", 2)])
 def test_formulas_reproduce_recorded_nccl_tests(name, ranks):
-    path = REFERENCE / name
-    if not path.exists():
-        pytest.skip("shared reference folder not present")
+    path = reference_file(name)
     rows = parse_nccl_tests(path.read_text())
     assert len(rows) > 20
     for r in rows:
@@ -80,3 +78,14 @@ def test_sweep_parsing_and_ranking():
     rows = lambda bw: [{"size": 16 * 2**20, "oop_busbw": bw, "ip_busbw": bw}, {"size": 8, "oop_busbw": 99, "ip_busbw": 99}]
     ranked = rank_sweep([({"A": "1"}, rows(10.0)), ({"A": "2"}, rows(20.0))], 25 * 2**20)
     assert ranked[0] == ({"A": "2"}, 20.0)  # the 8-byte row (busbw 99) is outside the bucket window
+
+
+def test_a_missing_reference_file_skips_with_its_path_or_fails_where_ci_requires_it(monkeypatch):
+    from tests.conftest import REQUIRE_REFERENCE
+
+    monkeypatch.delenv(REQUIRE_REFERENCE, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no-such-output.txt not present"):
+        reference_file("no-such-output.txt")
+    monkeypatch.setenv(REQUIRE_REFERENCE, "1")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the tests that read it"):
+        reference_file("no-such-output.txt")

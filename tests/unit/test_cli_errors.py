@@ -78,10 +78,31 @@ def test_bad_override(classify_cfg, tmp_path):
     _assert_one_line_error(run_cli("train", p, "scaling.num_workerz=2"), "unknown key 'scaling.num_workerz'")
 
 
-def test_debug_shows_traceback(classify_cfg, tmp_path):
+def test_debug_shows_traceback_and_keeps_the_exit_code(classify_cfg, tmp_path):
     classify_cfg["train"]["strategy"] = "zero"
-    proc = run_cli("train", write_config(tmp_path / "c.yaml", classify_cfg), "--debug")
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
+    path = write_config(tmp_path / "c.yaml", classify_cfg)
+    plain, debug = run_cli("train", path), run_cli("train", path, "--debug")
+    assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr
+    assert plain.returncode == debug.returncode == 2  # ConfigError's code, not Python's 1 for an uncaught error
+    assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip()  # and the same one line at the end
+
+
+def test_top_level_help_describes_the_tool():
+    out = run_cli("--help").stdout
+    assert "fine-tuning job from one device to many GPUs" in out and "entry point" not in out
+
+
+def test_a_requested_stop_is_reported_as_a_stop_not_an_error(monkeypatch, capsys):
+    from scaletrain import cli
+    from scaletrain.errors import Interrupted
+
+    def stop(args):
+        raise Interrupted("at a checkpoint, as requested; continue with: scaletrain train --resume runs/x")
+
+    monkeypatch.setattr(cli, "parse", lambda argv: __import__("argparse").Namespace(func=stop, debug=False))
+    assert cli.main([]) == 130
+    assert capsys.readouterr().err == ("stopped: at a checkpoint, as requested; continue with: "
+                                       "scaletrain train --resume runs/x\n")
 
 
 def test_resume_needs_a_run_dir(tmp_path):

@@ -103,3 +103,35 @@ def test_apply_override_creates_nested():
     raw = {}
     apply_override(raw, "comm.env.NCCL_DEBUG=INFO")
     assert raw == {"comm": {"env": {"NCCL_DEBUG": "INFO"}}}
+
+
+def test_every_problem_of_a_file_is_reported_at_once_one_line_each(classify_cfg, tmp_path):
+    classify_cfg["train"].update(learnig_rate=1, per_device_train_batch_size="big")
+    classify_cfg["scaling"]["num_workers"] = 0
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+    lines = str(e.value).splitlines()
+    assert len(lines) == 3 and all(ln.startswith(f"{tmp_path / 'c.yaml'}: ") for ln in lines)
+    assert any("unknown key 'train.learnig_rate'" in ln for ln in lines)
+    assert any("train.per_device_train_batch_size='big'" in ln for ln in lines)
+    assert any("scaling.num_workers=0" in ln for ln in lines)
+
+
+def test_a_section_rule_prints_its_message_not_the_section(classify_cfg, tmp_path):
+    classify_cfg["scaling"].update(launcher="torchrun", num_workers=3, nnodes=2)
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+    assert str(e.value) == (f"{tmp_path / 'c.yaml'}: scaling.num_workers=3 must be a multiple of scaling.nnodes=2 "
+                            f"(the same number of processes on every node)")
+
+
+@pytest.mark.parametrize("section,key,nearest", [
+    ("train", "save_steps", "checkpoint.save_steps"),  # not train.max_steps: the exact name lives elsewhere
+    ("data", "num_workers", "scaling.num_workers"),
+    ("train", "learnig_rate", "train.learning_rate"),  # the own section still wins a near miss
+    ("monitor", "report_too", "monitor.report_to"),
+])
+def test_the_nearest_key_is_searched_across_sections(classify_cfg, tmp_path, section, key, nearest):
+    classify_cfg.setdefault(section, {})[key] = 1
+    with pytest.raises(ConfigError, match=rf"unknown key '{section}.{key}'; did you mean '{nearest}'\?"):
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg))

@@ -7,7 +7,7 @@ import pytest
 from scaletrain.config import validate
 from scaletrain.errors import ConfigError, LaunchError, TrainingError
 from scaletrain.launch.failures import group_failures
-from scaletrain.launch.plan import plan_cluster
+from scaletrain.launch.plan import plan_scaling
 from scaletrain.rundir import create_run_dir, default_run_name
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, steps_per_epoch, total_steps
 
@@ -69,12 +69,12 @@ def test_plan_cluster_counts_cpus_and_gpus():
     c = validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"},
                   "scaling": {"num_workers": 4}})
     with pytest.raises(LaunchError, match=r"scaling.num_workers=4 needs 4 CPUs .* the cluster has 2; lower scaling.num_workers to 2"):
-        plan_cluster(c, {"CPU": 2.0}, "cpu")
-    plan = plan_cluster(c, {"CPU": 64.0, "GPU": 8.0}, "rocm")
+        plan_scaling(c.scaling, c.comm, {"CPU": 2.0}, "cpu")
+    plan = plan_scaling(c.scaling, c.comm, {"CPU": 64.0, "GPU": 8.0}, "rocm")
     assert plan.use_gpu and plan.backend == "nccl" and plan.resources_per_worker == {"CPU": 1, "GPU": 1}
     with pytest.raises(LaunchError, match=r"needs 4 GPUs .* the cluster has 2"):
-        plan_cluster(c, {"CPU": 64.0, "GPU": 2.0}, "cuda")
-    cpu_plan = plan_cluster(c, {"CPU": 8.0}, "cpu")
+        plan_scaling(c.scaling, c.comm, {"CPU": 64.0, "GPU": 2.0}, "cuda")
+    cpu_plan = plan_scaling(c.scaling, c.comm, {"CPU": 8.0}, "cpu")
     assert not cpu_plan.use_gpu and cpu_plan.backend == "gloo"
 
 
@@ -82,7 +82,7 @@ def test_plan_cluster_nccl_without_gpus():
     c = validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"},
                   "comm": {"backend": "nccl"}})
     with pytest.raises(LaunchError, match="comm.backend=nccl needs a GPU"):
-        plan_cluster(c, {"CPU": 2.0}, "cpu")
+        plan_scaling(c.scaling, c.comm, {"CPU": 2.0}, "cpu")
 
 
 def test_failures_grouped_by_rank():

@@ -7,14 +7,11 @@ import pytest
 from scaletrain.comm.topo.model import Link, Topology, LinkInfo
 from scaletrain.comm.topo.parsers import parse_amd_smi, parse_nvidia_smi, parse_rocm_smi
 from scaletrain.comm.topo.probe import detect, from_amdsmi, from_pynvml
-from tests.conftest import REFERENCE
+from tests.conftest import reference_file
 
 
 def ref(name):
-    p = REFERENCE / name
-    if not p.exists():
-        pytest.skip(f"{p} not present (the shared reference folder)")
-    return p.read_text()
+    return reference_file(name).read_text()
 
 
 def all_pairs(topo):

@@ -67,11 +67,11 @@ def _cluster_and_smoke(cfg, vendor):
     from scaletrain.comm.launch_env import worker_env
     from scaletrain.errors import ScaletrainError
     from scaletrain.launch import ray_launcher
-    from scaletrain.launch.plan import plan_cluster
+    from scaletrain.launch.plan import plan_scaling
 
     with ray_launcher.ray_session(cfg.scaling.address) as resources:
         try:
-            plan = plan_cluster(cfg, resources, vendor)
+            plan = plan_scaling(cfg.scaling, cfg.comm, resources, vendor)
         except ScaletrainError:
             return resources, None  # check_workers reports it
         if cfg.scaling.num_workers < 2:

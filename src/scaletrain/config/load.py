@@ -6,7 +6,6 @@ Every failure becomes one ``ConfigError`` line naming the file, the key and the 
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -14,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from scaletrain.comm import env as envvars
 from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 
@@ -42,15 +42,17 @@ def load_config(
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
     for item in overrides:
         apply_override(raw, item)
-    raw = interpolate_env(raw, os.environ if environ is None else environ)
+    raw = interpolate_env(raw, envvars.snapshot() if environ is None else environ)
     return validate(raw, source=str(path))
 
 
 def validate(raw: dict, source: str = "config") -> Config:
+    """The typed config, or one ConfigError listing every problem pydantic found, one line each."""
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(f"{source}: {_explain(e.errors()[0], raw)}") from None
+        problems = dict.fromkeys(_explain(err, raw) for err in e.errors())  # unique, in pydantic's order
+        raise ConfigError("\n".join(f"{source}: {p}" for p in problems)) from None
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -99,16 +101,32 @@ def _explain(err: dict, raw: dict) -> str:
     if err["type"] == "extra_forbidden":
         model = _model_at(Config, loc[:-1])
         valid = list(model.model_fields) if model else []
-        near = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-        hint = f"did you mean '{'.'.join(loc[:-1] + near)}'?" if near else f"valid keys: {', '.join(valid)}"
+        near = _nearest_key(loc)
+        hint = f"did you mean '{near}'?" if near else f"valid keys: {', '.join(valid)}"
         return f"unknown key '{dotted}'; {hint}"
     if err["type"] == "missing":
         return f"'{dotted}' is required; add it to the config"
-    if not loc:  # a cross-section rule of the root model
-        return err["msg"].removeprefix("Value error, ")
-    got = _value_at(raw, loc)
     msg = err["msg"].removeprefix("Value error, ")
-    return f"{dotted}={got!r} is not valid: {msg}"
+    if not loc or _model_at(Config, loc) is not None:  # a rule of the root or of a whole section: its own words
+        return msg
+    return f"{dotted}={_value_at(raw, loc)!r} is not valid: {msg}"
+
+
+def _nearest_key(loc: list[str]) -> str | None:
+    """The valid dotted key nearest to an unknown one, looking in its own section and in every other
+    (``train.save_steps`` -> ``checkpoint.save_steps``); the own section wins a tie."""
+    parent, name = loc[:-1], loc[-1]
+    model = _model_at(Config, parent)
+    candidates = [".".join([*parent, f]) for f in (model.model_fields if model else [])]
+    if len(parent) == 1:  # a key of a section: the same name in another section is a likely slip
+        for section, field in Config.model_fields.items():
+            sub = field.annotation
+            if section != parent[0] and isinstance(sub, type) and issubclass(sub, BaseModel):
+                candidates += [f"{section}.{f}" for f in sub.model_fields]
+    scored = [(difflib.SequenceMatcher(None, name, c.rsplit(".", 1)[-1]).ratio(), -i, c)
+              for i, c in enumerate(candidates)]
+    best = max(scored, default=None)
+    return best[2] if best and best[0] >= 0.5 else None
 
 
 def _model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:

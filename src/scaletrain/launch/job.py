@@ -83,7 +83,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
         if cfg.monitor.report:
             _write_report(run_dir)
     if rd.stop.exists():
-        raise Interrupted(f"stopped at a checkpoint on request; continue with: scaletrain train --resume {run_dir}")
+        raise Interrupted(f"at a checkpoint, as requested; continue with: scaletrain train --resume {run_dir}")
     finish_final(cfg, run_dir, tokenizer)
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
 

@@ -19,12 +19,8 @@ class ClusterPlan:
     notes: tuple[str, ...] = ()  # what the user should know about the choice (backend fallback, device fixes)
 
 
-def plan_cluster(cfg: Config, resources: dict[str, float], vendor: str) -> ClusterPlan:
-    """Decide GPU use, backend and per-worker resources from a Ray cluster's totals; check they fit."""
-    return plan_scaling(cfg.scaling, cfg.comm, resources, vendor)
-
-
 def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str, float], vendor: str) -> ClusterPlan:
+    """Decide GPU use, backend and per-worker resources from a Ray cluster's totals; check they fit."""
     gpus = int(resources.get("GPU", 0))
     use_gpu = gpus > 0 if scaling.use_gpu == "auto" else bool(scaling.use_gpu)
     choice = select_backend(comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from scaletrain.comm.launch_env import prepare_ray_driver, worker_env
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
-from scaletrain.launch.plan import ClusterPlan, check_placement, plan_cluster
+from scaletrain.launch.plan import ClusterPlan, check_placement, plan_scaling
 from scaletrain.redact import Redactor
 from scaletrain.worker.spec import JobSpec
 
@@ -38,7 +38,7 @@ class RayLauncher:
         if self._session is None:
             self._session = contextlib.ExitStack()
             self.resources = self._session.enter_context(ray_session(self.cfg.scaling.address))
-        plan = plan_cluster(self.cfg, self.resources, platform.vendor)
+        plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor)
         return replace(plan, notes=(*notes, *plan.notes))
 
     def run(self, spec: JobSpec, plan: ClusterPlan) -> None:

@@ -48,6 +48,7 @@ class Facts:
     smoke: tuple[bool, str] | None = None  # (passed, detail) of the all-reduce smoke test
     config: Config | None = None
     path_errors: list[str] = field(default_factory=list)
+    literal_secrets: list[str] = field(default_factory=list)  # config keys holding a credential in clear
 
 
 Check = Callable[[Facts], "CheckResult | None"]
@@ -216,6 +217,18 @@ def check_topology(f: Facts) -> CheckResult | None:
     return CheckResult("topology", Status.OK, "no slow GPU pairs")
 
 
+def check_literal_secrets(f: Facts) -> CheckResult | None:
+    if f.config is None:
+        return None
+    if f.literal_secrets:
+        keys = ", ".join(f.literal_secrets)
+        var = f.literal_secrets[0].rsplit(".", 1)[-1].upper()
+        return CheckResult("secrets in the config", Status.WARN,
+                           f"{keys}: a credential written in the config file (anyone who can read the file, or "
+                           f"a copy of it, has it)", f"export it in the environment and write ${{{var}}} instead")
+    return CheckResult("secrets in the config", Status.OK, "none written in clear")
+
+
 def check_smoke(f: Facts) -> CheckResult | None:
     if f.smoke is None:
         return None
@@ -226,7 +239,7 @@ def check_smoke(f: Facts) -> CheckResult | None:
 
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
                              check_nofile, check_disk, check_paths, check_batch_lr, check_rocm_hints, check_topology,
-                             check_smoke)
+                             check_literal_secrets, check_smoke)
 
 
 def run_checks(facts: Facts, checks: tuple[Check, ...] = CHECKS) -> list[CheckResult]:

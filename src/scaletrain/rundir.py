@@ -13,6 +13,7 @@ rename is one edit. A run directory is created once (``create_run_dir``) and nev
     data/                  the tokenized splits the workers load
     final/                 a from_pretrained directory (LoRA: the adapter, base/, merged/)
     STOP                   created on Ctrl-C/SIGTERM: every rank checkpoints and stops
+    .private-env.json      secret variables for the Ray workers while they run (0600; see comm/launch_env.py)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class RunDir:
     REPORT = "report.md"
     MAIN_LOG = "logs/main.log"
     SPEC = "launch.json"  # the torchrun launcher's hand-off of the job spec
+    PRIVATE_ENV = ".private-env.json"  # secret variables for Ray workers (0600), removed when the workers end
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -83,6 +85,10 @@ class RunDir:
     @property
     def spec(self) -> Path:
         return self.root / self.SPEC
+
+    @property
+    def private_env(self) -> Path:
+        return self.root / self.PRIVATE_ENV
 
     # --- logs -----------------------------------------------------------------------------------------
     @property

@@ -6,10 +6,11 @@ config or the frozen worker context.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import warnings
 from typing import Mapping
+
+from scaletrain.credentials import looks_like_secret
 
 # Visible-device variables. Ray sets HIP_VISIBLE_DEVICES per worker on AMD, Ray Train V2 shares
 # CUDA_VISIBLE_DEVICES across the workers of a node, and ROCR_VISIBLE_DEVICES filters devices
@@ -87,11 +88,11 @@ def worker_env(
     for key, value in config_env.items():
         shell = environ.get(key)
         if shell is not None and shell != value:
-            warnings.warn(
-                f"{key}: comm.env sets {value!r}, your shell has {shell!r}; the config value wins "
-                f"(remove it from comm.env to keep the shell's)",
-                stacklevel=2,
-            )
+            secret = looks_like_secret(key, value) or looks_like_secret(key, shell)
+            what = ("sets another value than your shell" if secret  # names only: both values may be secrets
+                    else f"sets {value!r}, your shell has {shell!r}")
+            warnings.warn(f"{key}: comm.env {what}; the config value wins (remove it from comm.env to keep the "
+                          f"shell's)", stacklevel=2)
         out[key] = value
     return out
 
@@ -144,18 +145,16 @@ MISQUOTED_ENV: dict[str, str] = {
 SCALETRAIN_FAULTS = "SCALETRAIN_FAULTS"
 
 # --- Secrets: variables whose values never reach a log, config dump or error message ------------------
-SECRET_NAME_PATTERNS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "*_API_KEY", "*_SECRET*", "*_TOKEN", "AWS_*",
-                        "*PASSWORD*")
-
-
-def is_secret_name(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name.upper(), p) for p in SECRET_NAME_PATTERNS)
+# Where a Ray worker finds the secret variables of its environment (see comm/launch_env.py): a 0600 file, not
+# Ray's runtime_env, which Ray writes to its logs on every node and shows in its dashboard.
+SCALETRAIN_PRIVATE_ENV_FILE = "SCALETRAIN_PRIVATE_ENV_FILE"
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Values of secret-looking variables in the environment (at least 6 characters, to avoid noise)."""
+    """Values of the environment's secret variables, by name (HF_TOKEN, *_API_KEY, ...) or by shape (Bearer ...,
+    sk-..., a random-looking value of a *KEY*/*AUTH* variable): see credentials.py."""
     environ = os.environ if environ is None else environ
-    return [v for k, v in environ.items() if len(v) >= 6 and is_secret_name(k)]
+    return [v for k, v in environ.items() if looks_like_secret(k, v)]
 
 
 def snapshot() -> dict[str, str]:

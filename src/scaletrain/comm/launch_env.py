@@ -6,9 +6,14 @@ process environment or composes a worker's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from scaletrain.comm import env as envvars
+from scaletrain.credentials import split_secrets
 from scaletrain.comm.device import reconcile_rocr
 from scaletrain.comm.profiles import effective_env
 from scaletrain.rundir import RunDir
@@ -46,3 +51,33 @@ def torchrun_agent_env(comm: CommConfig, cpus_per_worker: float, environ: Mappin
     environ = envvars.snapshot() if environ is None else dict(environ)
     comm_vars = envvars.worker_env(effective_env(comm.profile, comm.env), environ)
     return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus_per_worker))), **environ, **comm_vars}
+
+
+@contextlib.contextmanager
+def private_env(env: dict[str, str], storage_dir: str) -> Iterator[dict[str, str]]:
+    """The variables that may travel in Ray's ``runtime_env``, while the secret ones wait in a 0600 file.
+
+    Ray writes a runtime_env's variables to its logs on every node (runtime_env_agent.log, the worker logs)
+    and shows them in its dashboard, so secret values (by name or shape: credentials.py) go to
+    ``<storage_dir>/.private-env.json`` instead (a shared filesystem on several nodes, as the run directory
+    is), which each worker reads into its own environment at start (``load_private_env``). The file is
+    removed when the block ends, however it ends."""
+    public, secret = split_secrets(env)
+    path = RunDir(storage_dir).private_env
+    if secret:
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(secret, f)
+        public[envvars.SCALETRAIN_PRIVATE_ENV_FILE] = str(path)
+    try:
+        yield public
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def load_private_env() -> None:
+    """In a Ray worker, first thing: add the secret variables the driver left for it (``private_env``)."""
+    path = envvars.read(envvars.SCALETRAIN_PRIVATE_ENV_FILE)
+    if path:
+        envvars.apply(json.loads(Path(path).read_text()))

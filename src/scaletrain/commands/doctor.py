@@ -117,8 +117,12 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.console import console
     from scaletrain.doctor import Status, run_checks
 
+    from scaletrain.config.load import literal_secrets
+
     cfg = load_config(args.config, args.overrides) if args.config else None
-    results = run_checks(gather_facts(cfg, smoke=not args.no_smoke))
+    facts = gather_facts(cfg, smoke=not args.no_smoke)
+    facts.literal_secrets = literal_secrets(args.config) if args.config else []
+    results = run_checks(facts)
     table = Table(title="scaletrain doctor")
     for col in ("check", "status", "detail", "fix"):
         table.add_column(col, overflow="fold")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from scaletrain.comm import env as envvars
 from scaletrain.config.schema import Config
+from scaletrain.credentials import looks_like_secret
 from scaletrain.errors import ConfigError
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -146,6 +147,28 @@ def _value_at(raw: Any, loc: list[str]) -> Any:
         else:
             return None
     return raw
+
+
+def literal_secrets(path: str | Path) -> list[str]:
+    """Dotted keys of a config file whose value is a credential written out (not a ``${VAR}`` reference)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return []  # load_config reports those
+    found: list[str] = []
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{key}[{i}]")
+        elif isinstance(node, str) and "${" not in node and looks_like_secret(key.rsplit(".", 1)[-1], node):
+            found.append(key)
+
+    walk(raw, "")
+    return found
 
 
 def dump_config(cfg: Config) -> str:

@@ -12,7 +12,7 @@ from typing import Iterator
 
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform
-from scaletrain.comm.launch_env import prepare_ray_driver, worker_env
+from scaletrain.comm.launch_env import load_private_env, prepare_ray_driver, private_env, worker_env
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
@@ -51,6 +51,9 @@ class RayLauncher:
                         node_resources())
         check_shared_storage(spec.run_dir)
         env = worker_env(cfg.comm, Platform.detect().vendor, plan.backend, spec.run_dir)
+        # Ray keeps train_loop_config in its object store and may log it: comm.env's secrets travel in the
+        # workers' private environment only (comm/launch_env.private_env), never in the config.
+        spec = replace(spec, config=self.redact.mapping(spec.config))
         run_on_workers(
             _ray_worker_entry, {"spec": spec}, cfg.scaling, plan, env, spec.run_dir, cfg.comm.timeout_s,
             max_failures=cfg.fault_tolerance.max_failures,
@@ -169,14 +172,21 @@ def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: Clu
                    storage_dir: str, timeout_s: int, max_failures: int = 0, callbacks=()) -> None:
     """Run ``entry(entry_config)`` on every worker of a Ray Train TorchTrainer (process group set up by Ray).
 
-    Checkpoints are scaletrain's own (checkpoint.py; nothing is reported to Ray), so no CheckpointConfig."""
+    Checkpoints are scaletrain's own (checkpoint.py; nothing is reported to Ray), so no CheckpointConfig.
+    Secret variables of ``env`` reach the workers through a 0600 file, never Ray's runtime_env (which Ray logs)."""
+    with private_env(env, storage_dir) as public:
+        _fit(entry, entry_config, scaling, plan, public, storage_dir, timeout_s, max_failures, callbacks)
+
+
+def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, env: dict[str, str],
+         storage_dir: str, timeout_s: int, max_failures: int, callbacks) -> None:
     prepare_ray_driver()  # before ray.train is imported: pins Train V2
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     trainer = TorchTrainer(
-        train_loop_per_worker=entry,
-        train_loop_config=entry_config,
+        train_loop_per_worker=_with_private_env,
+        train_loop_config={"entry": entry, "config": entry_config},
         torch_config=TorchConfig(backend=plan.backend, timeout_s=timeout_s),
         scaling_config=ScalingConfig(num_workers=scaling.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=plan.resources_per_worker,
@@ -205,6 +215,12 @@ def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: Clu
         thread.join(0.2)
     if "error" in outcome:
         raise outcome["error"]
+
+
+def _with_private_env(config: dict) -> None:
+    """Every Ray worker starts here: its secret variables first, then the entry it was given."""
+    load_private_env()
+    config["entry"](config["config"])
 
 
 def _ray_worker_entry(config: dict) -> None:

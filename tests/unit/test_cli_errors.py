@@ -173,3 +173,21 @@ def test_predict_numbers_out_of_range(flags, needle):
     base = {"--step-time": "0.5", "--grad-bytes": "1e9", "--profile": "mi300x"}
     base.update(dict(zip(flags[::2], flags[1::2])))
     _assert_one_line_error(run_cli("predict", *[x for kv in base.items() for x in kv]), needle)
+
+
+def test_debug_tracebacks_are_redacted_too(monkeypatch, capsys):
+    import argparse
+
+    from scaletrain import cli
+    from scaletrain.errors import ConfigError
+
+    monkeypatch.setenv("HF_TOKEN", "hf_DebugTokenAbcdefghijklmnop")
+
+    def fail(args):
+        raise ConfigError("could not reach the hub with hf_DebugTokenAbcdefghijklmnop (Bearer sk-live-0123456789abcdef)")
+
+    monkeypatch.setattr(cli, "parse", lambda argv: argparse.Namespace(func=fail, debug=True))
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "raise ConfigError" in err
+    assert "DebugToken" not in err and "sk-live" not in err and err.count("***") >= 2

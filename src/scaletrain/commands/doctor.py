@@ -49,13 +49,12 @@ def gather_facts(cfg, smoke: bool):
 
 
 def _path_errors(cfg) -> list[str]:
-    from scaletrain.data import read_records
+    from scaletrain.data.sources import check_files
     from scaletrain.errors import ScaletrainError
     from scaletrain.model import model_dir
 
     errors = []
-    for check in (lambda: model_dir(cfg.model.name_or_path), lambda: read_records(cfg.data.train_file, cfg.data.format),
-                  lambda: cfg.data.eval_file and read_records(cfg.data.eval_file, cfg.data.format, "data.eval_file")):
+    for check in (lambda: model_dir(cfg.model.name_or_path), lambda: check_files(cfg.data, cfg.model.task)):
         try:
             check()
         except ScaletrainError as e:

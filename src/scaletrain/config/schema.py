@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MIN_COMM_TIMEOUT_S = 10  # seconds a collective may take before it counts as hung, at least
 
@@ -39,22 +39,73 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    train_file: str
+    # One file (train_file, optional eval_file), or named datasets of a LLaMA-Factory dataset_info.json.
+    train_file: Optional[str] = None
     eval_file: Optional[str] = None
-    # Held out from train_file when eval_file is not given.
+    dataset_dir: Optional[str] = None  # holds dataset_info.json and the files it names
+    dataset: Optional[list[str]] = None  # names in dataset_info.json ("a,b" works too, as in LLaMA-Factory)
+    mix_strategy: Literal["concat", "interleave"] = "concat"
+    mix_probs: Optional[list[float]] = None  # interleave: the probability of each dataset (seeded)
+    # Held out from the training data (after max_samples) when eval_file is not given.
     eval_ratio: float = Field(0.1, ge=0, lt=1)
-    format: Literal["auto", "json", "jsonl", "csv", "parquet"] = "auto"
+    # File format; auto: from the suffix (a directory is a datasets save_to_disk directory).
+    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow"] = "auto"
+    # causal-lm: the records' format (LLaMA-Factory's names) and the chat template that renders them.
+    formatting: Literal["alpaca", "sharegpt", "messages", "text"] = "alpaca"
+    template: str = "auto"  # auto (the tokenizer's own, else alpaca), a built-in name, or a .jinja file
+    mask_history: bool = False  # loss on the last assistant turn only
+    train_on_prompt: bool = False  # loss on every token
     # sequence-classification columns
     text_column: str = "text"
     text_pair_column: Optional[str] = None
     label_column: str = "label"
-    # causal-lm (alpaca format) columns
+    # causal-lm columns (alpaca; "text" formatting reads text_column)
     instruction_column: str = "instruction"
     input_column: str = "input"
     output_column: str = "output"
-    max_length: int = Field(128, ge=8)
-    max_samples: Optional[int] = Field(None, ge=1)
+    system_column: str = "system"
+    history_column: str = "history"
+    # sharegpt / messages: the list of turns and its tags (defaults: conversations/from/value/human/gpt for
+    # sharegpt, messages/role/content/user/assistant for messages)
+    messages_column: Optional[str] = None
+    role_tag: Optional[str] = None
+    content_tag: Optional[str] = None
+    user_tag: Optional[str] = None
+    assistant_tag: Optional[str] = None
+    observation_tag: Optional[str] = None
+    # Tokens per example; LLaMA-Factory's name cutoff_len works too.
+    max_length: int = Field(128, ge=8, validation_alias=AliasChoices("max_length", "cutoff_len"))
+    max_samples: Optional[int] = Field(None, ge=1)  # per dataset, before the eval split
+    # Records that cannot be trained on are skipped and counted; more than this share is an error.
+    max_bad_ratio: float = Field(0.01, ge=0, le=1)
+    preprocessing_num_workers: Optional[int] = Field(None, ge=1)  # processes for tokenization (datasets.map)
+    overwrite_cache: bool = False  # tokenize again even if the same data was tokenized before
+    cache_dir: Optional[str] = None  # tokenized data; default: <output.output_dir>/.cache/data
     loader_workers: int = Field(0, ge=0)
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _names(cls, v):
+        if isinstance(v, str):
+            return [n.strip() for n in v.split(",") if n.strip()]
+        return v
+
+    @model_validator(mode="after")
+    def _source(self) -> "DataConfig":
+        if not self.train_file and not self.dataset:
+            raise ValueError("data.train_file is required (or data.dataset with data.dataset_dir); set one")
+        if self.train_file and self.dataset:
+            raise ValueError("data.train_file and data.dataset are both set; keep one of them")
+        if self.dataset and not self.dataset_dir:
+            raise ValueError("data.dataset needs data.dataset_dir (the folder of its dataset_info.json); set it")
+        if self.mix_probs is not None:
+            if self.mix_strategy != "interleave":
+                raise ValueError("data.mix_probs applies to data.mix_strategy=interleave only; set it or remove "
+                                 "mix_probs")
+            if len(self.mix_probs) != len(self.dataset or []) or abs(sum(self.mix_probs) - 1) > 1e-6:
+                raise ValueError(f"data.mix_probs={self.mix_probs} needs one probability per dataset "
+                                 f"({len(self.dataset or [])}), summing to 1")
+        return self
 
 
 class TrainConfig(_Section):

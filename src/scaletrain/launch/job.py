@@ -72,7 +72,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
         rd.resolved_config.write_text(yaml.safe_dump(redact.mapping(cfg.model_dump(mode="json")), sort_keys=False))
     rd.stop.unlink(missing_ok=True)  # a stop request of the previous session is done
     spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
-    _announce(cfg, spec, plan, [*notes, *plan.notes], len(data.train), len(data.eval), events,
+    _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
     monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
                          console)

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.comm.context import DistContext
-from scaletrain.data import IGNORE_INDEX, Collator, TokenizedDataset
+from scaletrain.data import IGNORE_INDEX, Collator
 from scaletrain.worker.parallel import all_reduce_sum
 
 
 @torch.no_grad()
-def evaluate(model, data: TokenizedDataset, collate: Collator, ctx: DistContext, batch_size: int,
+def evaluate(model, data, collate: Collator, ctx: DistContext, batch_size: int,
              task: str, num_labels: int, autocast) -> dict[str, float]:
     if len(data) == 0:
         return {}

@@ -1,0 +1,147 @@
+"""Batched tokenization (run by ``datasets.map``): classification examples, chat conversations, plain text.
+
+Every function takes a batch (a dict of columns) and returns ``input_ids``, ``labels`` and ``_skip`` (why an
+example cannot be trained on, "" if it can): the caller counts and drops the skipped ones, so nothing is
+trained on silently changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.data.formats import Columns, to_conversation
+from scaletrain.data.templates import render
+
+IGNORE_INDEX = -100  # label value the loss skips (prompt tokens, padding)
+
+
+def encode_classification(batch: dict[str, list], tokenizer, text: str, pair: str | None, label: str,
+                          max_length: int, regression: bool) -> dict[str, list]:
+    enc = tokenizer([str(t) for t in batch[text]], [str(p) for p in batch[pair]] if pair else None,
+                    truncation=True, max_length=max_length)
+    labels = [float(v) for v in batch[label]] if regression else [int(v) for v in batch[label]]
+    return {"input_ids": enc["input_ids"], "labels": labels, "_skip": [""] * len(labels)}
+
+
+def encode_text(batch: dict[str, list], tokenizer, column: str, max_length: int) -> dict[str, list]:
+    """Continued pre-training: the text, its EOS, loss on every token."""
+    ids, skip = [], []
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for value in batch[column]:
+        text = value.strip() if isinstance(value, str) else ""
+        skip.append("" if text else f"empty or missing '{column}'")
+        ids.append((tokenizer(text)["input_ids"] + eos)[:max_length] if text else [])
+    return {"input_ids": ids, "labels": ids, "_skip": skip}
+
+
+def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
+                template_name: str, max_length: int, mask_history: bool, train_on_prompt: bool) -> dict[str, list]:
+    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    conversations, skip = [], []
+    for row in rows:
+        messages, why = to_conversation(row, formatting, columns)
+        conversations.append(messages)
+        skip.append(why)
+    good = [c for c in conversations if c is not None]
+    texts, spans = render(good, template, _special_tokens(tokenizer), template_name) if good else ([], [])
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True) if texts else {"input_ids": []}
+    out_ids, out_labels = [], []
+    k = 0
+    for i, messages in enumerate(conversations):
+        if messages is None:
+            out_ids.append([])
+            out_labels.append([])
+            continue
+        ids, offsets, turn_spans = enc["input_ids"][k], enc["offset_mapping"][k], spans[k]
+        k += 1
+        ids, mask = fit(ids, _assistant_mask(offsets, turn_spans), max_length, keep_last=mask_history)
+        if mask_history:  # the loss on the last assistant turn only
+            runs = [r for r in _runs(mask) if r[0]]
+            mask = [1 if runs and runs[-1][1] <= t < runs[-1][2] else 0 for t in range(len(mask))]
+        labels = list(ids) if train_on_prompt else [tok if m else IGNORE_INDEX for tok, m in zip(ids, mask)]
+        if not any(mask) and not (train_on_prompt and ids):
+            skip[i] = f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
+        out_ids.append(ids)
+        out_labels.append(labels)
+    return {"input_ids": out_ids, "labels": out_labels, "_skip": skip}
+
+
+def _special_tokens(tokenizer) -> dict[str, Any]:
+    return {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+
+
+def _assistant_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """1 for every token overlapping an assistant span (as apply_chat_template's assistant_masks)."""
+    mask = [0] * len(offsets)
+    j = 0
+    for t, (start, end) in enumerate(offsets):
+        while j < len(spans) and start >= spans[j][1]:
+            j += 1
+        if j == len(spans):
+            break
+        if end > spans[j][0]:
+            mask[t] = 1
+    return mask
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, end) runs of a 0/1 mask."""
+    runs, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], start, i))
+            start = i
+    return runs
+
+
+def budget(source: int, target: int, cutoff: int) -> tuple[int, int]:
+    """How much of a (prompt, reply) pair fits ``cutoff`` tokens: LLaMA-Factory's ``infer_seqlen``. A short reply
+    keeps all of itself and the prompt is cut; a long one keeps its share, so a long prompt never empties it."""
+    if target * 2 < cutoff:
+        max_target = cutoff
+    elif source * 2 < cutoff:
+        max_target = cutoff - source
+    else:
+        max_target = int(cutoff * (target / (source + target)))
+    new_target = min(max_target, target)
+    new_source = min(max(cutoff - new_target, 0), source)
+    return new_source, new_target
+
+
+def fit(ids: list[int], mask: list[int], cutoff: int, keep_last: bool = False) -> tuple[list[int], list[int]]:
+    """``ids`` within ``cutoff`` tokens: unchanged if they fit; else each (prompt, reply) pair in turn gets
+    ``budget`` of what is left (the last pair first with ``keep_last``), its prompt cut at the end, its reply
+    at the end, and a pair that gets nothing is dropped."""
+    if len(ids) <= cutoff:
+        return ids, mask
+    runs = _runs(mask)
+    pairs, i = [], 0
+    while i < len(runs):  # (prompt run, reply run); a leading reply or a trailing prompt stands alone
+        prompt = runs[i] if runs[i][0] == 0 else None
+        reply = runs[i + 1] if prompt and i + 1 < len(runs) else (runs[i] if not prompt else None)
+        pairs.append((prompt, reply))
+        i += 2 if prompt and reply else 1
+    order = list(range(len(pairs)))[::-1] if keep_last else list(range(len(pairs)))
+    kept: dict[int, tuple[int, int]] = {}
+    left = cutoff
+    for p in order:
+        prompt, reply = pairs[p]
+        n_src = prompt[2] - prompt[1] if prompt else 0
+        n_tgt = reply[2] - reply[1] if reply else 0
+        if left <= 0:
+            break
+        src, tgt = budget(n_src, n_tgt, left)
+        kept[p] = (src, tgt)
+        left -= src + tgt
+    out_ids, out_mask = [], []
+    for p, (prompt, reply) in enumerate(pairs):
+        if p not in kept:
+            continue
+        src, tgt = kept[p]
+        if prompt:
+            out_ids += ids[prompt[1]:prompt[1] + src]
+            out_mask += [0] * src
+        if reply:
+            out_ids += ids[reply[1]:reply[1] + tgt]
+            out_mask += [1] * tgt
+    return out_ids, out_mask

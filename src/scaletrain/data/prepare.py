@@ -1,0 +1,249 @@
+"""Prepare a job's data once, in the driver: load, format, render, tokenize (``datasets.map``, batched, in
+``data.preprocessing_num_workers`` processes), drop and count what cannot be trained on, mix, split, and save
+the tokenized splits as Arrow files that every worker memory-maps.
+
+The result is cached under a fingerprint of everything that changes the tokens (the source files' contents,
+the tokenizer, the template, every data key that matters, the task and the seed): the second run of the same
+data loads it in well under a second and says so; ``data.overwrite_cache: true`` tokenizes again. A cache
+entry is written to a temporary directory and renamed whole, so a crash never leaves half an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from scaletrain.config.schema import Config
+from scaletrain.data import encode
+from scaletrain.data.formats import Columns
+from scaletrain.data.sources import Source, content_hash, exists, load, require_columns, sources
+from scaletrain.data.templates import resolve_template
+from scaletrain.errors import DataError
+
+log = logging.getLogger("scaletrain.data")
+
+CACHE_VERSION = 1  # bump when the tokenization of the same inputs changes
+META = "meta.json"
+SHOW_BAD = 5  # record numbers listed per skip reason
+
+
+@dataclass
+class PreparedData:
+    train: object  # datasets.Dataset with input_ids, labels
+    eval: object
+    pad_token_id: int
+    train_path: str = ""
+    eval_path: str = ""
+    cached: bool = False
+    skipped: dict = field(default_factory=dict)  # reason -> count
+    notes: list = field(default_factory=list)  # what to tell the user (skips, cache hits)
+
+    def save(self, out_dir: Path) -> tuple[str, str]:
+        """The splits' paths for the workers (the cache entry: Arrow files they memory-map); ``out_dir`` gets a
+        record of where they are and what was skipped."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "source.json").write_text(json.dumps({"train": self.train_path, "eval": self.eval_path,
+                                                         "train_examples": len(self.train),
+                                                         "eval_examples": len(self.eval),
+                                                         "skipped": self.skipped, "cached": self.cached}, indent=1))
+        return self.train_path, self.eval_path
+
+
+def prepare_data(cfg: Config, tokenizer) -> PreparedData:
+    """Read, split and tokenize both splits once for the whole job (in the driver), or load them from the cache."""
+    import datasets
+
+    d = cfg.data
+    train_sources = sources(d, cfg.model.task)
+    eval_source = (Source("eval_file", d.eval_file, "data.eval_file", d.formatting,
+                          Columns.from_config(d, d.formatting), d.format) if d.eval_file else None)
+    template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
+    for src in train_sources + ([eval_source] if eval_source else []):
+        exists(src)
+    fingerprint = _fingerprint(cfg, tokenizer, template[1], train_sources + ([eval_source] if eval_source else []))
+    root = Path(d.cache_dir or Path(cfg.output.output_dir) / ".cache" / "data").expanduser().resolve()
+    entry = root / fingerprint
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if (entry / META).is_file() and not d.overwrite_cache:
+        meta = json.loads((entry / META).read_text())
+        train, evals = datasets.load_from_disk(str(entry / "train")), datasets.load_from_disk(str(entry / "eval"))
+        note = (f"data: cache hit, tokenization skipped ({len(train)} train / {len(evals)} eval examples from "
+                f"{entry})")
+        return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), True, meta["skipped"],
+                            [note, *meta["notes"]])
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="scaletrain-hf-") as hf_cache:
+        datasets.disable_progress_bars()
+        parts, skipped, notes = [], {}, []
+        for src in train_sources:
+            ds, why = _tokenized(src, cfg, tokenizer, template, hf_cache)
+            parts.append(ds)
+            _merge(skipped, notes, why, src)
+        train = _mix(parts, cfg)
+        if eval_source:
+            evals, why = _tokenized(eval_source, cfg, tokenizer, template, hf_cache)
+            _merge(skipped, notes, why, eval_source)
+        else:
+            train, evals = _split(train, cfg, train_sources[0])
+        notes.append(f"data: tokenized {len(train)} train / {len(evals)} eval examples in "
+                     f"{time.perf_counter() - t0:.1f} s; cached as {entry}")
+        _write_entry(entry, train, evals, {"skipped": skipped, "notes": notes[:-1], "version": CACHE_VERSION})
+    train, evals = datasets.load_from_disk(str(entry / "train")), datasets.load_from_disk(str(entry / "eval"))
+    return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes)
+
+
+def _tokenized(src: Source, cfg: Config, tokenizer, template: tuple[str, str], hf_cache: str):
+    """One source's examples (input_ids, labels) and its skipped records: {reason: [record numbers]}."""
+    d = cfg.data
+    ds = load(src.path, src.file_format, src.key, hf_cache)
+    cap = min(n for n in (d.max_samples, src.num_samples, len(ds)) if n)
+    ds = ds.select(range(cap)) if cap < len(ds) else ds  # before the eval split: a cap is a cap of the file
+    fn = _encoder(ds, src, cfg, tokenizer, template)
+    workers = d.preprocessing_num_workers if d.preprocessing_num_workers and len(ds) >= 1000 else None
+    if workers:
+        from scaletrain.comm import env as envvars
+
+        # The fast tokenizer's own thread pool must not be live across the fork of datasets' worker processes.
+        envvars.apply_defaults({envvars.TOKENIZERS_PARALLELISM: "false"})
+    out = ds.map(fn, batched=True, batch_size=1000, num_proc=workers, remove_columns=ds.column_names,
+                 keep_in_memory=True, desc=None)
+    reasons = out["_skip"]
+    bad: dict[str, list[int]] = {}
+    for i, why in enumerate(reasons):
+        if why:
+            bad.setdefault(why, []).append(i + 1)
+    n_bad = sum(map(len, bad.values()))
+    if n_bad and n_bad > d.max_bad_ratio * len(out):
+        first_reason = min(bad, key=lambda r: bad[r][0])
+        raise DataError(f"{src.key}={src.path}: {n_bad} of {len(out)} records cannot be trained on (more than "
+                        f"data.max_bad_ratio={d.max_bad_ratio:g}); the first is record {bad[first_reason][0]}: "
+                        f"{first_reason}; fix the data or the columns/formatting keys")
+    if n_bad:
+        keep = [i for i, why in enumerate(reasons) if not why]
+        out = out.select(keep)
+    return out.remove_columns("_skip"), bad
+
+
+def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str]):
+    d, c = cfg.data, src.columns
+    if cfg.model.task == "sequence-classification":
+        cols = {"text_column": d.text_column, "label_column": d.label_column}
+        if d.text_pair_column:
+            cols["text_pair_column"] = d.text_pair_column
+        chatty = {"instruction", "conversations", "messages", "output"} & set(ds.column_names)
+        hint = (f" (the file looks like causal-LM data, with '{sorted(chatty)[0]}': set model.task=causal-lm)"
+                if chatty and d.text_column not in ds.column_names else "")
+        require_columns(ds, cols, src.key, src.path, hint)
+        _check_labels(ds, cfg, src)
+        return partial(encode.encode_classification, tokenizer=tokenizer, text=d.text_column,
+                       pair=d.text_pair_column, label=d.label_column, max_length=d.max_length,
+                       regression=cfg.model.num_labels == 1)
+    if src.formatting == "alpaca" and c.prompt not in ds.column_names and (
+            {c.messages, "conversations", "messages"} & set(ds.column_names)):
+        raise DataError(f"{src.key}={src.path}: the records hold conversations, not alpaca columns; set "
+                        f"data.formatting=sharegpt (or messages, for role/content turns)")
+    require_columns(ds, c.required(src.formatting), src.key, src.path)
+    if src.formatting == "text":
+        return partial(encode.encode_text, tokenizer=tokenizer, column=c.text, max_length=d.max_length)
+    return partial(encode.encode_chat, tokenizer=tokenizer, formatting=src.formatting, columns=c,
+                   template=template[1], template_name=template[0], max_length=d.max_length,
+                   mask_history=d.mask_history, train_on_prompt=d.train_on_prompt)
+
+
+def _check_labels(ds, cfg: Config, src: Source) -> None:
+    if cfg.model.num_labels == 1:
+        return
+    for i, label in enumerate(ds[cfg.data.label_column]):
+        if not (isinstance(label, int) and 0 <= label < cfg.model.num_labels):
+            raise DataError(f"{src.key}={src.path}: label {label} (record {i + 1}) is outside [0, "
+                            f"{cfg.model.num_labels}); set model.num_labels to the number of classes")
+
+
+def _merge(skipped: dict, notes: list, bad: dict[str, list[int]], src: Source) -> None:
+    for reason, rows in bad.items():
+        skipped[f"{src.name}: {reason}"] = len(rows)
+        shown = ", ".join(map(str, rows[:SHOW_BAD])) + (", ..." if len(rows) > SHOW_BAD else "")
+        notes.append(f"data: {src.key}: skipped {len(rows)} record(s) that cannot be trained on: {reason} "
+                     f"(record {shown})")
+
+
+def _mix(parts: list, cfg: Config):
+    import datasets
+
+    if len(parts) == 1:
+        return parts[0]
+    d = cfg.data
+    if d.mix_strategy == "interleave":
+        return datasets.interleave_datasets(parts, probabilities=d.mix_probs, seed=cfg.train.seed,
+                                            stopping_strategy="first_exhausted")
+    return datasets.concatenate_datasets(parts)
+
+
+def _split(train, cfg: Config, src: Source):
+    """Hold out ``eval_ratio`` with a seeded shuffle, so every run of the config holds out the same rows."""
+    d = cfg.data
+    order = list(range(len(train)))
+    random.Random(cfg.train.seed).shuffle(order)
+    n_eval = int(round(len(train) * d.eval_ratio))
+    if d.eval_ratio > 0 and n_eval == 0:
+        n_eval = 1
+    if n_eval >= len(train):
+        raise DataError(f"{src.key}={src.path}: {len(train)} record(s) cannot be split with data.eval_ratio="
+                        f"{d.eval_ratio}; add data or give data.eval_file")
+    return train.select(order[n_eval:]), train.select(order[:n_eval])
+
+
+def _write_entry(entry: Path, train, evals, meta: dict) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
+    try:
+        for name, split in (("train", train), ("eval", evals)):
+            _materialized(split).save_to_disk(str(tmp / name), num_shards=1 if len(split) == 0 else None)
+        (tmp / META).write_text(json.dumps(meta, indent=1))
+        if entry.exists():  # data.overwrite_cache: the new entry replaces the old one whole
+            aside = entry.with_name(f".old-{entry.name}-{os.getpid()}")
+            os.replace(entry, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _materialized(split):
+    """A split as its own Arrow table (a selection of indices is written out; an empty one keeps its columns)."""
+    import datasets
+
+    if len(split) == 0:
+        return datasets.Dataset.from_dict({c: [] for c in split.column_names}, features=split.features)
+    return split.flatten_indices()
+
+
+def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source]) -> str:
+    d = cfg.data
+    keys = d.model_dump(exclude={"preprocessing_num_workers", "overwrite_cache", "cache_dir", "loader_workers",
+                                 "train_file", "eval_file", "dataset_dir"})
+    h = hashlib.sha256()
+    h.update(json.dumps({"version": CACHE_VERSION, "data": keys, "task": cfg.model.task,
+                         "num_labels": cfg.model.num_labels, "seed": cfg.train.seed, "template": template,
+                         "sources": [(s.name, s.formatting, repr(s.columns), s.num_samples, content_hash(s.path))
+                                     for s in srcs],
+                         "tokenizer": _tokenizer_fingerprint(tokenizer)}, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:20]
+
+
+def _tokenizer_fingerprint(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
+    return hashlib.sha256((text + special + str(getattr(tokenizer, "chat_template", ""))).encode()).hexdigest()

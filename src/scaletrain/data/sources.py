@@ -1,0 +1,163 @@
+"""Where the records come from: local files loaded with Hugging Face ``datasets`` (JSON, JSONL, CSV, Parquet,
+Arrow, ``save_to_disk`` directories), one file or the named datasets of a LLaMA-Factory ``dataset_info.json``.
+Nothing is downloaded: a hub dataset is an error that says to fetch it first."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scaletrain.config.schema import DataConfig
+from scaletrain.data.formats import FORMATTINGS, Columns
+from scaletrain.errors import DataError
+
+_SUFFIX_FORMAT = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
+                  ".arrow": "arrow"}
+_BUILDER = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
+INFO_FILE = "dataset_info.json"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset: its file, how its records are written, and the config key to name in errors."""
+
+    name: str
+    path: str
+    key: str  # "data.train_file", "data.dataset[0] (alpaca_en)", ...
+    formatting: str
+    columns: Columns
+    file_format: str = "auto"
+    num_samples: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def sources(d: DataConfig, task: str) -> list[Source]:
+    """The training sources of the config (dataset_info.json entries, or train_file)."""
+    if d.train_file:
+        return [Source("train_file", d.train_file, "data.train_file", d.formatting, Columns.from_config(d, d.formatting),
+                       d.format)]
+    info_path = Path(d.dataset_dir).expanduser() / INFO_FILE
+    if not info_path.is_file():
+        raise DataError(f"data.dataset_dir={d.dataset_dir}: no {INFO_FILE} there; point it at LLaMA-Factory's data "
+                        f"folder (or one with a {INFO_FILE} describing your files)")
+    try:
+        info = json.loads(info_path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{info_path}: line {e.lineno}: {e.msg}; fix the JSON") from None
+    out = []
+    for i, name in enumerate(d.dataset or []):
+        if name not in info:
+            near = difflib.get_close_matches(name, list(info), n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(near)}?" if near else f"it has {', '.join(sorted(info)[:12])}"
+            raise DataError(f"data.dataset: {name} is not in {info_path}; {hint}")
+        entry = info[name]
+        key = f"data.dataset[{i}] ({name})"
+        if "file_name" not in entry:
+            remote = next((k for k in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+                           if k in entry), None)
+            raise DataError(f"{key}: {info_path} gives it as {remote or 'no file_name'}; scaletrain never downloads: "
+                            f"fetch it to a local file and give its file_name")
+        formatting = entry.get("formatting", "alpaca")
+        if formatting not in FORMATTINGS:
+            raise DataError(f"{key}: formatting {formatting!r} in {info_path}; use one of {', '.join(FORMATTINGS)}")
+        if entry.get("ranking"):
+            raise DataError(f"{key}: a preference (ranking) dataset; scaletrain trains SFT only, remove it")
+        columns = Columns.from_config(d, formatting).with_overrides(entry.get("columns", {}), entry.get("tags", {}))
+        path = Path(entry["file_name"])
+        path = path if path.is_absolute() else info_path.parent / path
+        out.append(Source(name, str(path), key, formatting, columns, num_samples=entry.get("num_samples")))
+    return out
+
+
+def file_format(path: str, fmt: str, key: str) -> str:
+    p = Path(path)
+    if fmt != "auto":
+        return fmt
+    if p.is_dir():
+        return "disk"
+    found = _SUFFIX_FORMAT.get(p.suffix.lower())
+    if not found:
+        raise DataError(f"{key}={path}: cannot tell the format from '{p.suffix}'; set data.format to json, jsonl, "
+                        f"csv, parquet or arrow")
+    return found
+
+
+def load(path: str, fmt: str, key: str, hf_cache: str):
+    """A ``datasets.Dataset`` of the file's records, or a DataError naming the file, the key and the fix."""
+    import datasets
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"{key}={path}: file not found; check the path (relative paths are from the working directory)")
+    fmt = file_format(str(p), fmt, key)
+    if p.is_file() and p.stat().st_size == 0:
+        raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
+    try:
+        if fmt == "disk":
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        else:
+            kwargs = {"field": "data"} if fmt == "json" and _has_data_field(p) else {}
+            ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(p), split="train", cache_dir=hf_cache,
+                                       keep_in_memory=True, **kwargs)
+    except Exception as e:  # datasets wraps the parser's error several levels deep
+        raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
+    if len(ds) == 0:
+        raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
+    return ds
+
+
+def _has_data_field(p: Path) -> bool:
+    """A JSON object with a "data" list (some exports wrap the records so)."""
+    with open(p, "rb") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(b"{") and b'"data"' in head
+
+
+def _root_message(e: BaseException) -> str:
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+def require_columns(ds, columns: dict[str, str], key: str, path: str, hint: str = "") -> None:
+    """``columns`` maps a config key (``text_column``) to the column name it holds."""
+    have = set(ds.column_names)
+    for setting, col in columns.items():
+        if col not in have:
+            raise DataError(f"{key}={path}: column '{col}' is missing (columns: {', '.join(sorted(have))}); "
+                            f"set data.{setting} to one of them{hint}")
+
+
+def content_hash(path: str) -> str:
+    """sha256 of a file, or of every file of a directory (names and contents)."""
+    h = hashlib.sha256()
+    p = Path(path).expanduser()
+    files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+    for q in files:
+        h.update(str(q.relative_to(p) if p.is_dir() else q.name).encode())
+        with open(q, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def exists(src: Source) -> None:
+    if not Path(src.path).expanduser().exists():
+        raise DataError(f"{src.key}={src.path}: file not found; check the path (relative paths are from the "
+                        f"working directory)")
+
+
+def check_files(d: DataConfig, task: str) -> None:
+    """Every data file the config names exists and has a format scaletrain reads (doctor; train reads them)."""
+    found = sources(d, task)
+    if d.eval_file:
+        found.append(Source("eval_file", d.eval_file, "data.eval_file", d.formatting, Columns(), d.format))
+    for src in found:
+        exists(src)
+        file_format(src.path, src.file_format, src.key)

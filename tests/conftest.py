@@ -56,7 +56,8 @@ def local_spec(cfg_dict: dict, run_dir: Path):
     from scaletrain.launch.job import build_spec
     from scaletrain.model import load_tokenizer
 
-    cfg = validate(cfg_dict)
+    cfg_dict = {**cfg_dict, "output": {"output_dir": str(run_dir.parent / "runs"), **cfg_dict.get("output", {})}}
+    cfg = validate(cfg_dict)  # the tokenized-data cache lives under output_dir: the test's, not the checkout's
     tok = load_tokenizer(cfg.model.name_or_path)
     run_dir.mkdir(parents=True, exist_ok=True)
     return cfg, tok, build_spec(cfg, prepare_data(cfg, tok), tok, run_dir, "gloo")

@@ -90,5 +90,16 @@ def test_lora_sft_learns_and_adapter_reloads(demo_dir, tmp_path):
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(final / "base"), final)
     again = _eval_loss(model, spec, "causal-lm", 2)
     assert again["eval/loss"] == pytest.approx(summary["final"]["eval/loss"], rel=1e-5)
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    reloaded = AutoPeftModelForCausalLM.from_pretrained(str(final))  # the adapter names its base: offline
+    assert _eval_loss(reloaded, spec, "causal-lm", 2)["eval/loss"] == pytest.approx(summary["final"]["eval/loss"],
+                                                                                 rel=1e-5)
+    tokenizer = AutoTokenizer.from_pretrained(str(final))
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Opposite of hot?"}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = reloaded.generate(**prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False)  # no token_type_ids
+    assert out.shape[1] == prompt["input_ids"].shape[1] + 3
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")
     assert _eval_loss(merged, spec, "causal-lm", 2)["eval/loss"] == pytest.approx(summary["final"]["eval/loss"], rel=1e-4)

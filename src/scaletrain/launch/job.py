@@ -197,8 +197,16 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer) -> None:
     base = build_model(cfg.model.model_copy(update={"finetuning_type": "full"}), len(tokenizer),
                        tokenizer.pad_token_id or 0)
     if model_dir(cfg.model.name_or_path) is None:
-        # A random-init built-in has no directory to load the base from: keep it beside the adapter.
+        # A random-init built-in has no directory to load the base from: keep it beside the adapter, with the
+        # tokenizer, and name it in the adapter's config so AutoPeftModelForCausalLM.from_pretrained(final) loads
+        # offline (PEFT reads base_model_name_or_path; the built-in's name is no path it can open).
         base.save_pretrained(str(final / "base"))
+        tokenizer.save_pretrained(str(final / "base"))
+        adapter_config = final / "adapter_config.json"
+        if adapter_config.is_file():
+            settings = json.loads(adapter_config.read_text())
+            settings["base_model_name_or_path"] = str((final / "base").resolve())
+            adapter_config.write_text(json.dumps(settings, indent=2))
     if cfg.output.merge_lora:
         from peft import PeftModel
 

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from scaletrain.comm import env as envvars
+from scaletrain.config.importers import looks_like_llamafactory
 from scaletrain.config.schema import Config
 from scaletrain.credentials import looks_like_secret
 from scaletrain.errors import ConfigError
@@ -41,6 +42,9 @@ def load_config(
         raise ConfigError(f"{path} is empty; it needs at least the model: and data: sections")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
+    if looks_like_llamafactory(raw):
+        raise ConfigError(f"{path} is a LLaMA-Factory config; convert it first: scaletrain import llamafactory "
+                          f"{path} -o {path.with_name(path.stem + '-scaletrain.yaml')}")
     for item in overrides:
         apply_override(raw, item)
     raw = interpolate_env(raw, envvars.snapshot() if environ is None else environ)

@@ -1,0 +1,74 @@
+"""`scaletrain import llamafactory LF.yaml [-o job.yaml]` and `scaletrain import deepspeed ds.json [-o ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction, parents) -> None:
+    p = sub.add_parser("import", parents=parents, help="write a scaletrain config from a LLaMA-Factory YAML or a "
+                                                       "DeepSpeed JSON, with a table of where each key went")
+    p.add_argument("kind", choices=("llamafactory", "deepspeed"))
+    p.add_argument("path", help="the LLaMA-Factory training YAML, or the DeepSpeed JSON")
+    p.add_argument("-o", "--out", help="write the config here (never over an existing file); default: stdout")
+    p.set_defaults(func=run)
+
+
+def _read(path: str, kind: str):
+    import yaml
+
+    from scaletrain.errors import ConfigError
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: file not found; pass the {kind} file to import")
+    try:
+        data = json.loads(p.read_text()) if kind == "DeepSpeed JSON" else yaml.safe_load(p.read_text())
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not a valid {kind} ({str(e).splitlines()[0]}); fix the syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a {kind} must be a mapping of keys")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+    from rich.console import Console
+    from rich.table import Table
+
+    from scaletrain.config.importers import from_deepspeed, from_llamafactory
+    from scaletrain.errors import ConfigError
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists():
+        raise ConfigError(f"-o {out}: the file exists and is never overwritten; choose another name")
+    if args.kind == "llamafactory":
+        lf = _read(args.path, "LLaMA-Factory YAML")
+        ds = ds_path = None
+        if lf.get("deepspeed"):
+            ds_path = Path(str(lf["deepspeed"]))
+            if not ds_path.is_absolute() and not ds_path.is_file():
+                ds_path = Path(args.path).parent / ds_path
+            ds = _read(str(ds_path), "DeepSpeed JSON")
+        cfg, rows = from_llamafactory(lf, ds, str(ds_path or ""))
+    else:
+        train, rows = from_deepspeed(_read(args.path, "DeepSpeed JSON"), {}, args.path)
+        cfg = {"train": train}
+    text = (f"# Written by `scaletrain import {args.kind} {args.path}`; the table it printed says where each key "
+            f"went.\n" + yaml.safe_dump(cfg, sort_keys=False))
+    table = Table(title=f"scaletrain import {args.kind}: {args.path}")
+    for col in ("key", "value", "scaletrain", "note"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r.key, str(r.value), r.where or "[yellow]not mapped[/]", r.note)
+    Console(stderr=True, width=max(160, Console(stderr=True).width)).print(table)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        with open(out, "x") as f:  # "x": an existing file is never replaced, even one made since the check
+            f.write(text)
+        Console(stderr=True).print(f"written: {out} (check it with: scaletrain doctor {out})")
+    return 0

@@ -1,0 +1,87 @@
+"""`scaletrain import llamafactory|deepspeed`: configs users already have become scaletrain configs, with a table."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scaletrain.config import load_config, validate
+from scaletrain.config.importers import from_deepspeed, from_llamafactory
+from scaletrain.errors import ConfigError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamafactory"
+
+
+def _rows(rows):
+    return {r.key: r for r in rows}
+
+
+def test_lora_example_maps_every_key_or_says_why():
+    lf = yaml.safe_load((FIXTURES / "llama3_lora_sft.yaml").read_text())
+    cfg, rows = from_llamafactory(lf)
+    c = validate(cfg)
+    assert (c.model.name_or_path, c.model.task, c.model.finetuning_type, c.model.lora_target) == (
+        "/models/Meta-Llama-3-8B-Instruct", "causal-lm", "lora", "all-linear")
+    assert c.data.dataset == ["identity", "alpaca_en_demo"] and c.data.dataset_dir == "data"
+    assert (c.data.template, c.data.max_length, c.data.max_samples, c.data.loader_workers) == ("llama3", 2048, 1000, 4)
+    assert (c.train.per_device_train_batch_size, c.train.gradient_accumulation_steps, c.train.learning_rate) == (1, 8, 1e-4)
+    assert c.train.bf16 and c.train.lr_scheduler_type == "cosine" and c.comm.timeout_s == 180000000
+    assert (c.output.output_dir, c.output.run_name, c.checkpoint.save_steps) == ("saves/llama3-8b/lora", "sft", 500)
+    by_key = _rows(rows)
+    assert set(by_key) >= set(lf)  # every key of the file has a row
+    assert by_key["plot_loss"].where == "" and "report.md" in by_key["plot_loss"].note
+    assert by_key["trust_remote_code"].where == "" and by_key["learning_rate"].where == "train.learning_rate"
+
+
+def test_full_example_with_zero3_becomes_fsdp_with_auto_values_from_the_training_keys():
+    lf = yaml.safe_load((FIXTURES / "qwen2_full_sft.yaml").read_text())
+    ds = __import__("json").loads((FIXTURES / "ds_z3_config.json").read_text())
+    cfg, rows = from_llamafactory(lf, ds)
+    c = validate(cfg)
+    assert c.train.strategy == "fsdp" and c.data.template == "chatml" and c.data.eval_ratio == 0.1
+    assert c.train.per_device_train_batch_size == 1 and c.train.gradient_accumulation_steps == 2
+    by_key = _rows(rows)
+    assert "ZeRO-3 = FSDP2" in by_key["zero_optimization.stage"].note
+    assert by_key["train_micro_batch_size_per_gpu"].note == "auto: 1 from the training keys"
+
+
+def test_deepspeed_stages_and_offload():
+    z2, rows = from_deepspeed(__import__("json").loads((FIXTURES / "ds_z2_config.json").read_text()), {})
+    assert z2["strategy"] == "ddp"
+    note = _rows(rows)["zero_optimization.stage"].note
+    assert "ZeRO-2 shards the optimizer state and gradients" in note and "12 bytes per parameter" in note
+    off, rows = from_deepspeed(__import__("json").loads((FIXTURES / "ds_z3_offload_config.json").read_text()), {})
+    assert off == {"strategy": "fsdp", "per_device_train_batch_size": 2, "bf16": True}
+    assert "not yet supported" in _rows(rows)["zero_optimization.offload_param.device"].note
+    with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu=2 disagrees with the training key "
+                                          "per_device_train_batch_size=4"):
+        from_deepspeed({"train_micro_batch_size_per_gpu": 2}, {"per_device_train_batch_size": 4})
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_cli_writes_the_config_prints_the_table_and_never_overwrites(tmp_path):
+    for name in ("qwen2_full_sft.yaml", "ds_z3_config.json"):
+        shutil.copy(FIXTURES / name, tmp_path / name)
+    out = tmp_path / "job.yaml"
+    proc = _cli("import", "llamafactory", tmp_path / "qwen2_full_sft.yaml", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "zero_optimization.stage" in proc.stderr and "not mapped" in proc.stderr
+    assert load_config(out).train.strategy == "fsdp"
+    again = _cli("import", "llamafactory", tmp_path / "qwen2_full_sft.yaml", "-o", out)
+    assert again.returncode == 2 and "never overwritten" in again.stderr
+    ds = _cli("import", "deepspeed", tmp_path / "ds_z3_config.json")
+    assert ds.returncode == 0 and yaml.safe_load(ds.stdout) == {"train": {"strategy": "fsdp"}}
+
+
+def test_train_on_a_llamafactory_file_says_which_command_converts_it(tmp_path):
+    shutil.copy(FIXTURES / "llama3_lora_sft.yaml", tmp_path / "lf.yaml")
+    proc = _cli("train", tmp_path / "lf.yaml")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "is a LLaMA-Factory config; convert it first: scaletrain import llamafactory" in proc.stderr

@@ -271,3 +271,23 @@ def test_tiny_llama_has_a_real_causal_lm_tokenizer(tiny):
     assert tiny.decode(tiny("Line one\nLine Two")["input_ids"]) == "Line one\nLine Two"  # cased, newlines kept
     assert tiny.eos_token == "</s>" and tiny.bos_token == "<s>" and tiny.pad_token == "<pad>"
     assert "token_type_ids" not in tiny("x") and tiny.chat_template
+
+
+def test_fast_renderers_equal_their_jinja_source():
+    import random
+
+    from scaletrain.data.templates import FAST_RENDERERS
+
+    rng = random.Random(0)
+    words = ["hi", "Opposite", "of", "hot?", "\n", "cold", " ", "<tag>", "é", "multi\nline"]
+    for _ in range(200):
+        chat = [{"role": "system", "content": " ".join(rng.choices(words, k=3))}] if rng.random() < 0.5 else []
+        for _ in range(rng.randint(1, 3)):
+            user = " ".join(rng.choices(words, k=rng.randint(1, 6)))
+            extra = " ".join(rng.choices(words, k=2)) if rng.random() < 0.3 else ""
+            chat += [{"role": "user", "content": f"{user}\n{extra}" if extra else user, "instruction": user,
+                      "input": extra}, {"role": "assistant", "content": " ".join(rng.choices(words, k=4))}]
+        for template in FAST_RENDERERS:
+            fast = render([chat], template, {"eos_token": "</s>", "bos_token": "<s>"}, "t")
+            jinja = render([chat], template + "{# no fast path #}", {"eos_token": "</s>", "bos_token": "<s>"}, "t")
+            assert fast == jinja

@@ -1,0 +1,143 @@
+"""Data preparation: the per-row reader and tokenizer scaletrain had before (a faithful copy below) against the
+datasets layer, cold (``data.preprocessing_num_workers=2``) and cached, on a generated alpaca-like JSONL with
+instruction-data lengths, MiniLM's tokenizer; then a worker's RSS after it loads its split, 20k vs 200k rows.
+
+    .venv/bin/python benchmarks/data_prep.py --rows 200000 --rounds 2
+
+Variants alternate within a round; medians over rounds. Targets: cold >= 5x faster than before, cached >= 50x
+faster than before's cold, worker RSS of the 200k split within 10% of the 20k one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+WORDS = ("the a of to and in is that for it as was with be by on not he this are or his from at which but have an "
+         "they you were their one all we can her has there been if more when will would who so no explain write list "
+         "describe summarize translate code function data model answer question example number time people").split()
+
+
+def generate(path: Path, rows: int, seed: int = 0) -> None:
+    """Alpaca rows whose lengths follow instruction data: most prompts short, replies log-normal with a long tail."""
+    rng = random.Random(seed)
+
+    def text(median_words: float, sigma: float) -> str:
+        n = max(1, int(rng.lognormvariate(0, sigma) * median_words))
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    with open(path, "w") as f:
+        for _ in range(rows):
+            f.write(json.dumps({"instruction": text(12, 0.6), "input": text(8, 1.0) if rng.random() < 0.4 else "",
+                                "output": text(60, 0.9)}) + "\n")
+
+
+# --- before: scaletrain's data path until the datasets layer (src/scaletrain/data.py at a87110e) ----------------
+ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+
+
+def before(path: Path, tokenizer, max_length: int, out: Path) -> None:
+    import torch
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    order = list(range(len(rows)))
+    random.Random(42).shuffle(order)
+    n_eval = int(round(len(rows) * 0.1))
+    eval_rows, rows = [rows[i] for i in order[:n_eval]], [rows[i] for i in order[n_eval:]]
+    eos = tokenizer.sep_token_id
+
+    def example(row):
+        extra = str(row.get("input") or "").strip()
+        prompt = (ALPACA_PROMPT_WITH_INPUT if extra else ALPACA_PROMPT).format(instruction=row["instruction"], input=extra)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(str(row["output"]), add_special_tokens=False)["input_ids"] + [eos]
+        return {"input_ids": (prompt_ids + answer_ids)[:max_length],
+                "labels": ([-100] * len(prompt_ids) + answer_ids)[:max_length]}
+
+    torch.save([example(r) for r in rows], out / "train.pt")
+    torch.save([example(r) for r in eval_rows], out / "eval.pt")
+
+
+def after(path: Path, tokenizer, max_length: int, out: Path, cold: bool):
+    from scaletrain.config import validate
+    from scaletrain.data import prepare_data
+
+    cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                    "data": {"train_file": str(path), "max_length": max_length, "template": "alpaca",
+                             "preprocessing_num_workers": 2, "overwrite_cache": cold, "cache_dir": str(out)},
+                    "output": {"output_dir": str(out)}})
+    return prepare_data(cfg, tokenizer)
+
+
+RSS_PROBE = """
+import os, random, sys, psutil
+proc = psutil.Process()
+import datasets, torch  # what a worker has imported before it loads its split
+from scaletrain.data import Collator, load_split
+base = proc.memory_info().rss
+ds = load_split(sys.argv[1])
+rng = random.Random(0)
+batch = Collator(0)([ds[rng.randrange(len(ds))] for _ in range(64)])
+print(len(ds), base, proc.memory_info().rss)
+"""
+
+
+def worker_rss(split: str) -> tuple[int, float, float]:
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE, split], capture_output=True, text=True, check=True)
+    n, base, rss = out.stdout.split()
+    return int(n), int(base) / 2**20, int(rss) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-length", type=int, default=512)
+    args = ap.parse_args()
+    from scaletrain.model import load_tokenizer
+
+    tok = load_tokenizer("builtin:tiny-bert")  # MiniLM's tokenizer (the fast one)
+    work = Path(tempfile.mkdtemp(prefix="scaletrain-dataprep-"))
+    data = work / "alpaca.jsonl"
+    generate(data, args.rows)
+    print(f"{args.rows} rows, {data.stat().st_size / 2**20:.1f} MiB in {data}")
+    times: dict[str, list[float]] = {"before": [], "cold": [], "cached": []}
+    for r in range(args.rounds):
+        for variant in (("before", "cold", "cached") if r % 2 == 0 else ("cached", "cold", "before")):
+            out = work / f"{variant}-{r}"
+            out.mkdir()
+            t0 = time.perf_counter()
+            if variant == "before":
+                before(data, tok, args.max_length, out)
+            else:
+                cache = work / "cache"  # the same cache for both: cached reads what a cold run wrote
+                if variant == "cached" and not (cache.exists() and any(cache.iterdir())):
+                    after(data, tok, args.max_length, cache, cold=True)  # a cached run needs a cold one first
+                    t0 = time.perf_counter()
+                prepared = after(data, tok, args.max_length, cache, cold=variant == "cold")
+                assert prepared.cached == (variant == "cached")
+            times[variant].append(time.perf_counter() - t0)
+            print(f"round {r} {variant:>6}: {times[variant][-1]:.2f} s", flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\nmedian s: before {med['before']:.2f}, datasets cold {med['cold']:.2f}, cached {med['cached']:.3f}")
+    print(f"cold speed-up {med['before'] / med['cold']:.1f}x (target >= 5), "
+          f"cached speed-up {med['before'] / med['cached']:.0f}x (target >= 50)")
+    split_big = prepared.train_path
+    small = work / "small.jsonl"
+    generate(small, args.rows // 10, seed=1)
+    split_small = after(small, tok, args.max_length, work / "cache-small", cold=True).train_path
+    (n1, b1, r1), (n2, b2, r2) = worker_rss(split_small), worker_rss(split_big)
+    print(f"worker RSS after loading its split: {n1} rows {r1:.0f} MiB (imports {b1:.0f}), {n2} rows {r2:.0f} MiB "
+          f"(imports {b2:.0f}): ratio {r2 / r1:.3f} (target <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()

@@ -59,6 +59,23 @@ def alpaca_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+def sharegpt_rows(n: int, seed: int = 0) -> list[dict]:
+    """Multi-turn conversations in LLaMA-Factory's sharegpt format, built from the alpaca tasks (2-3 turns each,
+    some with a system prompt)."""
+    rng = random.Random(seed)
+    tasks = alpaca_rows(n * 3, seed=seed)
+    rows = []
+    for i in range(n):
+        turns = []
+        if rng.random() < 0.5:
+            turns.append({"from": "system", "value": "Answer with one word."})
+        for t in tasks[i * 3: i * 3 + rng.randint(2, 3)]:
+            turns += [{"from": "human", "value": f"{t['instruction']}\n{t['input']}"},
+                      {"from": "gpt", "value": t["output"]}]
+        rows.append({"conversations": turns})
+    return rows
+
+
 def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int = 600,
                     n_reviews: int = 1200) -> Path:
     out = Path(out_dir)
@@ -75,6 +92,9 @@ def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int 
         for r in sentiment_rows(n_reviews, seed=1, sentences=6):
             f.write(json.dumps(r) + "\n")
     (out / "alpaca.json").write_text(json.dumps(alpaca_rows(n_alpaca), indent=1))
+    with open(out / "chat.jsonl", "w") as f:
+        for r in sharegpt_rows(n_alpaca):
+            f.write(json.dumps(r) + "\n")
     return out
 
 

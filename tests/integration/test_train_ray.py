@@ -98,6 +98,29 @@ def test_causal_lm_lora_ddp(demo_dir, tmp_path, workers, no_orphans):
     assert (result.run_dir / "final" / "adapter_model.safetensors").is_file()
 
 
+def test_lora_sft_on_sharegpt_chat_data_with_two_workers(demo_dir, tmp_path, no_orphans):
+    cfg = {
+        "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "finetuning_type": "lora"},
+        "data": {"train_file": str(demo_dir / "chat.jsonl"), "formatting": "sharegpt", "template": "auto",
+                 "cutoff_len": 128, "eval_ratio": 0.1},
+        "train": {"per_device_train_batch_size": 4, "learning_rate": 5e-3, "max_steps": 24, "logging_steps": 4},
+        "scaling": {"num_workers": 2},
+    }
+    result = _run(cfg, tmp_path, "chat")
+    _check_run_dir(result.run_dir, 2, 24)
+    losses = train_losses(result.run_dir)
+    assert losses[-1] < losses[0] * 0.9, losses
+    source = json.loads((result.run_dir / "data" / "source.json").read_text())
+    assert source["train_examples"] == 216 and source["eval_examples"] == 24 and not source["skipped"]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(result.run_dir / "final"))
+    assert "<|im_start|>" in tok.chat_template  # final/ keeps the template the run trained with
+    cfg["train"].update(max_steps=4)  # no data key changes: the same tokens, from the cache
+    again = _run(cfg, tmp_path, "chat-again")
+    assert "data: cache hit" in (again.run_dir / "logs" / "main.log").read_text()
+
+
 @pytest.mark.parametrize("workers,lora", [(1, False), (2, False), (2, True)])
 def test_fsdp(classify_cfg, demo_dir, tmp_path, workers, lora, no_orphans):
     classify_cfg["train"].update(strategy="fsdp", max_steps=80, logging_steps=10)

@@ -191,3 +191,35 @@ def test_debug_tracebacks_are_redacted_too(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "Traceback" in err and "raise ConfigError" in err
     assert "DebugToken" not in err and "sk-live" not in err and err.count("***") >= 2
+
+
+@pytest.mark.parametrize("data,needles", [
+    ({"template": "llama-3"}, ["data.template=llama-3 is not a template", "did you mean llama3"]),
+    ({"formatting": "alpaca", "train_file": "CHAT"}, ["records hold conversations", "data.formatting=sharegpt"]),
+    ({"formatting": "sharegpt", "train_file": "CHAT", "messages_column": "turns"},
+     ["column 'turns' is missing", "set data.messages_column"]),
+    ({"dataset_dir": "DIR", "dataset": ["nope"], "train_file": None}, ["data.dataset: nope is not in",
+                                                                       "dataset_info.json"]),
+])
+def test_bad_chat_data_input(demo_dir, tmp_path, earlier_run, data, needles):
+    (tmp_path / "lf").mkdir()
+    (tmp_path / "lf" / "dataset_info.json").write_text('{"chat": {"file_name": "chat.jsonl"}}')
+    cfg = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+           "data": {"train_file": str(demo_dir / "alpaca.json"), "max_length": 64},
+           "output": {"output_dir": str(earlier_run.parent)}}
+    for k, v in data.items():
+        v = {"CHAT": str(demo_dir / "chat.jsonl"), "DIR": str(tmp_path / "lf")}.get(v, v) if isinstance(v, str) else v
+        if v is None:
+            cfg["data"].pop(k)
+        else:
+            cfg["data"][k] = v
+    _assert_one_line_error(run_cli("train", write_config(tmp_path / "c.yaml", cfg)), *needles)
+    _untouched(earlier_run)
+
+
+def test_alpaca_data_with_the_default_task_says_to_set_causal_lm(demo_dir, tmp_path, earlier_run):
+    cfg = {"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": str(demo_dir / "alpaca.json")},
+           "output": {"output_dir": str(earlier_run.parent)}}
+    _assert_one_line_error(run_cli("train", write_config(tmp_path / "c.yaml", cfg)), "column 'text' is missing",
+                           "set model.task=causal-lm")
+    _untouched(earlier_run)

@@ -88,10 +88,15 @@ def all_reduce_sum(values: list[float], device: str) -> list[float]:
 
 def all_reduce_max_async(values: list[float], device: str):
     """Start an element-wise MAX over ranks of ``values``; returns a function that waits and gives the result."""
+    return all_reduce_async(values, device, dist.ReduceOp.MAX if dist.is_available() else None)
+
+
+def all_reduce_async(values: list[float], device: str, op=None):
+    """Start an element-wise reduction (SUM by default) over ranks; returns a function that waits for the result."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     work = None
     if dist.is_available() and dist.is_initialized():
-        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        work = dist.all_reduce(t, op=op if op is not None else dist.ReduceOp.SUM, async_op=True)
 
     def result() -> list[float]:
         if work is not None:

@@ -1,14 +1,48 @@
-"""One optimizer step over an accumulation window of micro-batches."""
+"""One optimizer step over an accumulation window of micro-batches.
+
+The loss of a step is the same objective on any number of ranks and micro-batches. Causal LM: the sum of the
+token losses of the whole step divided by the number of target tokens of the whole step, across every rank and
+micro-batch (one all-reduce of the token count per step, posted before the first forward so it overlaps it).
+A mean of per-micro-batch means would weigh a short reply's tokens more than a long one's, and N ranks would
+optimise another objective than 1 (transformers#34191, DeepSpeed#5583, LLaMA-Factory#7408). DDP and FSDP
+average gradients over ranks, so each rank's loss is its token-loss sum / (global tokens / world size).
+Classification keeps the per-sample mean: every micro-batch of every rank holds the same number of samples
+(drop_last), so the mean of means is the global mean already.
+"""
 
 from __future__ import annotations
 
 import time
 
 import torch
+import torch.nn.functional as F
 
+from scaletrain.data import IGNORE_INDEX
 from scaletrain.worker.breakdown import device_sync, time_without_sync
-from scaletrain.worker.parallel import grad_sync
+from scaletrain.worker.parallel import all_reduce_async, grad_sync
 from scaletrain.worker.trainer import Trainer
+
+
+def target_tokens(batch: dict) -> int:
+    """Tokens a causal LM is trained to predict in a batch (labels shift by one: the first predicts nothing)."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of the next-token cross-entropies over the target tokens (fp32, as transformers' own loss)."""
+    logits = logits[:, :-1].float()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction="sum")
+
+
+def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.Tensor:
+    """This micro-batch's share of the step's loss (see the module's docstring). ``tokens_per_rank``: a function
+    giving the step's target tokens over the world size (waited for on first use), or None for classification."""
+    if tokens_per_rank is None:
+        return t.model(**batch).loss / n_micro
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits = t.model(**inputs, use_cache=False).logits
+    return token_loss_sum(logits, batch["labels"]) / tokens_per_rank()
 
 
 def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, timing: dict | None = None) -> float:
@@ -17,6 +51,15 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
     With ``timing`` (a breakdown probe step) the phases are timed with device syncs in between."""
     strategy, device = t.cfg.train.strategy, t.ctx.device
     loss_sum = 0.0
+    tokens_per_rank = None
+    if t.cfg.model.task == "causal-lm":
+        pending = all_reduce_async([sum(target_tokens(b) for b in window)], device)
+        cache: list[float] = []
+
+        def tokens_per_rank() -> float:
+            if not cache:  # a step without a target token trains nothing: 0 / 1, never 0 / 0
+                cache.append(max(pending()[0], 1.0) / t.ctx.world_size)
+            return cache[0]
     if timing is not None:
         if t.ctx.world_size > 1:  # one worker has no gradient sync to expose
             timing["compute_s"] = time_without_sync(t.model, window, strategy, device, t.precision, t.optimizer)
@@ -28,12 +71,14 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
         # FSDP all-gathers parameters in forward, so there forward is a collective phase.
         t.beat.enter("forward-gather" if strategy == "fsdp" else "forward", step)
         with grad_sync(t.model, strategy, enabled=last), t.precision.autocast():
-            loss = t.model(**batch).loss / len(window)
+            loss = micro_loss(t, batch, len(window), tokens_per_rank)
         if poison:  # fault injection: a NaN loss, as a diverging run produces
             loss = loss * float("nan")
         if last:
             t.beat.enter("sync", step)  # backward of the last micro-batch all-reduces gradients
         t.precision.backward(loss)
+        # Causal LM: this rank's token-loss sum x world size / the step's tokens; the meter's mean over ranks
+        # of it is the step's token mean. Classification: the rank's mean, as before.
         loss_sum += loss.item()
     if timing is not None:
         device_sync(device)

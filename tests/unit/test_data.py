@@ -157,3 +157,31 @@ def test_demo_reviews_feed_the_scale_config_with_64_token_examples(tmp_path, tok
     data = prepare_data(cfg, tokenizer)
     lengths = [len(ex["input_ids"]) for ex in data.train]
     assert max(lengths) == 64 and sum(lengths) / len(lengths) > 56  # mostly full 64-token sequences
+
+
+def test_balanced_ranks_hold_similar_tokens_and_train_the_same_steps_on_any_world_size():
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.choice([8, 16, 200, 500]) for _ in range(640)]
+    b, accum = 4, 2
+
+    def steps(world):  # the samples of each optimizer step, and each rank's tokens in it
+        ranks = [ResumableSampler(640, world, r, 7, lengths, b, accum * 2 // world) for r in range(world)]
+        orders = [list(s) for s in ranks]
+        per = b * accum * 2 // world
+        return [(sorted(i for o in orders for i in o[k * per:(k + 1) * per]),
+                 [sum(lengths[i] for i in o[k * per:(k + 1) * per]) for o in orders]) for k in range(len(orders[0]) // per)]
+
+    one, two = steps(1), steps(2)
+    assert [s for s, _ in one] == [s for s, _ in two]  # the same examples form each step on 1 and 2 ranks
+    spread = [max(t) / min(t) for _, t in two]
+    plain = [ResumableSampler(640, 2, r, 7) for r in range(2)]
+    orders = [list(s) for s in plain]
+    plain_spread = [max(sum(lengths[i] for i in o[k * 8:(k + 1) * 8]) for o in orders)
+                    / min(sum(lengths[i] for i in o[k * 8:(k + 1) * 8]) for o in orders) for k in range(40)]
+    assert sorted(spread)[len(spread) // 2] < 1.1 < sorted(plain_spread)[len(plain_spread) // 2]
+    s = ResumableSampler(640, 2, 1, 7, lengths, b, accum)
+    full = list(s)
+    s.set_position(0, 24)
+    assert list(s) == full[24:] and len(s) == len(full) - 24  # resumable mid-epoch

@@ -54,6 +54,12 @@ class DataConfig(_Section):
     formatting: Literal["alpaca", "sharegpt", "messages", "text"] = "alpaca"
     template: str = "auto"  # auto (the tokenizer's own, else alpaca), a built-in name, or a .jinja file
     mask_history: bool = False  # loss on the last assistant turn only
+    # causal-lm: pack examples into rows of max_length tokens (attention never crosses examples); eval too with
+    # pack_eval. Without packing, balance_ranks forms each step's batches so its ranks hold similar token counts
+    # (causal-lm).
+    packing: bool = False
+    pack_eval: bool = False
+    balance_ranks: bool = True
     train_on_prompt: bool = False  # loss on every token
     # sequence-classification columns
     text_column: str = "text"
@@ -260,6 +266,9 @@ class Config(_Section):
         if self.scaling.launcher == "torchrun" and self.scaling.nnodes > 1 and not self.output.run_name:
             raise ValueError("a torchrun job over several nodes needs output.run_name (all nodes share the run "
                              "directory on a shared filesystem); set it")
+        if self.data.packing and self.model.task != "causal-lm":
+            raise ValueError(f"data.packing applies to model.task=causal-lm (the config has {self.model.task}); "
+                             f"remove data.packing or set model.task=causal-lm")
         if self.model.task == "causal-lm" and self.model.num_labels != 2:
             # num_labels means nothing for a causal LM; a non-default value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")

@@ -5,8 +5,8 @@ fingerprinted cache); workers memory-map the tokenized splits (``load_split``) a
 raw file.
 """
 
-from scaletrain.data.collate import Collator, load_split
+from scaletrain.data.collate import Collator, load_split, model_inputs
 from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.data.prepare import PreparedData, prepare_data
 
-__all__ = ["IGNORE_INDEX", "Collator", "PreparedData", "load_split", "prepare_data"]
+__all__ = ["IGNORE_INDEX", "Collator", "PreparedData", "load_split", "model_inputs", "prepare_data"]

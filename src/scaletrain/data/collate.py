@@ -14,16 +14,30 @@ def load_split(path: str):
     return datasets.load_from_disk(path)
 
 
+# What a batch says about itself besides the model's inputs: real (non-padding) tokens and examples in it.
+STATS = ("num_tokens", "num_examples")
+
+
+def model_inputs(batch: dict, labels: bool = True) -> dict:
+    """The keys of a batch the model's forward takes."""
+    return {k: v for k, v in batch.items() if k not in STATS and (labels or k != "labels")}
+
+
 class Collator:
-    """Pads a list of examples to the longest one in the batch (right padding)."""
+    """Pads a list of examples to the longest one in the batch (right padding).
+
+    Packed rows (with ``position_ids``) get no attention mask: transformers builds the block-diagonal mask
+    from the position ids, and the padding's own positions (0, 1, ...) make it a block of its own."""
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         width = max(len(ex["input_ids"]) for ex in batch)
+        packed = "position_ids" in batch[0]
         ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
+        positions = torch.arange(width).repeat(len(batch), 1) if packed else None
         seq_labels = isinstance(batch[0]["labels"], list)
         labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long) if seq_labels else None
         for i, ex in enumerate(batch):
@@ -32,7 +46,14 @@ class Collator:
             mask[i, :n] = 1
             if seq_labels:
                 labels[i, :n] = torch.tensor(ex["labels"])
+            if packed:
+                positions[i, :n] = torch.tensor(ex["position_ids"])
+                positions[i, n:] = torch.arange(width - n)
         if not seq_labels:
             dtype = torch.float if isinstance(batch[0]["labels"], float) else torch.long
             labels = torch.tensor([ex["labels"] for ex in batch], dtype=dtype)
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        out = {"input_ids": ids, "labels": labels}
+        out.update({"position_ids": positions} if packed else {"attention_mask": mask})
+        out["num_tokens"] = mask.sum()
+        out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
+        return out

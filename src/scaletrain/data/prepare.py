@@ -95,6 +95,14 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             _merge(skipped, notes, why, eval_source)
         else:
             train, evals = _split(train, cfg, train_sources[0])
+        train = train.add_column("length", [len(ids) for ids in train["input_ids"]])  # for balanced ranks
+        if d.packing:
+            from scaletrain.data.packing import pack
+
+            n = len(train)
+            train = pack(train, d.max_length, cfg.train.seed)
+            evals = pack(evals, d.max_length, cfg.train.seed) if d.pack_eval else evals
+            notes.append(f"data: packed {n} examples into {len(train)} rows of up to {d.max_length} tokens")
         notes.append(f"data: tokenized {len(train)} train / {len(evals)} eval examples in "
                      f"{time.perf_counter() - t0:.1f} s; cached as {entry}")
         _write_entry(entry, train, evals, {"skipped": skipped, "notes": notes[:-1], "version": CACHE_VERSION})

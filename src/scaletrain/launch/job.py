@@ -21,7 +21,7 @@ from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
 from scaletrain.console import ProgressView, console
 from scaletrain.data import PreparedData, prepare_data
-from scaletrain.errors import Interrupted
+from scaletrain.errors import ConfigError, Interrupted
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
@@ -59,6 +59,11 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     check_lora_target(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0)
+    if cfg.data.packing:
+        from scaletrain.data.packing import packing_support_error
+
+        if why := packing_support_error(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0):
+            raise ConfigError(f"data.packing: {why}")
     data = prepare_data(cfg, tokenizer)
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")

@@ -74,10 +74,23 @@ class Straggler(Rule):
             slow = median > 0 and t > self.factor * median
             if slow and rank not in self.flagged:
                 out.append(Alert(self.name, f"rank {rank} is a straggler: {t:.3f} s/step vs the median "
-                                            f"{median:.3f} s ({t / median:.1f}x, threshold {self.factor:g}x)",
-                                 step=r.get("step"), rank=rank))
+                                            f"{median:.3f} s ({t / median:.1f}x, threshold {self.factor:g}x)"
+                                            f"{self._cause(r, rank)}", step=r.get("step"), rank=rank))
             (self.flagged.add if slow else self.flagged.discard)(rank)
         return out
+
+
+    @staticmethod
+    def _cause(r: dict, rank: int) -> str:
+        """Padding imbalance, when the slow rank also had the most tokens to compute."""
+        tokens = r.get("ranks/tokens")
+        if not tokens or len(tokens) <= rank:
+            return ""
+        median = statistics.median(tokens)
+        if median > 0 and tokens[rank] > 1.2 * median:
+            return (f"; cause: padding imbalance, it had {tokens[rank] / median:.1f}x the median rank's tokens "
+                    f"(keep data.balance_ranks=true or set data.packing=true)")
+        return ""
 
 
 class ThroughputDrop(Rule):

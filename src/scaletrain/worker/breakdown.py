@@ -15,6 +15,7 @@ import time
 import torch
 
 from scaletrain.checkpoint import rng_state, set_rng_state
+from scaletrain.data import model_inputs
 from scaletrain.worker.parallel import grad_sync
 
 
@@ -31,7 +32,7 @@ def time_without_sync(model, window: list[dict], strategy: str, device: str, pre
     for batch in window:
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with grad_sync(model, strategy, enabled=False), precision.autocast():
-            loss = model(**batch).loss / len(window)
+            loss = model(**model_inputs(batch)).loss / len(window)
         loss.backward()
     device_sync(device)
     seconds = time.perf_counter() - t0

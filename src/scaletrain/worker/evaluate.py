@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.comm.context import DistContext
-from scaletrain.data import IGNORE_INDEX, Collator
+from scaletrain.data import IGNORE_INDEX, Collator, model_inputs
 from scaletrain.worker.parallel import all_reduce_sum
 
 
@@ -34,7 +34,8 @@ def evaluate(model, data, collate: Collator, ctx: DistContext, batch_size: int,
         batch = collate([data[i] for i in (idx or [0])])
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
         with autocast():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            extra = {"use_cache": False} if task == "causal-lm" else {}  # packed rows: bounds from position_ids
+            logits = model(**model_inputs(batch, labels=False), **extra).logits.float()
         labels = batch["labels"]
         if task == "causal-lm":
             shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]

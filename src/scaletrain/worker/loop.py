@@ -84,7 +84,12 @@ class Data:
         self.t = t
         self.train, self.eval = load_split(t.spec.train_path), load_split(t.spec.eval_path)
         self.collate = Collator(t.spec.pad_token_id)
-        self.sampler = ResumableSampler(len(self.train), t.ctx.world_size, t.ctx.world_rank, t.cfg.train.seed)
+        d, tr = t.cfg.data, t.cfg.train
+        # Causal LM only: grouping by length could group a classification task's labels (short negative reviews).
+        balance = t.cfg.model.task == "causal-lm" and d.balance_ranks and not d.packing
+        lengths = self.train["length"] if balance else None
+        self.sampler = ResumableSampler(len(self.train), t.ctx.world_size, t.ctx.world_rank, tr.seed, lengths,
+                                        tr.per_device_train_batch_size, tr.gradient_accumulation_steps)
 
     def batches(self):
         """The rest of the current epoch from the trainer's data position."""

@@ -35,7 +35,7 @@ class Meter:
 
     def _reset(self):
         self.t0 = time.perf_counter()
-        self.loss = self.samples = self.tokens = self.wait = 0.0
+        self.loss = self.samples = self.tokens = self.positions = self.wait = 0.0
         self.steps = 0
 
     def data_wait(self, seconds: float) -> None:
@@ -61,8 +61,9 @@ class Meter:
             self.t0 += timing.get("probe_s", 0.0)
         self.steps += 1
         self.loss += loss
-        self.samples += sum(b["input_ids"].shape[0] for b in window)
-        self.tokens += sum(int(b["attention_mask"].sum()) for b in window)
+        self.samples += sum(int(b["num_examples"]) for b in window)
+        self.tokens += sum(int(b["num_tokens"]) for b in window)
+        self.positions += sum(b["input_ids"].numel() for b in window)  # with padding
         if self.record_due(step):
             self._flush()
 
@@ -70,10 +71,13 @@ class Meter:
         progress = self.t.progress
         elapsed = time.perf_counter() - self.t0
         self.t.beat.enter("metrics", progress.step)
-        loss, samples, tokens = all_reduce_sum([self.loss, self.samples, self.tokens], self.ctx.device)
+        loss, samples, tokens, positions = all_reduce_sum([self.loss, self.samples, self.tokens, self.positions],
+                                                          self.ctx.device)
         system = self.sampler.sample()
-        per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"]],
-                                     self.ctx.device)
+        per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
+                                      self.tokens], self.ctx.device)
+        rank_tokens = [r[3] for r in per_rank]
+        mean_tokens = sum(rank_tokens) / len(rank_tokens)
         slowest = max(r[0] for r in per_rank) * self.steps
         wait = max(r[1] for r in per_rank) * self.steps
         self.samples_total += samples
@@ -85,7 +89,10 @@ class Meter:
             "time/step_s": slowest / self.steps, "time/data_wait_s": wait / self.steps,
             "world_size": self.ctx.world_size, **system,
             "ranks/step_s": [r[0] for r in per_rank], "ranks/data_wait_s": [r[1] for r in per_rank],
-            "ranks/rss_gib": [r[2] for r in per_rank],
+            "ranks/rss_gib": [r[2] for r in per_rank], "ranks/tokens": rank_tokens,
+            # the share of computed positions that are padding, and how unevenly the ranks' tokens were dealt
+            "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
+            "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,
         }
         if samples:
             f = self.t.facts.flops

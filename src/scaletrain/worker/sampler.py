@@ -1,8 +1,21 @@
-"""A distributed sampler that can start mid-epoch, so a resumed run sees the same sample order."""
+"""A distributed sampler that can start mid-epoch, so a resumed run sees the same sample order.
+
+With the examples' lengths it also balances ranks: a rank with longer sequences makes every other rank wait at
+the gradient sync. The seeded epoch order is cut into windows of ``BALANCE_WINDOW`` optimizer steps; inside a
+window the examples are sorted by length and cut into steps of one global batch (the steps then shuffled), so
+a step's examples have similar lengths (less padding); a step's micro-batches go to the ranks longest first,
+each to the rank with the fewest tokens so far. Which examples form a step depends on the global batch only,
+not on the number of ranks: 1 and N workers still train on the same steps (parity), and every rank computes
+the same assignment from the seed alone (resume).
+"""
 
 from __future__ import annotations
 
+import random
+
 import torch
+
+BALANCE_WINDOW = 8  # optimizer steps sorted together
 
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
@@ -11,9 +24,13 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     ``set_position(epoch, start)`` skips the first ``start`` samples of this rank's epoch order.
     """
 
-    def __init__(self, num_samples: int, num_replicas: int, rank: int, seed: int):
+    def __init__(self, num_samples: int, num_replicas: int, rank: int, seed: int, lengths: list[int] | None = None,
+                 batch_size: int = 1, accumulation: int = 1):
         self.num_samples, self.num_replicas, self.rank, self.seed = num_samples, num_replicas, rank, seed
+        self.lengths, self.batch_size, self.accumulation = lengths, batch_size, accumulation
         self.per_rank = num_samples // num_replicas
+        if lengths is not None:  # whole steps only: a step is one global batch
+            self.per_rank = num_samples // (batch_size * accumulation * num_replicas) * batch_size * accumulation
         self.epoch = self.start = 0
 
     def set_position(self, epoch: int, start: int) -> None:
@@ -23,7 +40,31 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.num_samples, generator=g).tolist()[: self.per_rank * self.num_replicas]
+        if self.lengths is not None:
+            return self._balanced(order)
         return order[self.rank:: self.num_replicas]
+
+    def _balanced(self, order: list[int]) -> list[int]:
+        b, per_step = self.batch_size, self.batch_size * self.accumulation * self.num_replicas
+        rng = random.Random(self.seed * 1_000_003 + self.epoch)
+        steps = []
+        for w in range(0, len(order), per_step * BALANCE_WINDOW):
+            window = sorted(order[w:w + per_step * BALANCE_WINDOW], key=lambda i: self.lengths[i], reverse=True)
+            chunk = [window[s:s + per_step] for s in range(0, len(window), per_step)]
+            rng.shuffle(chunk)
+            steps += chunk
+        mine = []
+        for step in steps:
+            micro = [step[m:m + b] for m in range(0, len(step), b)]
+            micro.sort(key=lambda mb: -sum(self.lengths[i] for i in mb))
+            load, given = [0] * self.num_replicas, [[] for _ in range(self.num_replicas)]
+            for mb in micro:  # longest first to the least loaded rank that has room
+                r = min((r for r in range(self.num_replicas) if len(given[r]) < self.accumulation),
+                        key=lambda r: (load[r], r))
+                given[r].append(mb)
+                load[r] += sum(self.lengths[i] for i in mb)
+            mine += [i for mb in given[self.rank] for i in mb]
+        return mine
 
     def __iter__(self):
         return iter(self.epoch_order()[self.start:])

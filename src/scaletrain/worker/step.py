@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from scaletrain.data import IGNORE_INDEX
+from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.worker.breakdown import device_sync, time_without_sync
 from scaletrain.worker.parallel import all_reduce_async, grad_sync
 from scaletrain.worker.trainer import Trainer
@@ -39,9 +39,9 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.
     """This micro-batch's share of the step's loss (see the module's docstring). ``tokens_per_rank``: a function
     giving the step's target tokens over the world size (waited for on first use), or None for classification."""
     if tokens_per_rank is None:
-        return t.model(**batch).loss / n_micro
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    logits = t.model(**inputs, use_cache=False).logits
+        return t.model(**model_inputs(batch)).loss / n_micro
+    # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one
+    logits = t.model(**model_inputs(batch, labels=False), use_cache=False).logits
     return token_loss_sum(logits, batch["labels"]) / tokens_per_rank()
 
 

@@ -2,6 +2,8 @@
 
 import shutil
 
+import pytest
+
 import torch
 from safetensors.torch import load_file
 
@@ -53,3 +55,21 @@ def test_partial_checkpoint_is_ignored(tmp_path):
     (root / "step-5").mkdir()  # no manifest: not a finished checkpoint
     assert checkpoint.latest_valid(tmp_path) is None
     assert checkpoint.verify(root / "step-5") == "no manifest (partial write)"
+
+
+@pytest.mark.parametrize("data", [{"packing": True}, {"balance_ranks": True}])
+def test_packed_and_balanced_runs_resume_bit_identical(demo_dir, tmp_path, data):
+    cfg_dict = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},
+                "data": {"train_file": str(demo_dir / "chat.jsonl"), "formatting": "sharegpt", "eval_ratio": 0.1,
+                         "max_length": 128, **data},
+                "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 10,
+                          "logging_steps": 2, "learning_rate": 1e-3},
+                "checkpoint": {"save_steps": 4, "save_total_limit": 3}}
+    _, _, ref = local_spec(cfg_dict, tmp_path / "ref")
+    run_in_process(ref)
+    _, _, spec = local_spec(cfg_dict, tmp_path / "b")  # killed after the step-4 checkpoint
+    shutil.copytree(tmp_path / "ref" / "checkpoints" / "step-4", tmp_path / "b" / "checkpoints" / "step-4")
+    run_in_process(spec)
+    a, b = _weights(tmp_path / "ref"), _weights(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "resume: from step-4" in (tmp_path / "b" / "logs" / "main.log").read_text()

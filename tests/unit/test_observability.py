@@ -49,6 +49,16 @@ def test_straggler_names_the_rank():
     assert len(alerts) == 1 and alerts[0].rank == 2 and "rank 2 is a straggler" in alerts[0].message
 
 
+def test_straggler_names_padding_imbalance_when_the_slow_rank_had_more_tokens():
+    rule = Straggler(1.5)
+    slow = {**train_rec(6, ranks=(0.1, 0.1, 0.4)), "ranks/tokens": [1000.0, 1100.0, 3900.0]}
+    (alert,) = feed(rule, [slow])
+    assert "cause: padding imbalance, it had 3.5x the median rank's tokens" in alert.message
+    other = Straggler(1.5)
+    (plain,) = feed(other, [{**train_rec(6, ranks=(0.1, 0.1, 0.4)), "ranks/tokens": [1000.0, 1000.0, 1000.0]}])
+    assert "padding" not in plain.message  # equal tokens: the cause is elsewhere (a slow node, contention)
+
+
 def test_throughput_drop():
     rule = ThroughputDrop(50)
     assert feed(rule, [train_rec(s, sps=100 + s % 3) for s in range(10)]) == []

@@ -51,6 +51,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             ("train time", f"{s['train_time_s']:.1f} s" if summary else "-"),
             ("eval time", f"{s['eval_time_s']:.1f} s" if summary else "-"),
             ("throughput", f"{s['throughput/samples_per_s']:.1f} samples/s" if summary else "-")]
+    padding = [r["data/padding_pct"] for r in train if "data/padding_pct" in r]
+    spread = [r["data/tokens_per_rank_spread"] for r in train if "data/tokens_per_rank_spread" in r]
+    if padding:  # the median over the run's records: how much compute went to padding, how even the ranks were
+        rows += [("padding", f"{sorted(padding)[len(padding) // 2]:.1f}% of positions"),
+                 ("tokens per rank spread", f"{sorted(spread)[len(spread) // 2]:.3f} ((max - min) / mean)")]
     final = s.get("final") or (evals[-1] if evals else {})
     rows += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in final.items() if k.startswith("eval/")]
     lines += [f"| {k} | {v} |" for k, v in rows]

@@ -18,7 +18,8 @@ from scaletrain.metrics.records import read_jsonl
 from scaletrain.rundir import RunDir
 
 COLUMNS = ["workers", "samples_per_s", "tokens_per_s", "speedup", "efficiency", "step_time_s", "train_time_s",
-           "eval_time_s", "peak_memory_gib", "memory_pct", "exposed_comm_share", "data_wait_share", "mfu", "note"]
+           "eval_time_s", "peak_memory_gib", "memory_pct", "exposed_comm_share", "data_wait_share", "padding_pct",
+           "tokens_per_rank_spread", "mfu", "note"]
 
 
 def check_sweep(cfg: Config, sizes: list[int], warmup: int, measured: int, fixed_global_batch: bool,
@@ -87,9 +88,16 @@ def measure(run_dir: Path, warmup: int, world: int) -> dict:
         "exposed_comm_share": statistics.mean(r["share/exposed_comm"] for r in breakdown) if breakdown else None,
         "data_wait_share": (statistics.mean(r["share/data_wait"] for r in breakdown) if breakdown
                             else statistics.median(r["time/data_wait_s"] / r["time/step_s"] for r in train)),
+        "padding_pct": _median(train, "data/padding_pct"),
+        "tokens_per_rank_spread": _median(train, "data/tokens_per_rank_spread"),
         "mfu": statistics.median(mfus) if mfus else None,
         "note": "",
     }
+
+
+def _median(records: list[dict], key: str) -> float | None:
+    values = [r[key] for r in records if key in r]
+    return statistics.median(values) if values else None
 
 
 def add_speedup(rows: list[dict]) -> list[dict]:

@@ -1,0 +1,128 @@
+"""Padded (as before) vs balanced ranks vs packed: a Llama-architecture causal LM (4 layers, d=256) at cutoff 512,
+2 workers on the local Ray, the same examples with instruction-data lengths (most under 256 tokens, a long tail).
+
+    .venv/bin/python benchmarks/packing.py --rounds 1 --steps 16
+
+Per variant: target (non-padding) tokens/s, the padding share, the spread of step time between the ranks, the
+peak RSS per worker, and the eval loss after the same number of target tokens (packed rows hold more tokens a
+step, so the packed run takes proportionally fewer steps). Variants alternate within a round; medians.
+Targets: packed >= 2x and balanced >= 1.15x the padded target tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+from pathlib import Path
+
+import yaml
+
+WORDS = ("the a of to and in is that for it as was with be by on not this are or from at which but have an they "
+         "you were one all we can has there been if more when will would who so explain write list describe "
+         "summarize translate code function data model answer question example number time people").split()
+
+
+def write_data(path: Path, n: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            reply = max(1, int(rng.lognormvariate(0, 1.0) * 40))  # median ~40 words, a tail to ~400
+            f.write(json.dumps({"instruction": " ".join(rng.choices(WORDS, k=rng.randint(4, 30))),
+                                "output": " ".join(rng.choices(WORDS, k=min(reply, 450)))}) + "\n")
+
+
+def write_model(out: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scaletrain.model import load_tokenizer
+
+    tok = load_tokenizer("builtin:tiny-llama")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=256, num_hidden_layers=4,
+                                         num_attention_heads=4, num_key_value_heads=4, intermediate_size=688,
+                                         max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+                                         tie_word_embeddings=True))
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def config(model: Path, data: Path, out: Path, name: str, steps: int, **data_keys) -> dict:
+    return {"model": {"name_or_path": str(model), "task": "causal-lm", "dropout": 0.0},
+            "data": {"train_file": str(data), "template": "alpaca", "cutoff_len": 512, "eval_ratio": 0.05,
+                     **data_keys},
+            "train": {"per_device_train_batch_size": 4, "learning_rate": 1e-3, "max_steps": steps,
+                      "logging_steps": 2, "seed": 1, "warmup_steps": 0, "lr_scheduler_type": "constant"},
+            "scaling": {"num_workers": 2}, "monitor": {"report": False},
+            "output": {"output_dir": str(out), "run_name": name}}
+
+
+def measure(run: Path, warmup_records: int = 1) -> dict:
+    from scaletrain.metrics.records import read_jsonl
+
+    records = read_jsonl(run / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"][warmup_records:]
+    evals = [r for r in records if r["kind"] == "eval"]
+    system = [r for r in records if r["kind"] == "system"]
+    return {"target_tokens_per_s": statistics.median(r["throughput/tokens_per_s"] for r in train),
+            "padding_pct": statistics.median(r["data/padding_pct"] for r in train),
+            "rank_step_spread": statistics.median((max(r["ranks/step_s"]) - min(r["ranks/step_s"]))
+                                                  / statistics.mean(r["ranks/step_s"]) for r in train),
+            "peak_rss_gib": max((r["memory/rss_gib"] for r in system), default=None),
+            "eval_loss": evals[-1].get("eval/loss") if evals else None,
+            "steps": json.loads((run / "summary.json").read_text())["steps"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=16, help="steps of the padded and balanced runs")
+    ap.add_argument("--examples", type=int, default=3000)
+    args = ap.parse_args()
+    import ray
+
+    from scaletrain.config import validate
+    from scaletrain.launch.job import run_job
+    from scaletrain.model import load_tokenizer
+
+    work = Path(tempfile.mkdtemp(prefix="scaletrain-packing-"))
+    data = work / "sft.jsonl"
+    write_data(data, args.examples)
+    model = write_model(work / "llama-4x256")
+    tok = load_tokenizer("builtin:tiny-llama")
+    lengths = [len(tok(json.loads(line)["instruction"] + json.loads(line)["output"])["input_ids"]) + 12
+               for line in data.read_text().splitlines()]
+    mean_len = statistics.mean(min(n, 512) for n in lengths)
+    # the packed run takes as many target tokens: its rows hold ~512 x fill tokens instead of one example
+    packed_steps = max(2, round(args.steps * mean_len / (512 * 0.95)))
+    print(f"{args.examples} examples, median {statistics.median(lengths)} tokens, mean {mean_len:.0f}, "
+          f"{sum(n > 256 for n in lengths) / len(lengths):.0%} over 256; packed runs {packed_steps} steps")
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    variants = {"padded": {"balance_ranks": False}, "balanced": {"balance_ranks": True}, "packed": {"packing": True}}
+    results: dict[str, list[dict]] = {k: [] for k in variants}
+    for r in range(args.rounds):
+        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            steps = packed_steps if name == "packed" else args.steps
+            cfg = config(model, data, work / "runs", f"{name}-{r}", steps, **variants[name])
+            (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+            result = run_job(validate(cfg), work / f"{name}.yaml", show_progress=False)
+            results[name].append(measure(result.run_dir))
+            print(f"round {r} {name:>8}: {results[name][-1]}", flush=True)
+    ray.shutdown()
+    med = {k: {m: statistics.median(x[m] for x in v if x[m] is not None) for m in v[0]} for k, v in results.items()}
+    base = med["padded"]["target_tokens_per_s"]
+    print("\n| variant | target tokens/s | vs padded | padding | rank step-time spread | peak RSS GiB | eval loss "
+          "| steps |\n|---|---|---|---|---|---|---|---|")
+    for k, m in med.items():
+        print(f"| {k} | {m['target_tokens_per_s']:.0f} | {m['target_tokens_per_s'] / base:.2f}x | "
+              f"{m['padding_pct']:.1f}% | {m['rank_step_spread']:.3f} | {m['peak_rss_gib']:.2f} | "
+              f"{m['eval_loss']:.4f} | {m['steps']:.0f} |")
+    print("targets: packed >= 2x, balanced >= 1.15x the padded target tokens/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/packing.py --rounds 1 --steps 16
 
-Per variant: target (non-padding) tokens/s, the padding share, the spread of step time between the ranks, the
+Per variant: target (non-padding) tokens/s, the padding share, the spread of the ranks' tokens (what makes ranks wait at the sync), the
 peak RSS per worker, and the eval loss after the same number of target tokens (packed rows hold more tokens a
 step, so the packed run takes proportionally fewer steps). Variants alternate within a round; medians.
 Targets: packed >= 2x and balanced >= 1.15x the padded target tokens/s.
@@ -70,8 +70,9 @@ def measure(run: Path, warmup_records: int = 1) -> dict:
     system = [r for r in records if r["kind"] == "system"]
     return {"target_tokens_per_s": statistics.median(r["throughput/tokens_per_s"] for r in train),
             "padding_pct": statistics.median(r["data/padding_pct"] for r in train),
-            "rank_step_spread": statistics.median((max(r["ranks/step_s"]) - min(r["ranks/step_s"]))
-                                                  / statistics.mean(r["ranks/step_s"]) for r in train),
+            # step times are equal across ranks (each waits for the others at the gradient sync): the imbalance
+            # that makes them wait is the spread of the ranks' tokens, (max - min) / mean
+            "rank_token_spread": statistics.median(r["data/tokens_per_rank_spread"] for r in train),
             "peak_rss_gib": max((r["memory/rss_gib"] for r in system), default=None),
             "eval_loss": evals[-1].get("eval/loss") if evals else None,
             "steps": json.loads((run / "summary.json").read_text())["steps"]}
@@ -115,11 +116,11 @@ def main() -> None:
     ray.shutdown()
     med = {k: {m: statistics.median(x[m] for x in v if x[m] is not None) for m in v[0]} for k, v in results.items()}
     base = med["padded"]["target_tokens_per_s"]
-    print("\n| variant | target tokens/s | vs padded | padding | rank step-time spread | peak RSS GiB | eval loss "
+    print("\n| variant | target tokens/s | vs padded | padding | rank token spread | peak RSS GiB | eval loss "
           "| steps |\n|---|---|---|---|---|---|---|---|")
     for k, m in med.items():
         print(f"| {k} | {m['target_tokens_per_s']:.0f} | {m['target_tokens_per_s'] / base:.2f}x | "
-              f"{m['padding_pct']:.1f}% | {m['rank_step_spread']:.3f} | {m['peak_rss_gib']:.2f} | "
+              f"{m['padding_pct']:.1f}% | {m['rank_token_spread']:.3f} | {m['peak_rss_gib']:.2f} | "
               f"{m['eval_loss']:.4f} | {m['steps']:.0f} |")
     print("targets: packed >= 2x, balanced >= 1.15x the padded target tokens/s")
 

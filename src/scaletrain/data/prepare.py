@@ -103,7 +103,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             train = pack(train, d.max_length, cfg.train.seed)
             evals = pack(evals, d.max_length, cfg.train.seed) if d.pack_eval else evals
             notes.append(f"data: packed {n} examples into {len(train)} rows of up to {d.max_length} tokens")
-        notes.append(f"data: tokenized {len(train)} train / {len(evals)} eval examples in "
+        notes.append(f"data: tokenized {len(train)} train {'rows' if d.packing else 'examples'} / {len(evals)} eval in "
                      f"{time.perf_counter() - t0:.1f} s; cached as {entry}")
         _write_entry(entry, train, evals, {"skipped": skipped, "notes": notes[:-1], "version": CACHE_VERSION})
     train, evals = datasets.load_from_disk(str(entry / "train")), datasets.load_from_disk(str(entry / "eval"))

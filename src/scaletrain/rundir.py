@@ -39,6 +39,7 @@ class RunDir:
     REPORT = "report.md"
     MAIN_LOG = "logs/main.log"
     SPEC = "launch.json"  # the torchrun launcher's hand-off of the job spec
+    TRACKERS = "trackers.json"  # W&B / MLflow run ids, so a resumed run continues the same tracker runs
     PRIVATE_ENV = ".private-env.json"  # secret variables for Ray workers (0600), removed when the workers end
 
     def __init__(self, root: str | Path):
@@ -85,6 +86,10 @@ class RunDir:
     @property
     def spec(self) -> Path:
         return self.root / self.SPEC
+
+    @property
+    def trackers(self) -> Path:
+        return self.root / self.TRACKERS
 
     @property
     def private_env(self) -> Path:

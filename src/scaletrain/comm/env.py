@@ -139,6 +139,16 @@ MISQUOTED_ENV: dict[str, str] = {
 }
 
 
+# --- Experiment trackers (the driver's monitor) ----------------------------------------------------------
+MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+WANDB_MODE = "WANDB_MODE"
+# MLflow 3 refuses its file store unless asked; a file: URI is scaletrain's default (no server to run).
+MLFLOW_ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+# An unreachable tracking server fails in seconds instead of MLflow's minutes of retries (a user's value wins).
+TRACKER_DRIVER_DEFAULTS: dict[str, str] = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                                           "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
 # --- Fault injection for tests and drills (never set in normal runs) -----------------------------------
 # "KIND:RANK:STEP[:TIMES]" entries separated by ",": KIND is raise, exit or hang; the fault fires at the
 # start of optimizer step STEP on rank RANK, at most TIMES times per run (default 1).

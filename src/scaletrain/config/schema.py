@@ -223,11 +223,17 @@ class AlertsConfig(_Section):
     throughput_drop_pct: float = Field(50.0, ge=0, lt=100)  # samples/s below this % of its running median
     memory_growth_pct: float = Field(25.0, ge=0)  # RSS or device memory grew steadily by more than this %
     data_wait_pct: float = Field(30.0, ge=0, le=100)  # share of step time spent waiting for data
+    grad_norm_spike: float = Field(10.0, ge=0)  # gradient norm above this x its running median (or not finite)
 
 
 class MonitorConfig(_Section):
     interval_s: float = Field(5.0, gt=0)  # system sampler period on every worker
-    report_to: list[Literal["jsonl", "tensorboard"]] = Field(default_factory=lambda: ["jsonl"])
+    # HF names; wandb and mlflow are optional extras (pip install 'scaletrain[wandb]' / 'scaletrain[mlflow]')
+    report_to: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["jsonl"])
+    wandb_project: Optional[str] = None  # default: the config file's stem
+    # default: MLFLOW_TRACKING_URI if set, else file:<output_dir>/mlruns; the experiment is the config's stem
+    mlflow_tracking_uri: Optional[str] = None
+    mlflow_log_model: bool = False  # also log final/ as an MLflow transformers model
     prometheus_port: Optional[int] = Field(None, ge=1, le=65535)  # driver endpoint with per-rank metrics
     report: bool = True  # write report.md and plots when training ends
     # Every K steps, time the step's phases and the exposed gradient sync (see worker/breakdown.py); 0: off.

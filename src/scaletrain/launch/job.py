@@ -30,6 +30,7 @@ from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, create_run_dir
 from scaletrain.worker.faults import parse_faults
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
+from scaletrain.metrics.trackers import close_trackers, start_trackers
 from scaletrain.model import check_lora_target, load_tokenizer, model_dir
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
@@ -79,17 +80,22 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
     _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
+    trackers = start_trackers(cfg.monitor, run_dir, cfg.output.output_dir, Path(config_path).stem,
+                              redact.mapping(cfg.model_dump(mode="json")), events, console)
     monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
-                         console)
+                         console, sinks=trackers)
     try:
-        with StopOnSignal(run_dir, events), monitor:
-            _run_with_hang_retries(lambda: launcher.run(spec, plan), spec, cfg, redact, events)
+        try:
+            with StopOnSignal(run_dir, events), monitor:
+                _run_with_hang_retries(lambda: launcher.run(spec, plan), spec, cfg, redact, events)
+        finally:
+            if cfg.monitor.report:
+                _write_report(run_dir)
+        if rd.stop.exists():
+            raise Interrupted(f"at a checkpoint, as requested; continue with: scaletrain train --resume {run_dir}")
+        finish_final(cfg, run_dir, tokenizer)
     finally:
-        if cfg.monitor.report:
-            _write_report(run_dir)
-    if rd.stop.exists():
-        raise Interrupted(f"at a checkpoint, as requested; continue with: scaletrain train --resume {run_dir}")
-    finish_final(cfg, run_dir, tokenizer)
+        close_trackers(trackers, run_dir)  # the report, plots and final/ as the trackers' files, then their end
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
 
 

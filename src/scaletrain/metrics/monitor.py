@@ -97,6 +97,9 @@ class PrometheusSink:
 
 def check_sinks(cfg: MonitorConfig) -> None:
     """Fail before a run starts when an asked-for sink cannot work: missing package or taken port."""
+    from scaletrain.metrics.trackers import check_trackers
+
+    check_trackers(cfg.report_to)
     if "tensorboard" in cfg.report_to:
         try:
             import tensorboard  # noqa: F401
@@ -118,12 +121,13 @@ class RunMonitor:
     """Context manager for the driver: a thread polls the run's records every ``poll_s``."""
 
     def __init__(self, run_dir: str | Path, cfg: MonitorConfig, events=None, progress=None, console=None,
-                 poll_s: float = 0.5):
+                 poll_s: float = 0.5, sinks=()):
         self.run_dir = Path(run_dir)
         self.follower = JsonlFollower(RunDir(run_dir).metrics)
         self.rules = build_rules(cfg.alerts)
         self.events, self.progress, self.console, self.poll_s = events, progress, console, poll_s
         self.sinks = []
+        self.trackers = list(sinks)  # closed by their owner after the report exists (metrics/trackers.py)
         if "tensorboard" in cfg.report_to:
             self.sinks.append(TensorBoardSink(RunDir(run_dir).tensorboard))
         if cfg.prometheus_port:
@@ -133,7 +137,7 @@ class RunMonitor:
 
     def poll(self) -> None:
         for record in self.follower.poll():
-            for sink in self.sinks:
+            for sink in (*self.sinks, *self.trackers):
                 sink.write(record)
             if self.progress is not None and record.get("kind") == "train":
                 self.progress.show(record)
@@ -141,6 +145,8 @@ class RunMonitor:
                 for alert in rule.observe(record):
                     self.alerts.append(alert)
                     write_alert(self.run_dir, alert)
+                    for tracker in self.trackers:
+                        tracker.alert(alert)
                     if self.events:
                         self.events("alert", f"{alert.rule}: {alert.message}")
                     if self.console is not None:

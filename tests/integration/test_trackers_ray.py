@@ -1,0 +1,111 @@
+"""A 2-worker run reported to W&B (offline) and MLflow (a file store in the test's folder): config, loss series
+with their steps, the report as a file; a resumed run continues the same tracker runs; no secret in either."""
+
+import glob
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from scaletrain.config import validate
+from scaletrain.errors import TrainingError
+from scaletrain.launch.job import run_job
+from tests.conftest import train_losses
+
+pytestmark = pytest.mark.ray
+
+SECRETS = {"HF_TOKEN": "hf_TrackerTokenAbcdefghijklmn", "COMM_KEY": "wandb-key-0123456789abcdef"}
+
+
+def wandb_records(path: Path) -> list:
+    """Records of an offline .wandb file (LevelDB log format: 32 KiB blocks of chunks with 7-byte headers)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    pos, buf, out = 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(buf)
+            out.append(rec)
+    return out
+
+
+def _history(run_dir: Path, key: str) -> list[tuple[int, float]]:
+    out = []
+    for path in sorted(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))):
+        for rec in wandb_records(Path(path)):
+            if rec.WhichOneof("record_type") == "history":
+                items = {i.key: i.value_json for i in rec.history.item}
+                if key in items:
+                    out.append((int(items["_step"]), float(items[key])))
+    return out
+
+
+def _cfg(classify_cfg, tmp_path, **train):
+    cfg = json.loads(json.dumps(classify_cfg))
+    cfg["train"].update(max_steps=8, logging_steps=2, **train)
+    cfg["scaling"]["num_workers"] = 2
+    cfg["checkpoint"] = {"save_steps": 4}
+    cfg["comm"] = {"env": {"WANDB_API_KEY": SECRETS["COMM_KEY"]}}
+    cfg["monitor"] = {"report_to": ["jsonl", "wandb", "mlflow"], "wandb_project": "scaletrain-test",
+                      "mlflow_tracking_uri": f"file:{tmp_path / 'mlruns'}"}
+    cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": "tracked"}
+    return validate(cfg)
+
+
+def test_wandb_and_mlflow_get_config_series_report_and_resume_continues_them(classify_cfg, tmp_path, monkeypatch,
+                                                                             ray_local, no_orphans):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("HF_TOKEN", SECRETS["HF_TOKEN"])
+    monkeypatch.setenv("SCALETRAIN_FAULTS", "raise:1:6")  # fails after the step-4 checkpoint
+    with pytest.raises(TrainingError):
+        run_job(_cfg(classify_cfg, tmp_path), tmp_path / "tracked.yaml", show_progress=False)
+    run_dir = tmp_path / "runs" / "tracked"
+    ids = json.loads((run_dir / "trackers.json").read_text())
+    monkeypatch.delenv("SCALETRAIN_FAULTS")
+    result = run_job(_cfg(classify_cfg, tmp_path), tmp_path / "tracked.yaml", resume_dir=run_dir, show_progress=False)
+    assert json.loads((run_dir / "trackers.json").read_text()) == ids  # the same runs, continued
+
+    # W&B: one run id, the loss of every logged step (the resumed part appended), the report as a file
+    runs = glob.glob(str(run_dir / "wandb" / "offline-run-*"))
+    assert runs and all(r.endswith(ids["wandb"]) for r in runs)
+    steps = [s for s, _ in _history(run_dir, "train/loss")]
+    assert steps[:2] == [2, 4] and steps[-2:] == [6, 8]
+    losses = dict(_history(run_dir, "train/loss"))
+    assert losses[8] == pytest.approx(train_losses(run_dir)[-1])
+    assert any(Path(r, "files", "report.md").exists() for r in runs)
+
+    # MLflow: the same run before and after the resume; params = the flattened config; artifacts
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    history = client.get_metric_history(ids["mlflow"], "train/loss")
+    assert sorted({m.step for m in history}) == [2, 4, 6, 8]
+    run = client.get_run(ids["mlflow"])
+    assert run.data.params["train.learning_rate"] == "0.001" and run.info.status == "FINISHED"
+    assert run.data.params["comm.env.WANDB_API_KEY"] == "***"
+    names = {a.path for a in client.list_artifacts(ids["mlflow"])}
+    assert {"report.md", "loss.png", "final"} <= names
+    assert client.get_experiment(run.info.experiment_id).name == "tracked"  # the config's stem
+
+    # no secret in any tracker file
+    for root in (run_dir / "wandb", tmp_path / "mlruns"):
+        for p in Path(root).rglob("*"):
+            if p.is_file():
+                data = p.read_bytes()
+                assert not [s for s in SECRETS.values() if s.encode() in data], p
+    assert result.summary["steps"] == 8

@@ -1,0 +1,116 @@
+"""Trackers in the driver: a broken or slow one never stalls training; bad input is one line; no secrets."""
+
+import json
+import socket
+import time
+
+import pytest
+
+from scaletrain.config.schema import MonitorConfig
+from scaletrain.errors import ConfigError
+from scaletrain.metrics.monitor import RunMonitor
+from scaletrain.metrics.trackers import MlflowTracker, TrackerSink, WandbTracker, check_trackers, flatten
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self, delay=0.0):
+        self.calls, self.delay = [], delay
+
+    def start(self):
+        self.calls.append("start")
+
+    def log(self, record):
+        time.sleep(self.delay)
+        self.calls.append(record["step"])
+
+    def alert(self, alert):
+        self.calls.append(("alert", alert.rule))
+
+    def finish(self, artifacts, final_dir):
+        self.calls.append("finish")
+
+
+class Broken(Recorder):
+    name = "broken"
+
+    def log(self, record):
+        raise ConnectionError("tracker down")
+
+
+def _records(run_dir, n):
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        for s in range(1, n + 1):
+            f.write(json.dumps({"kind": "train", "step": s, "train/loss": 1.0 / s, "world_size": 1,
+                                "throughput/samples_per_s": 10.0, "ranks/step_s": [0.1]}) + "\n")
+
+
+def test_a_tracker_that_raises_leaves_the_others_whole_and_is_reported_once(tmp_path):
+    events = []
+    good, bad = TrackerSink(Recorder(), lambda *a: events.append(a)), TrackerSink(Broken(), lambda *a: events.append(a))
+    monitor = RunMonitor(tmp_path, MonitorConfig(), sinks=[good, bad], poll_s=0.05)
+    with monitor:
+        _records(tmp_path, 50)
+        time.sleep(0.3)
+    for sink in (good, bad):
+        sink.close([], None)
+    assert good.tracker.calls == ["start", *range(1, 51), "finish"]
+    failures = [e for e in events if "broken failed" in e[1]]
+    assert len(failures) == 1 and "ConnectionError: tracker down" in failures[0][1]
+
+
+def test_a_slow_tracker_drops_and_counts_instead_of_waiting(tmp_path):
+    events = []
+    slow = TrackerSink(Recorder(delay=0.2), lambda *a: events.append(a), maxsize=5)
+    t0 = time.perf_counter()
+    for s in range(1, 41):
+        slow.write({"kind": "train", "step": s})
+    assert time.perf_counter() - t0 < 0.5  # writing never waits for the tracker
+    slow.close([], None)
+    assert slow.dropped > 20 and any(f"{slow.dropped} record(s) dropped" in e[1] for e in events)
+
+
+def test_report_to_a_tracker_that_is_not_installed_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"monitor.report_to=wandb needs the wandb package; pip install "
+                                          r"'scaletrain\[wandb\]'"):
+        check_trackers(["jsonl", "wandb"])
+    check_trackers(["jsonl", "mlflow"])
+
+
+def test_an_unreachable_mlflow_server_is_one_warning_in_seconds(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    events = []
+    t0 = time.perf_counter()
+    sink = TrackerSink(MlflowTracker(tmp_path, "exp", f"http://127.0.0.1:{port}", {"a": 1}),
+                       lambda *a: events.append(a))
+    for s in range(1, 6):
+        sink.write({"kind": "train", "step": s, "train/loss": 1.0})
+    sink.close([], None)
+    assert time.perf_counter() - t0 < 60
+    assert len([e for e in events if "mlflow failed" in e[1]]) == 1
+
+
+def test_wandb_online_without_a_key_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    events = []
+    sink = TrackerSink(WandbTracker(tmp_path, "p", {}), lambda *a: events.append(a))
+    sink.close([], None)
+    (failure,) = [e[1] for e in events if "wandb failed" in e[1]]
+    assert "set WANDB_MODE=offline or run `wandb login`" in failure
+
+
+def test_flatten_gives_mlflow_params():
+    assert flatten({"train": {"lr": 1e-3, "x": {"y": 1}}, "data": {"dataset": ["a", "b"]}, "e": {}}) == {
+        "train.lr": 1e-3, "train.x.y": 1, "data.dataset": ["a", "b"], "e": {}}

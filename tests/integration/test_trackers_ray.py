@@ -49,7 +49,7 @@ def _history(run_dir: Path, key: str) -> list[tuple[int, float]]:
     for path in sorted(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))):
         for rec in wandb_records(Path(path)):
             if rec.WhichOneof("record_type") == "history":
-                items = {i.key: i.value_json for i in rec.history.item}
+                items = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
                 if key in items:
                     out.append((int(items["_step"]), float(items[key])))
     return out

@@ -21,6 +21,7 @@ from tests.conftest import local_spec
 
 def test_logged_grad_norm_is_the_norm_before_clipping(classify_cfg, tmp_path):
     classify_cfg["train"].update(max_grad_norm=0.01, max_steps=2)  # clipping on: the logged norm is the raw one
+    classify_cfg["model"]["dropout"] = 0.0  # the reference forward must draw no other dropout mask
     cfg, _, spec = local_spec(classify_cfg, tmp_path / "run")
     ctx = DistContext(world_rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device="cpu",
                       backend="gloo")

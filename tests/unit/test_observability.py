@@ -200,8 +200,8 @@ def test_port_in_use_and_missing_packages(monkeypatch):
 def test_unknown_sink_name_is_a_config_error():
     from scaletrain.config import validate
 
-    with pytest.raises(ConfigError, match=r"monitor.report_to.*'jsonl' or 'tensorboard'"):
-        validate({"model": {"name_or_path": "x"}, "data": {"train_file": "x"}, "monitor": {"report_to": ["wandb"]}})
+    with pytest.raises(ConfigError, match=r"monitor.report_to.*'jsonl', 'tensorboard', 'wandb' or 'mlflow'"):
+        validate({"model": {"name_or_path": "x"}, "data": {"train_file": "x"}, "monitor": {"report_to": ["comet"]}})
 
 
 def test_monitor_feeds_alerts_and_tensorboard(tmp_path):

@@ -8,6 +8,7 @@ NaN/Inf loss is checked in the workers every step (it must stop the run before a
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -174,9 +175,40 @@ class DataWait(Rule):
         return out
 
 
+class GradNormSpike(Rule):
+    """The gradient norm is not finite, or jumps above ``factor`` x its running median: the multi-GPU blow-ups
+    users report show here first, steps before the loss diverges (LLaMA-Factory#7890)."""
+
+    name = "grad_norm_spike"
+    warmup = 3  # records before the running median means anything
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.history: list[float] = []
+
+    def observe(self, r: dict) -> list[Alert]:
+        norm = r.get("train/grad_norm")
+        if not self.factor or r.get("kind") != "train" or norm is None:
+            return []
+        if not math.isfinite(norm):
+            return [Alert(self.name, f"gradient norm is not finite ({norm}) at step {r.get('step')}; the next "
+                                     f"steps will diverge: lower train.learning_rate or check the data",
+                          step=r.get("step"), severity="error")]
+        out = []
+        if len(self.history) >= self.warmup:
+            median = statistics.median(self.history[-50:])
+            if median > 0 and norm > self.factor * median:
+                out.append(Alert(self.name, f"gradient norm {norm:.4g} at step {r.get('step')} is {norm / median:.0f}x "
+                                            f"its running median {median:.4g} (threshold {self.factor:g}x)",
+                                 step=r.get("step")))
+        self.history.append(norm)
+        return out
+
+
 def build_rules(cfg: AlertsConfig) -> list[Rule]:
     return [LowGpuUtil(cfg.gpu_util_min_pct, cfg.gpu_util_intervals), Straggler(cfg.straggler_factor),
-            ThroughputDrop(cfg.throughput_drop_pct), MemoryGrowth(cfg.memory_growth_pct), DataWait(cfg.data_wait_pct)]
+            ThroughputDrop(cfg.throughput_drop_pct), MemoryGrowth(cfg.memory_growth_pct), DataWait(cfg.data_wait_pct),
+            GradNormSpike(cfg.grad_norm_spike)]
 
 
 def write_alert(run_dir: str | Path, alert: Alert) -> None:

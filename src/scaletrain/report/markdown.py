@@ -37,7 +37,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     system = [r for r in records if r.get("kind") == "system"]
     cfg = yaml.safe_load(rd.resolved_config.read_text())
     summary = json.loads(rd.summary.read_text()) if rd.finished() else None
-    images = [p for p in (plots.loss(train, evals, out), plots.throughput(train, out), plots.ranks(train, out),
+    checkpoints = [r for r in records if r.get("kind") == "checkpoint"]
+    images = [p for p in (plots.loss(train, evals, out, checkpoints), plots.throughput(train, out, evals, checkpoints),
+                          plots.ranks(train, out),
                           plots.utilization(system, out)) if p]
     status = "finished" if summary else ("failed" if "failure:" in _read(rd.events) else "running or stopped")
     lines = [f"{TITLE}{run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]

@@ -22,7 +22,15 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def loss(train: list[dict], evals: list[dict], out: Path) -> Path | None:
+def _mark_pauses(ax, evals: list[dict], checkpoints: list[dict]) -> None:
+    """Dashed lines where the run evaluated, dotted where it checkpointed (their time is not training time)."""
+    for i, r in enumerate(evals):
+        ax.axvline(r["step"], color="tab:green", linestyle="--", linewidth=0.8, label="eval" if i == 0 else None)
+    for i, r in enumerate(checkpoints):
+        ax.axvline(r["step"], color="tab:gray", linestyle=":", linewidth=0.8, label="checkpoint" if i == 0 else None)
+
+
+def loss(train: list[dict], evals: list[dict], out: Path, checkpoints: list[dict] = ()) -> Path | None:
     if not train:
         return None
     fig, ax = plt.subplots(figsize=FIGSIZE)
@@ -30,17 +38,29 @@ def loss(train: list[dict], evals: list[dict], out: Path) -> Path | None:
     ev = [r for r in evals if "eval/loss" in r]
     if ev:
         ax.plot([r["step"] for r in ev], [r["eval/loss"] for r in ev], "o-", label="eval loss")
-    ax.set(xlabel="step", ylabel="loss", title="Loss")
-    ax.legend()
+    _mark_pauses(ax, [], list(checkpoints))
+    ax.set(xlabel="step", ylabel="loss", title="Loss and gradient norm")
+    norms = [r for r in train if "train/grad_norm" in r]
+    lines, labels = ax.get_legend_handles_labels()
+    if norms:  # the number dashboards show first after the loss: spikes come before divergence
+        ax2 = ax.twinx()
+        ax2.plot([r["step"] for r in norms], [r["train/grad_norm"] for r in norms], color="tab:red", alpha=0.6,
+                 label="grad norm (before clipping)")
+        ax2.set_ylabel("gradient norm")
+        more = ax2.get_legend_handles_labels()
+        lines, labels = lines + more[0], labels + more[1]
+    ax.legend(lines, labels)
     return _save(fig, out / LOSS)
 
 
-def throughput(train: list[dict], out: Path) -> Path | None:
+def throughput(train: list[dict], out: Path, evals: list[dict] = (), checkpoints: list[dict] = ()) -> Path | None:
     if not train:
         return None
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    ax.plot([r["step"] for r in train], [r["throughput/samples_per_s"] for r in train])
-    ax.set(xlabel="step", ylabel="samples/s", title="Throughput (all ranks)")
+    ax.plot([r["step"] for r in train], [r["throughput/samples_per_s"] for r in train], label="samples/s")
+    _mark_pauses(ax, [r for r in evals if "time/eval_s" in r], list(checkpoints))
+    ax.set(xlabel="step", ylabel="samples/s", title="Throughput (all ranks; eval and checkpoint time excluded)")
+    ax.legend()
     return _save(fig, out / THROUGHPUT)
 
 

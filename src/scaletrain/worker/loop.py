@@ -148,9 +148,9 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
             metrics.step_done(loss, window, timing)
             if due(cfg.train.eval_steps, step) and step < spec.total_steps:
                 run_eval(t, data, metrics, events, clock)
-            saved = save_checkpoint(t, events) if due(cfg.checkpoint.save_steps, step) else None
+            saved = save_checkpoint(t, metrics, events) if due(cfg.checkpoint.save_steps, step) else None
             if stop:
-                path = saved or save_checkpoint(t, events, announce=False)
+                path = saved or save_checkpoint(t, metrics, events, announce=False)
                 events("stopped", f"on request at step {step}; {path.name} saved")
                 return False
         if progress.step >= spec.total_steps:
@@ -182,6 +182,7 @@ def run_eval(t: Trainer, data: Data, metrics: Meter, events, clock: Clock, final
         t.model, data.eval, data.collate, t.ctx, t.cfg.train.per_device_eval_batch_size, t.cfg.model.task,
         t.cfg.model.num_labels, t.precision.autocast)))
     step = t.progress.step
+    metrics.exclude(seconds)
     metrics.write({"kind": "eval", "step": step, **out, **({} if final else {"time/eval_s": seconds})})
     if final:
         log.info("eval step %d: %s", step, json.dumps(out, sort_keys=True))
@@ -189,9 +190,13 @@ def run_eval(t: Trainer, data: Data, metrics: Meter, events, clock: Clock, final
     return out
 
 
-def save_checkpoint(t: Trainer, events, announce: bool = True):
+def save_checkpoint(t: Trainer, metrics: Meter, events, announce: bool = True):
     t.beat.enter("checkpoint", t.progress.step)
+    t0 = time.perf_counter()
     path = checkpoint.save(t, t.cfg.checkpoint.save_total_limit)
+    seconds = time.perf_counter() - t0
+    metrics.exclude(seconds)
+    metrics.write({"kind": "checkpoint", "step": t.progress.step, "time/checkpoint_s": seconds})
     if announce:
         events("checkpoint", f"{path.name} saved")
     return path

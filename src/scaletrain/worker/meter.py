@@ -38,6 +38,10 @@ class Meter:
         self.loss = self.samples = self.tokens = self.positions = self.wait = 0.0
         self.steps = 0
 
+    def exclude(self, seconds: float) -> None:
+        """Keep ``seconds`` (an eval, a checkpoint) out of the window's step time and throughput."""
+        self.t0 += seconds
+
     def data_wait(self, seconds: float) -> None:
         self.wait += seconds
         self.last_wait = seconds
@@ -85,6 +89,7 @@ class Meter:
         record = {
             "kind": "train", "step": progress.step, "epoch": progress.epoch, "total_steps": self.spec.total_steps,
             "train/loss": loss / self.ctx.world_size / self.steps, "train/lr": self.t.lr,
+            "train/grad_norm": self.t.grad_norm,
             "throughput/samples_per_s": samples / slowest, "throughput/tokens_per_s": tokens / slowest,
             "time/step_s": slowest / self.steps, "time/data_wait_s": wait / self.steps,
             "world_size": self.ctx.world_size, **system,

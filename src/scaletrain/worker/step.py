@@ -35,6 +35,16 @@ def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                            reduction="sum")
 
 
+def _grad_norm(t: Trainer) -> float:
+    """The gradients' total L2 norm before clipping (what clip_grad_norm_ returns); clips to max_grad_norm."""
+    params = [p for p in t.model.parameters() if p.grad is not None]
+    if t.cfg.train.max_grad_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, t.cfg.train.max_grad_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor of the shards
+
+
 def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.Tensor:
     """This micro-batch's share of the step's loss (see the module's docstring). ``tokens_per_rank``: a function
     giving the step's target tokens over the world size (waited for on first use), or None for classification."""
@@ -87,9 +97,7 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
         t0 = time.perf_counter()
     t.beat.enter("optimizer", step)
     t.precision.unscale(t.optimizer)
-    if t.cfg.train.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_([p for p in t.model.parameters() if p.grad is not None],
-                                       t.cfg.train.max_grad_norm)
+    t.grad_norm = _grad_norm(t)
     t.precision.step(t.optimizer)
     t.scheduler.step()
     t.optimizer.zero_grad(set_to_none=True)

@@ -46,6 +46,7 @@ class Trainer:
     beat: Heartbeat
     facts: ModelFacts
     progress: TrainState = field(default_factory=TrainState)
+    grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
 
     @property
     def run_dir(self) -> RunDir:

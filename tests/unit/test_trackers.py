@@ -114,3 +114,29 @@ def test_wandb_online_without_a_key_is_one_line(tmp_path, monkeypatch):
 def test_flatten_gives_mlflow_params():
     assert flatten({"train": {"lr": 1e-3, "x": {"y": 1}}, "data": {"dataset": ["a", "b"]}, "e": {}}) == {
         "train.lr": 1e-3, "train.x.y": 1, "data.dataset": ["a", "b"], "e": {}}
+
+
+def test_mlflow_logs_final_as_an_artifact_and_as_a_transformers_model(tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from scaletrain.model import load_tokenizer
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tok = load_tokenizer("builtin:tiny-bert")
+    BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=64)).save_pretrained(
+        tmp_path / "final")
+    tok.save_pretrained(tmp_path / "final")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    tracker = MlflowTracker(tmp_path, "exp", uri, {"train.lr": 0.1}, log_model=True, task="sequence-classification")
+    tracker.start()
+    tracker.log({"kind": "train", "step": 3, "train/loss": 0.5, "time": 1.0})
+    tracker.finish([], tmp_path / "final")
+    client = MlflowClient(uri)
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "train/loss")] == [3]
+    assert "final" in {a.path for a in client.list_artifacts(tracker.run_id)}
+    exp = client.get_run(tracker.run_id).info.experiment_id
+    (model,) = mlflow.search_logged_models(experiment_ids=[exp], output_format="list")
+    assert model.name == "model" and model.source_run_id == tracker.run_id

@@ -81,7 +81,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
     trackers = start_trackers(cfg.monitor, run_dir, cfg.output.output_dir, Path(config_path).stem,
-                              redact.mapping(cfg.model_dump(mode="json")), events, console)
+                              redact.mapping(cfg.model_dump(mode="json")), events, console, cfg.model.task)
     monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
                          console, sinks=trackers)
     try:

@@ -173,9 +173,10 @@ class WandbTracker:
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, run_dir: Path, experiment: str, tracking_uri: str, params: dict, log_model: bool = False):
+    def __init__(self, run_dir: Path, experiment: str, tracking_uri: str, params: dict, log_model: bool = False,
+                 task: str = "causal-lm"):
         self.run_dir, self.experiment, self.uri = Path(run_dir), experiment, tracking_uri
-        self.params, self.log_model = params, log_model
+        self.params, self.log_model, self.task = params, log_model, task
         self.ids = RunIds(run_dir)
         self.client = self.run_id = None
 
@@ -226,11 +227,22 @@ class MlflowTracker:
         import mlflow
         from transformers import AutoTokenizer, pipeline
 
+        task = "text-generation" if self.task == "causal-lm" else "text-classification"
+        model = pipeline(task, model=str(final_dir), tokenizer=AutoTokenizer.from_pretrained(str(final_dir)))
         mlflow.set_tracking_uri(self.uri)
         with mlflow.start_run(run_id=self.run_id):
-            mlflow.transformers.log_model(transformers_model=pipeline(model=str(final_dir),
-                                                                       tokenizer=AutoTokenizer.from_pretrained(
-                                                                           str(final_dir))), name="model")
+            # the requirements named, not inferred: inference imports every vision/audio package it can name
+            mlflow.transformers.log_model(transformers_model=model, name="model",
+                                          pip_requirements=[f"transformers=={_version('transformers')}",
+                                                            f"torch=={_version('torch')}",
+                                                            *([f"peft=={_version('peft')}"]
+                                                              if (final_dir / "adapter_config.json").exists() else [])])
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -246,7 +258,7 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def start_trackers(monitor_cfg, run_dir: Path, output_dir: str, name: str, config: dict, events,
-                   console=None) -> list[TrackerSink]:
+                   console=None, task: str = "causal-lm") -> list[TrackerSink]:
     """A started sink per tracker of ``monitor.report_to`` (none when it names no tracker). ``config`` is the
     resolved config, redacted; ``name`` the W&B project / MLflow experiment unless the config gives one."""
     from scaletrain.comm import env as envvars
@@ -263,7 +275,7 @@ def start_trackers(monitor_cfg, run_dir: Path, output_dir: str, name: str, confi
             envvars.apply_defaults({envvars.MLFLOW_ALLOW_FILE_STORE: "true"})
         saved = RunIds(run_dir).read()
         tracker = MlflowTracker(run_dir, saved.get("mlflow_experiment", name), saved.get("mlflow_tracking_uri", uri),
-                                flatten(config), monitor_cfg.mlflow_log_model)
+                                flatten(config), monitor_cfg.mlflow_log_model, task)
         RunIds(run_dir).save(mlflow_experiment=tracker.experiment)
         sinks.append(TrackerSink(tracker, events, console))
     return sinks

@@ -56,6 +56,6 @@ def test_mid_run_evals_and_checkpoints_raise_no_throughput_alert(classify_cfg, t
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     rules = build_rules(AlertsConfig())
     alerts = [a for r in records for rule in rules for a in rule.observe(r)]
-    assert [a.rule for a in alerts if a.rule == "throughput_drop"] == []
+    assert [a.rule for a in alerts if a.rule in ("throughput_drop", "grad_norm_spike")] == []  # a healthy run
     kinds = {r["kind"] for r in records}
     assert {"eval", "checkpoint"} <= kinds and all("train/grad_norm" in r for r in records if r["kind"] == "train")

@@ -115,11 +115,14 @@ class RunIds:
         except (OSError, json.JSONDecodeError):
             return {}
 
+    _lock = threading.Lock()  # the trackers' threads start together and each adds its id
+
     def save(self, **values: Any) -> None:
-        data = {**self.read(), **values}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(self.path)
+        with self._lock:
+            data = {**self.read(), **values}
+            tmp = self.path.with_name(f".{self.path.name}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(self.path)  # atomic: a reader sees the old file or the new one
 
 
 class WandbTracker:

@@ -147,6 +147,17 @@ def verify(ckpt: Path) -> str | None:
     return None
 
 
+def resume_point(run_dir) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The newest whole checkpoint, and the newer ones that are not (name, what is wrong), newest first."""
+    unusable = []
+    for ckpt in reversed(list_checkpoints(RunDir(run_dir).checkpoints)):
+        problem = verify(ckpt)
+        if problem is None:
+            return ckpt, unusable
+        unusable.append((ckpt.name, problem))
+    return None, unusable
+
+
 def latest_valid(run_dir) -> Path | None:
     """Newest checkpoint that passes its checksums; a broken newer one is skipped with a warning."""
     for ckpt in reversed(list_checkpoints(RunDir(run_dir).checkpoints)):

@@ -223,3 +223,34 @@ def test_alpaca_data_with_the_default_task_says_to_set_causal_lm(demo_dir, tmp_p
     _assert_one_line_error(run_cli("train", write_config(tmp_path / "c.yaml", cfg)), "column 'text' is missing",
                            "set model.task=causal-lm")
     _untouched(earlier_run)
+
+
+def test_resume_with_every_checkpoint_corrupt_is_an_error_naming_them(classify_cfg, tmp_path, capsys):
+    import json
+    from scaletrain import cli
+    from tests.conftest import write_config
+
+    run = tmp_path / "runs" / "broken"
+    (run / "checkpoints" / "step-4").mkdir(parents=True)
+    (run / "checkpoints" / "step-8").mkdir()
+    (run / "checkpoints" / "step-8" / "manifest.json").write_text(json.dumps({"files": {"model.pt": "0" * 64}}))
+    classify_cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": "broken"}
+    write_config(run / "config.resolved.yaml", classify_cfg)
+    before = sorted(p.name for p in run.rglob("*"))
+    assert cli.main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint can be resumed from (step-8: model.pt is missing; step-4: no manifest (partial write))" in err
+    assert sorted(p.name for p in run.rglob("*")) == before  # nothing written: no metrics appended from step 0
+
+
+def test_a_fallback_past_a_broken_checkpoint_is_said(tmp_path):
+    import json
+    from scaletrain.launch.job import _resume_notes
+
+    run = tmp_path / "run"
+    good = run / "checkpoints" / "step-4"
+    good.mkdir(parents=True)
+    (good / "manifest.json").write_text(json.dumps({"files": {}}))
+    (run / "checkpoints" / "step-8").mkdir()
+    assert _resume_notes(run) == ["resuming from step-4: the newer checkpoint(s) are unusable (step-8: no manifest "
+                                  "(partial write))"]

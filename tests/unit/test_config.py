@@ -135,3 +135,14 @@ def test_the_nearest_key_is_searched_across_sections(classify_cfg, tmp_path, sec
     classify_cfg.setdefault(section, {})[key] = 1
     with pytest.raises(ConfigError, match=rf"unknown key '{section}.{key}'; did you mean '{nearest}'\?"):
         load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+
+
+def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  name_or_path: builtin:tiny-bert\ndata:\n  train_file: x.jsonl\ntrain:\n"
+                    "  max_steps: 5\n  seed: 3\ntrain:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: key 'train' is given twice \(lines 5 and 8\); keep one"):
+        load_config(path)
+    path.write_text("model:\n  name_or_path: a\n  name_or_path: b\ndata: {train_file: x}\n")
+    with pytest.raises(ConfigError, match=r"key 'name_or_path' is given twice \(lines 2 and 3\)"):
+        load_config(path)

@@ -99,16 +99,22 @@ def test_an_unreachable_mlflow_server_is_one_warning_in_seconds(tmp_path, monkey
     assert len([e for e in events if "mlflow failed" in e[1]]) == 1
 
 
-def test_wandb_online_without_a_key_is_one_line(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "online")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    events = []
-    sink = TrackerSink(WandbTracker(tmp_path, "p", {}), lambda *a: events.append(a))
-    sink.close([], None)
-    (failure,) = [e[1] for e in events if "wandb failed" in e[1]]
-    assert "set WANDB_MODE=offline or run `wandb login`" in failure
+def test_wandb_online_without_a_key_is_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # A fresh process: wandb keeps its settings (the mode among them) in a per-process singleton, so a W&B run
+    # of an earlier test in this process would make this one offline.
+    code = ("import sys; from pathlib import Path; from scaletrain.metrics.trackers import TrackerSink, WandbTracker;"
+            "events = []; sink = TrackerSink(WandbTracker(Path(sys.argv[1]), 'p', {}), lambda *a: events.append(a));"
+            "sink.close([], None); print([e[1] for e in events if 'wandb failed' in e[1]])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="online", HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    failures = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr of a list of str
+    assert len(failures) == 1 and "set WANDB_MODE=offline or run `wandb login`" in failures[0], out.stderr[-2000:]
 
 
 def test_flatten_gives_mlflow_params():

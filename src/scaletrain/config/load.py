@@ -32,7 +32,9 @@ def load_config(
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass the path of a YAML config")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -49,6 +51,25 @@ def load_config(
         apply_override(raw, item)
     raw = interpolate_env(raw, envvars.snapshot() if environ is None else environ)
     return validate(raw, source=str(path))
+
+
+class DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's last-one-wins for a key given twice silently drops the first (two `train:` sections: the batch, the
+    steps and the seed fell back to defaults); here it is an error naming the key and both lines."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKey(f"key '{key}' is given twice (lines {seen[key] + 1} and "
+                                   f"{key_node.start_mark.line + 1}); keep one of them")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def validate(raw: dict, source: str = "config") -> Config:

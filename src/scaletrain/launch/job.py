@@ -21,7 +21,7 @@ from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
 from scaletrain.console import ProgressView, console
 from scaletrain.data import PreparedData, prepare_data
-from scaletrain.errors import ConfigError, Interrupted
+from scaletrain.errors import ConfigError, Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
@@ -56,6 +56,7 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
 def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show_progress: bool,
              launcher: Launcher, redact: Redactor) -> JobResult:
     _quiet_libraries()
+    resumed_from = _resume_notes(resume_dir) if resume_dir is not None else []  # in seconds, before anything
     platform = Platform.detect()
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
@@ -69,7 +70,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
     check_sinks(cfg.monitor)
-    notes = check_names(effective_env(cfg.comm.profile, cfg.comm.env))
+    notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
     run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
     rd = RunDir(run_dir)
@@ -97,6 +98,21 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     finally:
         close_trackers(trackers, run_dir)  # the report, plots and final/ as the trackers' files, then their end
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
+
+
+def _resume_notes(run_dir: Path) -> list[str]:
+    """What a resume starts from: an error when every checkpoint is unusable (training from step 0 would append
+    its steps again to the run's metrics), a note when it falls back past broken newer ones."""
+    from scaletrain.checkpoint import resume_point
+
+    found, unusable = resume_point(run_dir)
+    broken = "; ".join(f"{name}: {problem}" for name, problem in unusable)
+    if found is None and unusable:
+        raise LaunchError(f"--resume {run_dir}: no checkpoint can be resumed from ({broken}); the run cannot "
+                          f"continue: start a new run (its config is {RunDir(run_dir).resolved_config})")
+    if unusable:
+        return [f"resuming from {found.name}: the newer checkpoint(s) are unusable ({broken})"]
+    return []
 
 
 def _join_torchrun(cfg: Config, redact: Redactor) -> JobResult:

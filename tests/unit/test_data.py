@@ -185,3 +185,19 @@ def test_balanced_ranks_hold_similar_tokens_and_train_the_same_steps_on_any_worl
     full = list(s)
     s.set_position(0, 24)
     assert list(s) == full[24:] and len(s) == len(full) - 24  # resumable mid-epoch
+
+
+@pytest.mark.parametrize("bad,reason", [
+    ({"text": None, "label": 1}, "empty or missing 'text'"),
+    ({"text": "fine", "label": None}, "missing label"),
+    ({"text": "fine", "label": 0.7}, "label 0.7 is not a whole class number"),
+    ({"text": "fine", "label": "positive"}, "label 'positive' is not a number"),
+])
+def test_bad_classification_records_are_skipped_and_counted_never_changed(tmp_path, tokenizer, bad, reason):
+    rows = [dict(r) for r in ROWS] * 10 + [bad]
+    p = tmp_path / "d.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows))
+    data = prepare_data(_cfg(p), tokenizer)
+    assert len(data.train) + len(data.eval) == 200 and "None" not in json.dumps(data.train.to_list())
+    assert any(reason in n and "record 201" in n for n in data.notes), data.notes
+    assert all(isinstance(ex["labels"], int) and ex["labels"] in (0, 1) for ex in data.train)

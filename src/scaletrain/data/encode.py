@@ -8,6 +8,7 @@ trained on silently changed.
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
 from scaletrain.data.formats import Columns, to_conversation
@@ -18,10 +19,34 @@ IGNORE_INDEX = -100  # label value the loss skips (prompt tokens, padding)
 
 def encode_classification(batch: dict[str, list], tokenizer, text: str, pair: str | None, label: str,
                           max_length: int, regression: bool) -> dict[str, list]:
-    enc = tokenizer([str(t) for t in batch[text]], [str(p) for p in batch[pair]] if pair else None,
-                    truncation=True, max_length=max_length)
-    labels = [float(v) for v in batch[label]] if regression else [int(v) for v in batch[label]]
-    return {"input_ids": enc["input_ids"], "labels": labels, "_skip": [""] * len(labels)}
+    """A null or empty text and a label that is missing, not a class number (classification) or not a finite
+    number (regression) are skipped with the reason, never trained on as "None" or as a truncated int."""
+    skip = [_text_problem(t, text) or (_text_problem(p, pair) if pair else "") or _label_problem(y, regression)
+            for t, p, y in zip(batch[text], batch[pair] if pair else batch[text], batch[label])]
+    clean = lambda values: [v if not why else "" for v, why in zip(values, skip)]  # noqa: E731
+    enc = tokenizer(clean(batch[text]), clean(batch[pair]) if pair else None, truncation=True, max_length=max_length)
+    labels = [(float(y) if regression else int(y)) if not why else (0.0 if regression else 0)
+              for y, why in zip(batch[label], skip)]
+    return {"input_ids": enc["input_ids"], "labels": labels, "_skip": skip}
+
+
+def _text_problem(value, column: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        return f"empty or missing '{column}'"
+    return ""
+
+
+def _label_problem(value, regression: bool) -> str:
+    if value is None:
+        return "missing label"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return (f"label {value!r} is not a number" + ("" if regression else
+                " (class names: map them to 0..num_labels-1)"))
+    if not math.isfinite(value):
+        return f"label {value} is not a finite number"
+    if not regression and value != int(value):
+        return f"label {value} is not a whole class number (for a real-valued target set model.num_labels: 1)"
+    return ""
 
 
 def encode_text(batch: dict[str, list], tokenizer, column: str, max_length: int) -> dict[str, list]:

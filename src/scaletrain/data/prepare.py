@@ -171,9 +171,11 @@ def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str])
 def _check_labels(ds, cfg: Config, src: Source) -> None:
     if cfg.model.num_labels == 1:
         return
-    for i, label in enumerate(ds[cfg.data.label_column]):
-        if not (isinstance(label, int) and 0 <= label < cfg.model.num_labels):
-            raise DataError(f"{src.key}={src.path}: label {label} (record {i + 1}) is outside [0, "
+    for i, label in enumerate(ds[cfg.data.label_column]):  # bad labels are skipped and counted in the map
+        whole = isinstance(label, (int, float)) and not isinstance(label, bool) and label == label \
+            and abs(label) != float("inf") and label == int(label)
+        if whole and not 0 <= label < cfg.model.num_labels:  # a class number the model has no class for
+            raise DataError(f"{src.key}={src.path}: label {int(label)} (record {i + 1}) is outside [0, "
                             f"{cfg.model.num_labels}); set model.num_labels to the number of classes")
 
 

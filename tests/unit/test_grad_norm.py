@@ -5,7 +5,6 @@ import copy
 import math
 
 import pytest
-import torch
 
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat

@@ -9,7 +9,7 @@ import pytest
 from scaletrain.config.schema import MonitorConfig
 from scaletrain.errors import ConfigError
 from scaletrain.metrics.monitor import RunMonitor
-from scaletrain.metrics.trackers import MlflowTracker, TrackerSink, WandbTracker, check_trackers, flatten
+from scaletrain.metrics.trackers import MlflowTracker, TrackerSink, check_trackers, flatten
 
 
 class Recorder:

@@ -172,9 +172,7 @@ def _check_labels(ds, cfg: Config, src: Source) -> None:
     if cfg.model.num_labels == 1:
         return
     for i, label in enumerate(ds[cfg.data.label_column]):  # bad labels are skipped and counted in the map
-        whole = isinstance(label, (int, float)) and not isinstance(label, bool) and label == label \
-            and abs(label) != float("inf") and label == int(label)
-        if whole and not 0 <= label < cfg.model.num_labels:  # a class number the model has no class for
+        if not encode._label_problem(label, regression=False) and not 0 <= label < cfg.model.num_labels:
             raise DataError(f"{src.key}={src.path}: label {int(label)} (record {i + 1}) is outside [0, "
                             f"{cfg.model.num_labels}); set model.num_labels to the number of classes")
 

@@ -41,7 +41,6 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% else %}{{ '### Instruction:\n' + message['content'] + '\n\n### Response:\n' }}{% endif %}"
         "{% elif message['role'] == 'assistant' %}" + _GEN + "{% if not loop.last %}{{ '\n\n' }}{% endif %}"
         "{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{% endif %}"
     ),
     "chatml": (
         "{% for message in messages %}"

@@ -75,14 +75,15 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
     rd = RunDir(run_dir)
     events = EventLog(run_dir, "driver", redact)
+    resolved = redact.mapping(cfg.model_dump(mode="json"))  # what the run directory and the trackers keep
     if resume_dir is None:
-        rd.resolved_config.write_text(yaml.safe_dump(redact.mapping(cfg.model_dump(mode="json")), sort_keys=False))
+        rd.resolved_config.write_text(yaml.safe_dump(resolved, sort_keys=False))
     rd.stop.unlink(missing_ok=True)  # a stop request of the previous session is done
     spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
     _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
-    trackers = start_trackers(cfg.monitor, run_dir, cfg.output.output_dir, Path(config_path).stem,
-                              redact.mapping(cfg.model_dump(mode="json")), events, console, cfg.model.task)
+    trackers = start_trackers(cfg.monitor, run_dir, cfg.output.output_dir, Path(config_path).stem, resolved,
+                              events, console, cfg.model.task)
     monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
                          console, sinks=trackers)
     try:

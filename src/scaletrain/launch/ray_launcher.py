@@ -38,6 +38,7 @@ class RayLauncher:
         if self._session is None:
             self._session = contextlib.ExitStack()
             self.resources = self._session.enter_context(ray_session(self.cfg.scaling.address))
+        self.vendor = platform.vendor
         plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor)
         return replace(plan, notes=(*notes, *plan.notes))
 
@@ -50,7 +51,7 @@ class RayLauncher:
         check_placement(cfg.scaling.placement_strategy, cfg.scaling.num_workers, plan.resources_per_worker,
                         node_resources())
         check_shared_storage(spec.run_dir)
-        env = worker_env(cfg.comm, Platform.detect().vendor, plan.backend, spec.run_dir)
+        env = worker_env(cfg.comm, self.vendor, plan.backend, spec.run_dir)
         # Ray keeps train_loop_config in its object store and may log it: comm.env's secrets travel in the
         # workers' private environment only (comm/launch_env.private_env), never in the config.
         spec = replace(spec, config=self.redact.mapping(spec.config))

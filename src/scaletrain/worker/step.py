@@ -55,21 +55,27 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.
     return token_loss_sum(logits, batch["labels"]) / tokens_per_rank()
 
 
+def _step_tokens(t: Trainer, window: list[dict]):
+    """Post the all-reduce of the step's target tokens now; the returned function waits for it on first use and
+    gives tokens / world size (a step without a target token trains nothing: 0 / 1, never 0 / 0)."""
+    pending = all_reduce_async([sum(target_tokens(b) for b in window)], t.ctx.device)
+    answer: list[float] = []
+
+    def tokens_per_rank() -> float:
+        if not answer:
+            answer.append(max(pending()[0], 1.0) / t.ctx.world_size)
+        return answer[0]
+
+    return tokens_per_rank
+
+
 def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, timing: dict | None = None) -> float:
     """One optimizer step over ``window`` micro-batches; gradients sync on the last one only.
 
     With ``timing`` (a breakdown probe step) the phases are timed with device syncs in between."""
     strategy, device = t.cfg.train.strategy, t.ctx.device
     loss_sum = 0.0
-    tokens_per_rank = None
-    if t.cfg.model.task == "causal-lm":
-        pending = all_reduce_async([sum(target_tokens(b) for b in window)], device)
-        cache: list[float] = []
-
-        def tokens_per_rank() -> float:
-            if not cache:  # a step without a target token trains nothing: 0 / 1, never 0 / 0
-                cache.append(max(pending()[0], 1.0) / t.ctx.world_size)
-            return cache[0]
+    tokens_per_rank = _step_tokens(t, window) if t.cfg.model.task == "causal-lm" else None
     if timing is not None:
         if t.ctx.world_size > 1:  # one worker has no gradient sync to expose
             timing["compute_s"] = time_without_sync(t.model, window, strategy, device, t.precision, t.optimizer)

@@ -63,7 +63,9 @@ def local_spec(cfg_dict: dict, run_dir: Path):
     cfg = validate(cfg_dict)  # the tokenized-data cache lives under output_dir: the test's, not the checkout's
     tok = load_tokenizer(cfg.model.name_or_path)
     run_dir.mkdir(parents=True, exist_ok=True)
-    return cfg, tok, build_spec(cfg, prepare_data(cfg, tok), tok, run_dir, "gloo")
+    data = prepare_data(cfg, tok)
+    cfg = data.resolve(cfg)  # as the driver: num_labels and label names from the data
+    return cfg, tok, build_spec(cfg, data, tok, run_dir, "gloo")
 
 
 def train_losses(run_dir: Path) -> list[float]:

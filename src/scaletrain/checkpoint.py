@@ -90,21 +90,15 @@ def save(t: Trainer, keep: int) -> Path:
     # only the trainable adapter.
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=t.lora)
     model_sd, optim_sd = get_state_dict(t.model, t.optimizer, options=opts)
+    failed = None
     if rank == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)  # our own leftover from a crash at this very step
-        tmp.mkdir(parents=True, mode=0o750)
-        torch.save(model_sd, tmp / "model.pt")
-        torch.save(optim_sd, tmp / "optimizer.pt")
-        torch.save({"train_state": asdict(state), "scheduler": t.scheduler.state_dict(),
-                    "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt")
-    _barrier()
-    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
-    _barrier()
+        failed = _writing(tmp, lambda: _write_main(tmp, model_sd, optim_sd, t, state, scaler))
+    _agree(failed, tmp, root)
+    failed = _writing(tmp, lambda: torch.save(rng_state(), tmp / f"rng-rank{rank}.pt"))
+    if rank == 0 and failed is None:
+        failed = _writing(tmp, lambda: _write_manifest(tmp, state.step))
+    _agree(failed, tmp, root)
     if rank == 0:
-        files = sorted(p for p in tmp.iterdir() if p.is_file())
-        manifest = {"step": state.step, "files": {p.name: _sha256(p) for p in files}}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if final.exists():
             # Only after resuming past it (it failed verification): keep it for inspection, out of the way.
             aside = final.with_name(f"{final.name}.unusable-{int(time.time())}")
@@ -114,6 +108,63 @@ def save(t: Trainer, keep: int) -> Path:
         _rotate(root, keep)
     _barrier()
     return final
+
+
+def _write_main(tmp: Path, model_sd, optim_sd, t: Trainer, state: TrainState, scaler) -> None:
+    if tmp.exists():
+        shutil.rmtree(tmp)  # our own leftover from a crash at this very step
+    tmp.mkdir(parents=True, mode=0o750)
+    torch.save(model_sd, tmp / "model.pt")
+    torch.save(optim_sd, tmp / "optimizer.pt")
+    torch.save({"train_state": asdict(state), "scheduler": t.scheduler.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt")
+
+
+def _write_manifest(tmp: Path, step: int) -> None:
+    files = sorted(p for p in tmp.iterdir() if p.is_file())
+    manifest = {"step": step, "files": {p.name: _sha256(p) for p in files}}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def _writing(tmp: Path, write) -> str | None:
+    """Run ``write``; a failure of the storage (ENOSPC, EACCES, EIO, ...) is returned as one line, not raised,
+    so that every rank learns of it at the next agreement and none is left waiting at a barrier."""
+    try:
+        write()
+    except (OSError, RuntimeError) as e:  # torch.save reports a short write as a RuntimeError
+        if isinstance(e, RuntimeError) and "write" not in str(e).lower():
+            raise
+        return f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]} ({type(e).__name__})"
+    return None
+
+
+def _agree(failed: str | None, tmp: Path, root: Path) -> None:
+    """Collective: if any rank failed to write, every rank raises the same StorageError, after rank 0 removed the
+    partial temporary directory (the previous checkpoint is untouched)."""
+    from scaletrain.errors import StorageError
+
+    problems = [failed]
+    if dist.is_available() and dist.is_initialized():
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, failed)
+    bad = [(r, p) for r, p in enumerate(problems) if p]
+    if not bad:
+        return
+    shutil.rmtree(tmp, ignore_errors=True)
+    _barrier()
+    free = free_bytes(root)
+    ranks = ", ".join(f"rank {r}: {p}" for r, p in bad)
+    raise StorageError(f"checkpoint {tmp.name.removeprefix('.tmp-')} could not be written to {root} ({ranks}; "
+                       f"{free / 2**20:.0f} MiB free there); the previous checkpoint is intact: free space (or "
+                       f"fix permissions), then scaletrain train --resume {root.parent}")
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
 
 
 def _rotate(root: Path, keep: int) -> None:

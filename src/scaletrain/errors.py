@@ -27,6 +27,13 @@ class LaunchError(ScaletrainError):
     """The job cannot start: cluster too small, backend without a device, run directory taken."""
 
 
+class StorageError(ScaletrainError):
+    """A file of the run cannot be written (disk full, no permission, I/O error); the message names the path
+    and the free space."""
+
+    exit_code = 1
+
+
 class Interrupted(ScaletrainError):
     """The user asked the run to stop (Ctrl-C, SIGTERM) and it stopped as asked: not an error."""
 

@@ -119,15 +119,19 @@ def preload() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: F401
 
 
-def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
-    """The transformers Auto class for the task and the model's config with the task's and the run's settings."""
+def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_names: list[str] | None = None):
+    """The transformers Auto class for the task and the model's config with the task's and the run's settings
+    (``label_names``: the classes' names, kept as the config's id2label/label2id)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = model_dir(cfg.name_or_path)
     kwargs = {}
     if cfg.task == "sequence-classification":
-        kwargs = {"num_labels": cfg.num_labels,
-                  "problem_type": "regression" if cfg.num_labels == 1 else "single_label_classification"}
+        n = cfg.num_labels or 2
+        kwargs = {"num_labels": n, "problem_type": "regression" if n == 1 else "single_label_classification"}
+        if label_names:
+            kwargs["id2label"] = dict(enumerate(label_names))
+            kwargs["label2id"] = {name: i for i, name in enumerate(label_names)}
         auto = AutoModelForSequenceClassification
     else:
         auto = AutoModelForCausalLM
@@ -146,9 +150,9 @@ def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
     return auto, config
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
+def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_names: list[str] | None = None):
     """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks."""
-    auto, config = _auto_and_config(cfg, vocab_size, pad_token_id)
+    auto, config = _auto_and_config(cfg, vocab_size, pad_token_id, label_names)
     path = model_dir(cfg.name_or_path)
     if path is None:
         model = auto.from_config(config)
@@ -159,6 +163,65 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int):
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
     return model
+
+
+def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:
+    """What the driver can know about the model before anything starts (the workers would fail on each after
+    Ray is up): weight files that are cut short or unreadable, sequences longer than the model's positions, a
+    tokenizer with ids beyond the model's vocabulary."""
+    path = model_dir(cfg.name_or_path)
+    if path is not None:
+        check_weights(path, cfg.name_or_path)
+    _, config = _auto_and_config(cfg, len(tokenizer), tokenizer.pad_token_id or 0)
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and max_length > positions:
+        raise ConfigError(f"data.max_length={max_length} is beyond the {positions} positions of "
+                          f"{cfg.name_or_path} (max_position_embeddings); set data.max_length (cutoff_len) to "
+                          f"{positions} or less")
+    vocab = getattr(config, "vocab_size", None)
+    if vocab and len(tokenizer) > vocab:
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path}: its tokenizer has {len(tokenizer)} tokens but "
+                          f"the model's vocabulary has {vocab} (config.json vocab_size); use the tokenizer that was "
+                          f"trained with this model")
+
+
+def check_weights(path: Path, name: str) -> None:
+    """Every ``*.safetensors`` file of ``path`` is whole: its header parses and its tensors' byte ranges end at
+    the file's end (read from the header only, never the tensors); a missing shard of an index is named."""
+    import json
+    import struct
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, AttributeError):
+            raise ConfigError(f"model.name_or_path={name}: {index.name} is unreadable; download the model again") \
+                from None
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise ConfigError(f"model.name_or_path={name}: {', '.join(missing)} named in {index.name} is missing; "
+                              f"download the model again")
+    for f in sorted(path.glob("*.safetensors")):
+        size = f.stat().st_size
+        problem = None
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+            if n is None or 8 + n > size:
+                problem = "its header is cut short"
+            else:
+                try:
+                    header = json.loads(fh.read(n))
+                    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IndexError):
+                    problem = "its header is unreadable"
+                else:
+                    if 8 + n + end != size:
+                        problem = f"it has {size} bytes but its header describes {8 + n + end}"
+        if problem:
+            raise ConfigError(f"model.name_or_path={name}: {f.name} is damaged ({problem}; a download or copy that "
+                              f"stopped early?); download the model again")
 
 
 def check_lora_target(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> None:

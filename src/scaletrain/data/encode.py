@@ -18,16 +18,27 @@ IGNORE_INDEX = -100  # label value the loss skips (prompt tokens, padding)
 
 
 def encode_classification(batch: dict[str, list], tokenizer, text: str, pair: str | None, label: str,
-                          max_length: int, regression: bool) -> dict[str, list]:
-    """A null or empty text and a label that is missing, not a class number (classification) or not a finite
-    number (regression) are skipped with the reason, never trained on as "None" or as a truncated int."""
-    skip = [_text_problem(t, text) or (_text_problem(p, pair) if pair else "") or _label_problem(y, regression)
+                          max_length: int, regression: bool, label2id: dict[str, int] | None = None
+                          ) -> dict[str, list]:
+    """A null or empty text and a label that is missing, not a class (a number, or a name of ``label2id``) or
+    not a finite number (regression) are skipped with the reason, never trained on as "None" or a truncated
+    int."""
+    skip = [_text_problem(t, text) or (_text_problem(p, pair) if pair else "") or
+            (_name_problem(y, label2id) if label2id else _label_problem(y, regression))
             for t, p, y in zip(batch[text], batch[pair] if pair else batch[text], batch[label])]
     clean = lambda values: [v if not why else "" for v, why in zip(values, skip)]  # noqa: E731
     enc = tokenizer(clean(batch[text]), clean(batch[pair]) if pair else None, truncation=True, max_length=max_length)
-    labels = [(float(y) if regression else int(y)) if not why else (0.0 if regression else 0)
-              for y, why in zip(batch[label], skip)]
+    as_label = (lambda y: label2id[y]) if label2id else (float if regression else int)
+    labels = [as_label(y) if not why else (0.0 if regression else 0) for y, why in zip(batch[label], skip)]
     return {"input_ids": enc["input_ids"], "labels": labels, "_skip": skip}
+
+
+def _name_problem(value, label2id: dict[str, int]) -> str:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return "missing label"
+    if not isinstance(value, str):
+        return f"label {value!r} is a number among class names"
+    return "" if value in label2id else f"label {value!r} is not a known class"
 
 
 def _text_problem(value, column: str) -> str:
@@ -40,8 +51,7 @@ def _label_problem(value, regression: bool) -> str:
     if value is None:
         return "missing label"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return (f"label {value!r} is not a number" + ("" if regression else
-                " (class names: map them to 0..num_labels-1)"))
+        return f"label {value!r} is not a number" + ("" if regression else " among class numbers")
     if not math.isfinite(value):
         return f"label {value} is not a finite number"
     if not regression and value != int(value):

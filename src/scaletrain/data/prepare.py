@@ -25,7 +25,8 @@ from pathlib import Path
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
 from scaletrain.data.formats import Columns
-from scaletrain.data.sources import Source, content_hash, exists, load, require_columns, sources
+from scaletrain.data.labels import Labels, resolve_labels
+from scaletrain.data.sources import Loaded, Source, content_hash, exists, load, require_columns, sources
 from scaletrain.data.templates import resolve_template
 from scaletrain.errors import DataError
 
@@ -46,6 +47,15 @@ class PreparedData:
     cached: bool = False
     skipped: dict = field(default_factory=dict)  # reason -> count
     notes: list = field(default_factory=list)  # what to tell the user (skips, cache hits)
+    labels: Labels | None = None  # classification: the classes found in the training data
+
+    def resolve(self, cfg: Config) -> Config:
+        """The config with what the data decided: ``model.num_labels`` and ``data.label_names``."""
+        if self.labels is None:
+            return cfg
+        names = list(self.labels.names) if self.labels.names else None
+        return cfg.model_copy(update={"model": cfg.model.model_copy(update={"num_labels": self.labels.num_labels}),
+                                      "data": cfg.data.model_copy(update={"label_names": names})})
 
     def save(self, out_dir: Path) -> tuple[str, str]:
         """The splits' paths for the workers (the cache entry: Arrow files they memory-map); ``out_dir`` gets a
@@ -80,19 +90,22 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         note = (f"data: cache hit, tokenization skipped ({len(train)} train / {len(evals)} eval examples from "
                 f"{entry})")
         return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), True, meta["skipped"],
-                            [note, *meta["notes"]])
+                            [note, *meta["notes"]], _labels(meta.get("labels")))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="scaletrain-hf-") as hf_cache:
         datasets.disable_progress_bars()
+        loaded = [(src, _loaded(src, cfg, hf_cache)) for src in train_sources]
+        loaded_eval = (eval_source, _loaded(eval_source, cfg, hf_cache)) if eval_source else None
+        labels = _class_labels(cfg, loaded, loaded_eval)
         parts, skipped, notes = [], {}, []
-        for src in train_sources:
-            ds, why = _tokenized(src, cfg, tokenizer, template, hf_cache)
+        for src, raw in loaded:
+            ds, why = _tokenized(src, raw, cfg, tokenizer, template, labels)
             parts.append(ds)
-            _merge(skipped, notes, why, src)
+            _merge(skipped, notes, why, src, raw)
         train = _mix(parts, cfg)
-        if eval_source:
-            evals, why = _tokenized(eval_source, cfg, tokenizer, template, hf_cache)
-            _merge(skipped, notes, why, eval_source)
+        if loaded_eval:
+            evals, why = _tokenized(*loaded_eval, cfg, tokenizer, template, labels)
+            _merge(skipped, notes, why, *loaded_eval)
         else:
             train, evals = _split(train, cfg, train_sources[0])
         train = train.add_column("length", [len(ids) for ids in train["input_ids"]])  # for balanced ranks
@@ -105,18 +118,48 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             notes.append(f"data: packed {n} examples into {len(train)} rows of up to {d.max_length} tokens")
         notes.append(f"data: tokenized {len(train)} train {'rows' if d.packing else 'examples'} / {len(evals)} eval in "
                      f"{time.perf_counter() - t0:.1f} s; cached as {entry}")
-        _write_entry(entry, train, evals, {"skipped": skipped, "notes": notes[:-1], "version": CACHE_VERSION})
+        meta = {"skipped": skipped, "notes": notes[:-1], "version": CACHE_VERSION,
+                "labels": labels and {"num_labels": labels.num_labels, "names": labels.names}}
+        _write_entry(entry, train, evals, meta)
     train, evals = datasets.load_from_disk(str(entry / "train")), datasets.load_from_disk(str(entry / "eval"))
-    return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes)
+    return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes, labels)
 
 
-def _tokenized(src: Source, cfg: Config, tokenizer, template: tuple[str, str], hf_cache: str):
-    """One source's examples (input_ids, labels) and its skipped records: {reason: [record numbers]}."""
+def _labels(saved: dict | None) -> Labels | None:
+    if not saved:
+        return None
+    return Labels(saved["num_labels"], tuple(saved["names"]) if saved["names"] else None)
+
+
+def _loaded(src: Source, cfg: Config, hf_cache: str) -> Loaded:
+    """The source's records, capped by data.max_samples / its num_samples (before the eval split: a cap is a cap
+    of the file)."""
     d = cfg.data
-    ds = load(src.path, src.file_format, src.key, hf_cache)
-    cap = min(n for n in (d.max_samples, src.num_samples, len(ds)) if n)
-    ds = ds.select(range(cap)) if cap < len(ds) else ds  # before the eval split: a cap is a cap of the file
-    fn = _encoder(ds, src, cfg, tokenizer, template)
+    raw = load(src.path, src.file_format, src.key, hf_cache, d.encoding)
+    cap = min(n for n in (d.max_samples, src.num_samples, len(raw.ds)) if n)
+    if cap < len(raw.ds):
+        raw.ds = raw.ds.select(range(cap))
+    return raw
+
+
+def _class_labels(cfg: Config, loaded: list, loaded_eval) -> Labels | None:
+    if cfg.model.task != "sequence-classification":
+        return None
+    column = cfg.data.label_column
+
+    def labels_of(src: Source, raw: Loaded):
+        col = raw.ds[column] if column in raw.ds.column_names else []
+        return f"{src.key}={src.path}", col
+
+    return resolve_labels(cfg, [labels_of(*x) for x in loaded], labels_of(*loaded_eval) if loaded_eval else None)
+
+
+def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None):
+    """One source's examples (input_ids, labels) and its skipped records: {reason: [positions]} (file lines for
+    JSON Lines, record numbers otherwise)."""
+    d = cfg.data
+    ds = raw.ds
+    fn = _encoder(ds, src, cfg, tokenizer, template, labels)
     workers = d.preprocessing_num_workers if d.preprocessing_num_workers and len(ds) >= 1000 else None
     if workers:
         from scaletrain.comm import env as envvars
@@ -126,23 +169,24 @@ def _tokenized(src: Source, cfg: Config, tokenizer, template: tuple[str, str], h
     out = ds.map(fn, batched=True, batch_size=1000, num_proc=workers, remove_columns=ds.column_names,
                  keep_in_memory=True, desc=None)
     reasons = out["_skip"]
-    bad: dict[str, list[int]] = {}
+    bad: dict[str, list[int]] = {why: list(rows) for why, rows in raw.bad.items()}  # lines that are not records
     for i, why in enumerate(reasons):
         if why:
-            bad.setdefault(why, []).append(i + 1)
+            bad.setdefault(why, []).append(raw.position(i))
     n_bad = sum(map(len, bad.values()))
-    if n_bad and n_bad > d.max_bad_ratio * len(out):
-        first_reason = min(bad, key=lambda r: bad[r][0])
-        raise DataError(f"{src.key}={src.path}: {n_bad} of {len(out)} records cannot be trained on (more than "
-                        f"data.max_bad_ratio={d.max_bad_ratio:g}); the first is record {bad[first_reason][0]}: "
-                        f"{first_reason}; fix the data or the columns/formatting keys")
+    n_all = len(out) + sum(map(len, raw.bad.values()))
+    if n_bad and n_bad > d.max_bad_ratio * n_all:
+        first_reason = min(bad, key=lambda r: min(bad[r]))
+        raise DataError(f"{src.key}={src.path}: {n_bad} of {n_all} records cannot be trained on (more than "
+                        f"data.max_bad_ratio={d.max_bad_ratio:g}); the first is {raw.unit} {min(bad[first_reason])}"
+                        f": {first_reason}; fix the data or the columns/formatting keys")
     if n_bad:
         keep = [i for i, why in enumerate(reasons) if not why]
         out = out.select(keep)
     return out.remove_columns("_skip"), bad
 
 
-def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str]):
+def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None):
     d, c = cfg.data, src.columns
     if cfg.model.task == "sequence-classification":
         cols = {"text_column": d.text_column, "label_column": d.label_column}
@@ -152,10 +196,11 @@ def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str])
         hint = (f" (the file looks like causal-LM data, with '{sorted(chatty)[0]}': set model.task=causal-lm)"
                 if chatty and d.text_column not in ds.column_names else "")
         require_columns(ds, cols, src.key, src.path, hint)
-        _check_labels(ds, cfg, src)
+        if not labels.names:
+            _check_labels(ds, labels.num_labels, d.label_column, src)
         return partial(encode.encode_classification, tokenizer=tokenizer, text=d.text_column,
                        pair=d.text_pair_column, label=d.label_column, max_length=d.max_length,
-                       regression=cfg.model.num_labels == 1)
+                       regression=labels.num_labels == 1, label2id=labels.label2id)
     if src.formatting == "alpaca" and c.prompt not in ds.column_names and (
             {c.messages, "conversations", "messages"} & set(ds.column_names)):
         raise DataError(f"{src.key}={src.path}: the records hold conversations, not alpaca columns; set "
@@ -168,21 +213,22 @@ def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str])
                    mask_history=d.mask_history, train_on_prompt=d.train_on_prompt)
 
 
-def _check_labels(ds, cfg: Config, src: Source) -> None:
-    if cfg.model.num_labels == 1:
+def _check_labels(ds, num_labels: int, column: str, src: Source) -> None:
+    if num_labels == 1:
         return
-    for i, label in enumerate(ds[cfg.data.label_column]):  # bad labels are skipped and counted in the map
-        if not encode._label_problem(label, regression=False) and not 0 <= label < cfg.model.num_labels:
+    for i, label in enumerate(ds[column]):  # bad labels are skipped and counted in the map
+        if not encode._label_problem(label, regression=False) and not 0 <= label < num_labels:
             raise DataError(f"{src.key}={src.path}: label {int(label)} (record {i + 1}) is outside [0, "
-                            f"{cfg.model.num_labels}); set model.num_labels to the number of classes")
+                            f"{num_labels}); set model.num_labels to the number of classes")
 
 
-def _merge(skipped: dict, notes: list, bad: dict[str, list[int]], src: Source) -> None:
+def _merge(skipped: dict, notes: list, bad: dict[str, list[int]], src: Source, raw: Loaded) -> None:
     for reason, rows in bad.items():
+        rows = sorted(rows)
         skipped[f"{src.name}: {reason}"] = len(rows)
         shown = ", ".join(map(str, rows[:SHOW_BAD])) + (", ..." if len(rows) > SHOW_BAD else "")
         notes.append(f"data: {src.key}: skipped {len(rows)} record(s) that cannot be trained on: {reason} "
-                     f"(record {shown})")
+                     f"({raw.unit}{'s' if len(rows) > 1 else ''} {shown})")
 
 
 def _mix(parts: list, cfg: Config):

@@ -85,8 +85,36 @@ def file_format(path: str, fmt: str, key: str) -> str:
     return found
 
 
-def load(path: str, fmt: str, key: str, hf_cache: str):
-    """A ``datasets.Dataset`` of the file's records, or a DataError naming the file, the key and the fix."""
+TEXT_FORMATS = ("json", "jsonl", "csv")
+
+
+@dataclass
+class Loaded:
+    """A file's records (a ``datasets.Dataset``), the records that are not records (a JSON line holding an array:
+    reason -> positions), and how to name a position: the file's line for JSON Lines, the row index otherwise."""
+
+    ds: object
+    path: Path
+    fmt: str
+    bad: dict = field(default_factory=dict)
+    lines: list | None = None  # the file line of each record (JSON Lines), found when first asked
+
+    @property
+    def unit(self) -> str:
+        return "line" if self.fmt == "jsonl" else "record"
+
+    def position(self, index: int) -> int:
+        """The line (JSON Lines) or the record number (from 1) of the record at 0-based ``index``."""
+        if self.lines is None and self.fmt != "jsonl":
+            return index + 1
+        if self.lines is None:  # datasets skips blank lines: count the others
+            with open(self.path, "rb") as f:
+                self.lines = [n for n, line in enumerate(f, 1) if line.strip()]
+        return self.lines[index] if index < len(self.lines) else index + 1
+
+
+def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") -> Loaded:
+    """The file's records, or a DataError naming the file (and its line), the key and the fix."""
     import datasets
 
     p = Path(path).expanduser()
@@ -95,20 +123,119 @@ def load(path: str, fmt: str, key: str, hf_cache: str):
     fmt = file_format(str(p), fmt, key)
     if p.is_file() and p.stat().st_size == 0:
         raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
+    parse = _as_utf8(p, encoding, key, hf_cache) if fmt in TEXT_FORMATS else p
+    loaded = None
     try:
         if fmt == "disk":
             ds = datasets.load_from_disk(str(p))
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds["train"] if "train" in ds else next(iter(ds.values()))
         else:
-            kwargs = {"field": "data"} if fmt == "json" and _has_data_field(p) else {}
-            ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(p), split="train", cache_dir=hf_cache,
+            kwargs = {"field": "data"} if fmt == "json" and _has_data_field(parse) else {}
+            ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(parse), split="train", cache_dir=hf_cache,
                                        keep_in_memory=True, **kwargs)
     except Exception as e:  # datasets wraps the parser's error several levels deep
-        raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
+        if fmt not in ("json", "jsonl"):
+            raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
+        loaded = _json_records(parse, p, fmt, key, _root_message(e))  # the line at fault, or the odd records
+        ds = loaded.ds
     if len(ds) == 0:
         raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
-    return ds
+    return loaded or Loaded(ds, parse, fmt)
+
+
+def _as_utf8(p: Path, encoding: str, key: str, scratch: str) -> Path:
+    """The file to parse: itself when it is UTF-8 (checked: the parser would keep invalid bytes as they are), or
+    a UTF-8 copy when ``data.encoding`` names another encoding."""
+    data = p.read_bytes()
+    if encoding == "utf-8":
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            guess = guess_encoding(data)
+            raise DataError(f"{key}={p}: line {line} is not UTF-8 (byte {data[e.start:e.start + 1]!r} at offset "
+                            f"{e.start}); it looks like {guess}: set data.encoding={guess}, or convert the file: "
+                            f"iconv -f {guess} -t utf-8 {p.name} > {p.stem}.utf8{p.suffix}") from None
+        return p
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{key}={p}: line {line} is not {encoding} (offset {e.start}); it looks like "
+                        f"{guess_encoding(data)}: fix data.encoding") from None
+    out = Path(scratch) / "utf8" / p.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def guess_encoding(data: bytes) -> str:
+    """The encoding a non-UTF-8 text file probably has: a byte-order mark's, else Windows-1252 (the superset of
+    Latin-1 most such files are in) or Latin-1."""
+    for bom, name in ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+                      (b"\xfe\xff", "utf-16")):
+        if data.startswith(bom):
+            return name
+    try:
+        data.decode("cp1252")
+        return "cp1252"
+    except UnicodeDecodeError:
+        return "latin-1"
+
+
+def _json_records(parse: Path, p: Path, fmt: str, key: str, parser_error: str) -> Loaded:
+    """Read a JSON (Lines) file that the fast parser refused: a syntax error names the file's own line; records
+    that are not objects are set aside (reason -> lines) for the caller to count."""
+    import datasets
+
+    text = parse.read_text(encoding="utf-8")
+    bad: dict[str, list[int]] = {}
+    if fmt == "jsonl":
+        records, lines = [], []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{key}={p}: line {n} is not JSON ({e.msg} at column {e.colno}); fix or remove "
+                                f"that line") from None
+            if isinstance(value, dict):
+                records.append(value)
+                lines.append(n)
+            else:
+                bad.setdefault(f"a JSON {_json_type(value)} instead of an object", []).append(n)
+    else:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{key}={p}: line {e.lineno} is not JSON ({e.msg} at column {e.colno}); fix the "
+                            f"file") from None
+        value = value.get("data", value) if isinstance(value, dict) else value
+        if not isinstance(value, list):
+            raise DataError(f"{key}={p}: holds a JSON {_json_type(value)}, not a list of records; write one "
+                            f"object per record")
+        records, lines = [], []
+        for i, v in enumerate(value, 1):
+            if isinstance(v, dict):
+                records.append(v)
+                lines.append(i)
+            else:
+                bad.setdefault(f"a JSON {_json_type(v)} instead of an object", []).append(i)
+    if not bad:  # every record an object, and still refused: types that differ between records
+        raise DataError(f"{key}={p}: cannot parse as {fmt}: {parser_error}; give each column one type in every "
+                        f"record")
+    try:
+        ds = datasets.Dataset.from_list(records)
+    except Exception as e:
+        raise DataError(f"{key}={p}: cannot parse as {fmt}: {_root_message(e)}") from None
+    return Loaded(ds, parse, fmt, bad, lines)
+
+
+def _json_type(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null", int: "number",
+            float: "number"}.get(type(value), type(value).__name__)
 
 
 def _has_data_field(p: Path) -> bool:

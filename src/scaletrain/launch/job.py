@@ -31,7 +31,7 @@ from scaletrain.rundir import RUN_UMASK, RunDir, create_run_dir
 from scaletrain.worker.faults import parse_faults
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers
-from scaletrain.model import check_lora_target, load_tokenizer, model_dir
+from scaletrain.model import check_lora_target, check_model, load_tokenizer, model_dir
 from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
 
@@ -60,6 +60,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     platform = Platform.detect()
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    check_model(cfg.model, tokenizer, cfg.data.max_length)
     check_lora_target(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0)
     if cfg.data.packing:
         from scaletrain.data.packing import packing_support_error
@@ -67,6 +68,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
         if why := packing_support_error(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0):
             raise ConfigError(f"data.packing: {why}")
     data = prepare_data(cfg, tokenizer)
+    cfg = data.resolve(cfg)  # model.num_labels and data.label_names from the training data
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
     check_sinks(cfg.monitor)
@@ -223,7 +225,7 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer) -> None:
     # The same seed as the workers rebuilds the same base weights.
     torch.manual_seed(cfg.train.seed)
     base = build_model(cfg.model.model_copy(update={"finetuning_type": "full"}), len(tokenizer),
-                       tokenizer.pad_token_id or 0)
+                       tokenizer.pad_token_id or 0, cfg.data.label_names)
     if model_dir(cfg.model.name_or_path) is None:
         # A random-init built-in has no directory to load the base from: keep it beside the adapter, with the
         # tokenizer, and name it in the adapter's config so AutoPeftModelForCausalLM.from_pretrained(final) loads

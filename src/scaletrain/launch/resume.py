@@ -21,5 +21,10 @@ def _get(cfg: Config, dotted: str):
     return obj
 
 
+# Keys the data fills in when the config leaves them unset: the saved config holds what they came to.
+FROM_DATA = ("model.num_labels",)
+
+
 def resume_conflicts(saved: Config, new: Config) -> list[str]:
-    return [f"{k}: {_get(saved, k)!r} -> {_get(new, k)!r}" for k in RESUME_BREAKING if _get(saved, k) != _get(new, k)]
+    return [f"{k}: {_get(saved, k)!r} -> {_get(new, k)!r}" for k in RESUME_BREAKING
+            if _get(saved, k) != _get(new, k) and not (k in FROM_DATA and _get(new, k) is None)]

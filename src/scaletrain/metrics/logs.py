@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -60,9 +61,16 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.who = who
         self.redact = redactor or (lambda text: text)
+        self.unwritable = False
 
     def __call__(self, event: str, message: str = "") -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         line = self.redact(f"{stamp} [{self.who}] {event}" + (f": {message}" if message else "")) + "\n"
-        with open(self.path, "a") as f:
-            f.write(line)
+        try:
+            with open(self.path, "a") as f:
+                f.write(line)
+        except OSError as e:  # a full disk must not turn a log line into the run's failure; said once
+            if not self.unwritable:
+                self.unwritable = True
+                sys.stderr.write(f"warning: {self.path} cannot be written ({e.strerror or e}); its lines are lost "
+                                 f"until there is space\n")

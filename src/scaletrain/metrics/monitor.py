@@ -153,8 +153,16 @@ class RunMonitor:
                         self.console.print(f"[yellow]alert[/] {alert.rule}: {alert.message}", soft_wrap=True)
 
     def _run(self) -> None:
+        warned = False
         while not self._stop.wait(self.poll_s):
-            self.poll()
+            try:
+                self.poll()
+            except OSError as e:  # alerts.jsonl or a sink on a full disk: one line, no thread traceback
+                if not warned and self.console is not None:
+                    self.console.print(f"[yellow]warning[/]: the monitor cannot write ({e.strerror or e}: "
+                                       f"{e.filename or self.run_dir}); alerts are not recorded until there is "
+                                       f"space", soft_wrap=True)
+                warned = True
 
     def __enter__(self) -> "RunMonitor":
         if self.progress is not None:

@@ -16,6 +16,7 @@ from scaletrain.comm.device import Platform
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
+from scaletrain.errors import StorageError
 from scaletrain.metrics.gpu import reader_for
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
@@ -150,7 +151,7 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
                 run_eval(t, data, metrics, events, clock)
             saved = save_checkpoint(t, metrics, events) if due(cfg.checkpoint.save_steps, step) else None
             if stop:
-                path = saved or save_checkpoint(t, metrics, events, announce=False)
+                path = saved or save_checkpoint(t, metrics, events, announce=False, must=True)
                 events("stopped", f"on request at step {step}; {path.name} saved")
                 return False
         if progress.step >= spec.total_steps:
@@ -190,10 +191,21 @@ def run_eval(t: Trainer, data: Data, metrics: Meter, events, clock: Clock, final
     return out
 
 
-def save_checkpoint(t: Trainer, metrics: Meter, events, announce: bool = True):
+def save_checkpoint(t: Trainer, metrics: Meter, events, announce: bool = True, must: bool = False):
+    """The checkpoint's path; None when it could not be written and checkpoint.on_write_error is warn (``must``:
+    a stop needs it, so it fails regardless)."""
     t.beat.enter("checkpoint", t.progress.step)
     t0 = time.perf_counter()
-    path = checkpoint.save(t, t.cfg.checkpoint.save_total_limit)
+    try:
+        path = checkpoint.save(t, t.cfg.checkpoint.save_total_limit)
+    except StorageError as e:
+        if must or t.cfg.checkpoint.on_write_error == "fail":
+            raise
+        metrics.exclude(time.perf_counter() - t0)
+        if t.ctx.is_main:
+            events("checkpoint failed", f"{e}; training goes on (checkpoint.on_write_error=warn), the next save "
+                                        f"tries again")
+        return None
     seconds = time.perf_counter() - t0
     metrics.exclude(seconds)
     metrics.write({"kind": "checkpoint", "step": t.progress.step, "time/checkpoint_s": seconds})

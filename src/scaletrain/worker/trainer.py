@@ -70,7 +70,7 @@ class Trainer:
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat) -> Trainer:
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
-    model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id)
+    model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id, cfg.data.label_names)
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
     model = wrap_model(model, ctx, cfg.train.strategy)

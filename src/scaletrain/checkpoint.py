@@ -94,7 +94,7 @@ def save(t: Trainer, keep: int) -> Path:
     if rank == 0:
         failed = _writing(tmp, lambda: _write_main(tmp, model_sd, optim_sd, t, state, scaler))
     _agree(failed, tmp, root)
-    failed = _writing(tmp, lambda: torch.save(rng_state(), tmp / f"rng-rank{rank}.pt"))
+    failed = _writing(tmp, lambda: _save(rng_state(), tmp / f"rng-rank{rank}.pt"))
     if rank == 0 and failed is None:
         failed = _writing(tmp, lambda: _write_manifest(tmp, state.step))
     _agree(failed, tmp, root)
@@ -114,10 +114,39 @@ def _write_main(tmp: Path, model_sd, optim_sd, t: Trainer, state: TrainState, sc
     if tmp.exists():
         shutil.rmtree(tmp)  # our own leftover from a crash at this very step
     tmp.mkdir(parents=True, mode=0o750)
-    torch.save(model_sd, tmp / "model.pt")
-    torch.save(optim_sd, tmp / "optimizer.pt")
-    torch.save({"train_state": asdict(state), "scheduler": t.scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt")
+    _save(model_sd, tmp / "model.pt")
+    _save(optim_sd, tmp / "optimizer.pt")
+    _save({"train_state": asdict(state), "scheduler": t.scheduler.state_dict(),
+           "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt")
+
+
+class _KeepsWriteError:
+    """A file torch.save writes through that keeps the OSError of a failed write: torch's zip writer turns it
+    into a RuntimeError without the errno ("unexpected pos ..."), which says nothing about a full disk."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, b):
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self):
+        self.f.flush()
+
+
+def _save(obj, path: Path) -> None:
+    with open(path, "wb") as f:
+        sink = _KeepsWriteError(f)
+        try:
+            torch.save(obj, sink)
+        except RuntimeError:
+            if sink.error is not None:
+                raise sink.error from None
+            raise
 
 
 def _write_manifest(tmp: Path, step: int) -> None:
@@ -131,10 +160,8 @@ def _writing(tmp: Path, write) -> str | None:
     so that every rank learns of it at the next agreement and none is left waiting at a barrier."""
     try:
         write()
-    except (OSError, RuntimeError) as e:  # torch.save reports a short write as a RuntimeError
-        if isinstance(e, RuntimeError) and "write" not in str(e).lower():
-            raise
-        return f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]} ({type(e).__name__})"
+    except OSError as e:
+        return f"{e.strerror or e}" + (f" [errno {e.errno}]" if e.errno else "")
     return None
 
 

@@ -48,6 +48,7 @@ class Facts:
     smoke: tuple[bool, str] | None = None  # (passed, detail) of the all-reduce smoke test
     config: Config | None = None
     path_errors: list[str] = field(default_factory=list)
+    data: tuple[bool, str, list[str]] | None = None  # (readable, what train would train on or why not, warnings)
     literal_secrets: list[str] = field(default_factory=list)  # config keys holding a credential in clear
 
 
@@ -179,6 +180,19 @@ def check_paths(f: Facts) -> CheckResult | None:
     return CheckResult("data and model", Status.OK, f"{f.config.data.train_file} and {f.config.model.name_or_path} readable")
 
 
+def check_data(f: Facts) -> CheckResult | None:
+    """The data as train reads it: formats, columns, labels, records skipped and why, placeholder text."""
+    if f.data is None:
+        return None
+    ok, detail, warnings = f.data
+    if not ok:
+        return CheckResult("data content", Status.FAIL, detail, "fix the data or the data keys, as the message says")
+    if warnings:
+        return CheckResult("data content", Status.WARN, f"{detail}; {'; '.join(warnings)}",
+                           "fix the records named, or accept the skips")
+    return CheckResult("data content", Status.OK, detail)
+
+
 def check_batch_lr(f: Facts) -> CheckResult | None:
     if f.config is None:
         return None
@@ -238,7 +252,7 @@ def check_smoke(f: Facts) -> CheckResult | None:
 
 
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
-                             check_nofile, check_disk, check_paths, check_batch_lr, check_rocm_hints, check_topology,
+                             check_nofile, check_disk, check_paths, check_data, check_batch_lr, check_rocm_hints, check_topology,
                              check_literal_secrets, check_smoke)
 
 

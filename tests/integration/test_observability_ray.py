@@ -46,7 +46,7 @@ def test_nan_loss_stops_the_run_with_the_alert(classify_cfg, tmp_path, monkeypat
     monkeypatch.setenv("SCALETRAIN_FAULTS", "nan:1:7")
     cfg = _cfg(classify_cfg, tmp_path, "nan")
     cfg.checkpoint.save_steps = 5
-    with pytest.raises(TrainingError, match=r"loss is not finite at step 7.*the last checkpoint is intact"):
+    with pytest.raises(TrainingError, match=r"loss is not finite at step 7.*the last checkpoint, step-5, is intact"):
         run_job(cfg, tmp_path / "c.yaml", show_progress=False)
     run = tmp_path / "runs" / "nan"
     alerts = [json.loads(ln) for ln in (run / "alerts.jsonl").read_text().splitlines()]

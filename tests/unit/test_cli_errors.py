@@ -254,3 +254,84 @@ def test_a_fallback_past_a_broken_checkpoint_is_said(tmp_path):
     (run / "checkpoints" / "step-8").mkdir()
     assert _resume_notes(run) == ["resuming from step-4: the newer checkpoint(s) are unusable (step-8: no manifest "
                                   "(partial write))"]
+
+
+def _rows_file(path, lines):
+    path.write_text("\n".join(ln if isinstance(ln, str) else json.dumps(ln) for ln in lines))
+    return path
+
+
+def _bert_dir(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from scaletrain.model import load_tokenizer
+
+    tok = load_tokenizer("builtin:tiny-bert")
+    d = tmp_path / "bert"
+    BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=64,
+                                             max_position_embeddings=512)).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+GOOD = [{"text": f"good movie {i}", "label": i % 2} for i in range(400)]
+
+
+@pytest.mark.parametrize("case", ["malformed line", "latin-1", "max_length", "truncated weights", "eval label"])
+def test_bad_data_content_fails_before_ray_with_one_line(classify_cfg, tmp_path, earlier_run, case):
+    """The rows of the data-guard issue's table that are errors: one line, seconds, no run directory."""
+    classify_cfg["output"]["output_dir"] = str(earlier_run.parent)
+    data = classify_cfg["data"]
+    if case == "malformed line":
+        lines = [json.dumps(r) for r in GOOD]
+        lines[333] = lines[333][:-4]
+        data["train_file"] = str(_rows_file(tmp_path / "d.jsonl", lines))
+        needles = ["d.jsonl: line 334 is not JSON", "fix or remove that line"]
+    elif case == "latin-1":
+        p = tmp_path / "d.jsonl"
+        p.write_bytes("\n".join(json.dumps({"text": "crème brûlée" if i == 9 else r["text"], "label": r["label"]},
+                                           ensure_ascii=False) for i, r in enumerate(GOOD)).encode("latin-1"))
+        data["train_file"] = str(p)
+        needles = ["d.jsonl: line 10 is not UTF-8", "set data.encoding=cp1252", "iconv -f cp1252 -t utf-8"]
+    elif case == "max_length":
+        data["max_length"] = 3000
+        needles = ["data.max_length=3000 is beyond the 512 positions", "set data.max_length (cutoff_len) to 512"]
+    elif case == "truncated weights":
+        d = _bert_dir(tmp_path)
+        w = d / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:-1000])
+        classify_cfg["model"]["name_or_path"] = str(d)
+        needles = ["model.safetensors is damaged", "download the model again"]
+    else:
+        data["train_file"] = str(_rows_file(tmp_path / "t.jsonl", [{"text": f"t {i}", "label": ["neg", "pos"][i % 2]}
+                                                                   for i in range(40)]))
+        data["eval_file"] = str(_rows_file(tmp_path / "e.jsonl", [{"text": "x", "label": "pos"},
+                                                                  {"text": "y", "label": "meh"}]))
+        classify_cfg["model"].pop("num_labels")
+        needles = ["e.jsonl: label 'meh' (record 2) is not in the training data (neg, pos)"]
+    proc = run_cli("train", write_config(tmp_path / "c.yaml", classify_cfg))
+    _assert_one_line_error(proc, *needles)
+    _untouched(earlier_run)
+
+
+def _wide_doctor(config):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "scaletrain", "doctor", str(config), "--no-smoke"], text=True,
+                          capture_output=True, timeout=120, env={**os.environ, "COLUMNS": "1000"})
+
+
+def test_doctor_runs_the_data_checks_of_train(classify_cfg, tmp_path):
+    lines = [*GOOD[:100], [1, 2], {"text": None, "label": 1}, {"text": "fine", "label": 0.7}, *GOOD[100:]]
+    classify_cfg["data"]["train_file"] = str(_rows_file(tmp_path / "d.jsonl", lines))
+    proc = _wide_doctor(write_config(tmp_path / "c.yaml", classify_cfg))
+    row = next(ln for ln in proc.stderr.splitlines() if "data content" in ln)
+    assert proc.returncode == 0 and "│ warn " in row, proc.stderr
+    for needle in ("a JSON array instead of an object (line 101)", "empty or missing 'text' (line 102)",
+                   "label 0.7 is not a whole class number", "320 train / 80 eval"):  # 400 good records
+        assert needle in row, row
+    classify_cfg["data"]["max_length"] = 3000
+    proc = _wide_doctor(write_config(tmp_path / "c.yaml", classify_cfg))
+    row = next(ln for ln in proc.stderr.splitlines() if "data content" in ln)
+    assert proc.returncode == 1 and "│ fail " in row and "beyond the 512 positions" in row

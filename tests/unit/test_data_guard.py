@@ -188,3 +188,31 @@ def test_a_tokenizer_beyond_the_model_vocabulary_is_named(tmp_path, tokenizer):
     with pytest.raises(ConfigError, match=rf"its tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                                           r"has 1000 \(config.json vocab_size\)"):
         check_model(cfg.model, tokenizer, 32)
+
+
+def test_the_non_finite_loss_advice_fits_the_cause_and_names_a_checkpoint_only_if_one_exists(tmp_path):
+    from scaletrain.worker.step_check import non_finite_loss
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    quiet = lambda *a: None  # noqa: E731
+    plain = str(non_finite_loss(str(run), 3, float("nan"), 0, quiet, step_tokens=120))
+    assert "lower train.learning_rate" in plain and "no checkpoint was saved before it" in plain
+    assert "intact" not in plain
+    (run / "checkpoints" / "step-2").mkdir(parents=True)
+    data = str(non_finite_loss(str(run), 3, float("nan"), 0, quiet, step_tokens=0))
+    assert "hold no target token" in data and "data.max_length (cutoff_len)" in data
+    assert "the last checkpoint, step-2, is intact: scaletrain train --resume" in data
+
+
+def test_placeholder_text_in_targets_is_warned_with_the_count(tmp_path):
+    tok = load_tokenizer("builtin:tiny-llama")
+    rows = [{"instruction": "hi", "input": "", "output": "I am {{name}}, made by {{author}}." if i < 7 else "ok"}
+            for i in range(40)]
+    p = _write(tmp_path / "identity.json", [])
+    p.write_text(json.dumps(rows))
+    cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                    "data": {"train_file": str(p), "template": "chatml"}, "output": {"output_dir": str(tmp_path)}})
+    notes = " ".join(prepare_data(cfg, tok).notes)
+    assert "warning: data.train_file: 7 record(s) hold placeholder text in their targets ({{author}}, {{name}}; " \
+           "first at record 1)" in notes

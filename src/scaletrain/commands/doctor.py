@@ -43,6 +43,8 @@ def gather_facts(cfg, smoke: bool):
                   topology_warnings=topo.warnings(), config=cfg)
     if cfg is not None:
         facts.path_errors = _path_errors(cfg)
+        if not facts.path_errors:
+            facts.data = _data_check(cfg)
         if smoke:
             facts.cluster, facts.smoke = _cluster_and_smoke(cfg, platform.vendor)
     return facts
@@ -60,6 +62,30 @@ def _path_errors(cfg) -> list[str]:
         except ScaletrainError as e:
             errors.append(str(e))
     return errors
+
+
+def _data_check(cfg) -> tuple[bool, str, list[str]]:
+    """The data checks of `train`, run the same way (the tokenized result is cached: train reuses it):
+    (ok, what was found or the error, warnings)."""
+    from scaletrain.data import prepare_data
+    from scaletrain.errors import ScaletrainError
+    from scaletrain.model import check_lora_target, check_model, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(cfg.model.name_or_path)
+        check_model(cfg.model, tokenizer, cfg.data.max_length)
+        check_lora_target(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0)
+        data = prepare_data(cfg, tokenizer)
+    except ScaletrainError as e:
+        return False, str(e), []
+    skipped = sum(data.skipped.values())
+    detail = f"{len(data.train)} train / {len(data.eval)} eval examples"
+    if data.labels is not None and data.labels.names:
+        detail += f"; classes {', '.join(data.labels.names)}"
+    warnings = [n.removeprefix("data: ") for n in data.notes if "warning:" in n]
+    if skipped:  # the notes name the first lines of each reason
+        warnings += [n.removeprefix("data: ") for n in data.notes if "skipped" in n]
+    return True, detail, warnings
 
 
 def _cluster_and_smoke(cfg, vendor):

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -99,6 +100,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         labels = _class_labels(cfg, loaded, loaded_eval)
         parts, skipped, notes = [], {}, []
         for src, raw in loaded:
+            notes += _placeholders(src, raw)
             ds, why = _tokenized(src, raw, cfg, tokenizer, template, labels)
             parts.append(ds)
             _merge(skipped, notes, why, src, raw)
@@ -123,6 +125,34 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         _write_entry(entry, train, evals, meta)
     train, evals = datasets.load_from_disk(str(entry / "train")), datasets.load_from_disk(str(entry / "eval"))
     return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes, labels)
+
+
+PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
+
+
+def _placeholders(src: Source, raw: Loaded) -> list[str]:
+    """A warning when targets hold ``{{name}}`` text: a template file not yet filled in (LLaMA-Factory's
+    identity.json before its {{name}} and {{author}} are replaced) would teach the model the braces."""
+    column = {"alpaca": src.columns.response, "sharegpt": src.columns.messages,
+              "messages": src.columns.messages}.get(src.formatting)
+    if column is None or column not in raw.ds.column_names:
+        return []
+    found: dict[str, int] = {}
+    first = None
+    for i, value in enumerate(raw.ds[column]):
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        names = set(PLACEHOLDER.findall(text or ""))
+        for name in names:
+            found[name] = found.get(name, 0) + 1
+        if names and first is None:
+            first = raw.position(i)
+    if not found:
+        return []
+    n = max(found.values())
+    shown = ", ".join(sorted(found)[:4])
+    return [f"data: warning: {src.key}: {n} record(s) hold placeholder text in their targets ({shown}; first at "
+            f"{raw.unit} {first}); the model would learn the braces: fill them in (e.g. replace {{{{name}}}} in "
+            f"identity.json) or remove those records"]
 
 
 def _labels(saved: dict | None) -> Labels | None:

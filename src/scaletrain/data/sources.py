@@ -119,7 +119,7 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
 
     p = Path(path).expanduser()
     if not p.exists():
-        raise DataError(f"{key}={path}: file not found; check the path (relative paths are from the working directory)")
+        raise not_found(key, path)
     fmt = file_format(str(p), fmt, key)
     if p.is_file() and p.stat().st_size == 0:
         raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
@@ -274,10 +274,20 @@ def content_hash(path: str) -> str:
     return h.hexdigest()
 
 
+DEMO_FILES = ("sentiment.jsonl", "sentiment.csv", "reviews.jsonl", "alpaca.json", "chat.jsonl")
+
+
+def not_found(key: str, path: str) -> DataError:
+    p = Path(path)
+    if p.name in DEMO_FILES:  # an example config's data, not generated yet
+        return DataError(f"{key}={path}: file not found; it is example data scaletrain generates: python -m "
+                         f"scaletrain.demo_data {p.parent} (make demo does it too)")
+    return DataError(f"{key}={path}: file not found; check the path (relative paths are from the working directory)")
+
+
 def exists(src: Source) -> None:
     if not Path(src.path).expanduser().exists():
-        raise DataError(f"{src.key}={src.path}: file not found; check the path (relative paths are from the "
-                        f"working directory)")
+        raise not_found(src.key, src.path)
 
 
 def check_files(d: DataConfig, task: str) -> None:

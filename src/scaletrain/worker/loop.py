@@ -29,7 +29,7 @@ from scaletrain.worker.meter import Meter
 from scaletrain.worker.parallel import full_model_state, unwrap
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
-from scaletrain.worker.step import train_step
+from scaletrain.worker.step import target_tokens, train_step
 from scaletrain.worker.step_check import StepCheck, due, non_finite_loss, writes_at
 from scaletrain.worker.trainer import Trainer, build_trainer
 
@@ -142,7 +142,7 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
             beat.enter("step-check", step)
             bad, stop = check.advance(step, loss, wait=writes_at(step, cfg, spec, metrics))
             if bad:  # before any metric, eval or checkpoint of the corrupted weights
-                raise non_finite_loss(spec.run_dir, *bad, t.ctx.world_rank, events)
+                raise non_finite_loss(spec.run_dir, *bad, t.ctx.world_rank, events, _tokens(t, window))
             progress.step = step
             progress.micro_batches_in_epoch += accum
             beat.finished_step(step)
@@ -160,6 +160,10 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
         progress.micro_batches_in_epoch = 0
         events("epoch", f"epoch {progress.epoch} done at step {progress.step}")
     return True
+
+
+def _tokens(t: Trainer, window: list[dict]) -> int | None:
+    return sum(map(target_tokens, window)) if t.cfg.model.task == "causal-lm" else None
 
 
 def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict:

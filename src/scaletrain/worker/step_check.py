@@ -57,12 +57,25 @@ def writes_at(step: int, cfg: Config, spec: JobSpec, metrics) -> bool:
             or due(cfg.train.eval_steps, step) or due(cfg.checkpoint.save_steps, step))
 
 
-def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events) -> TrainingError:
+def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events, step_tokens: int | None = None
+                    ) -> TrainingError:
+    """The error (and the alert) of a non-finite loss: the advice names a data cause when the step shows one
+    (``step_tokens``: this rank's target tokens in the step, causal LM) and a checkpoint only if one exists."""
+    from scaletrain.checkpoint import list_checkpoints
+    from scaletrain.rundir import RunDir
+
     mine = "" if math.isfinite(loss) else f" (rank {rank}: {loss})"
     alert = Alert("non_finite_loss", f"loss is not finite at step {step}{mine}; the run stops before saving anything "
                                      f"from this step", step=step, rank=rank, severity="error")
     if rank == 0:
         write_alert(run_dir, alert)
         events("alert", f"{alert.rule}: {alert.message}")
-    return TrainingError(f"{alert.message}; lower train.learning_rate, set train.max_grad_norm, or check the data "
-                         f"(the last checkpoint is intact)")
+    if step_tokens == 0:
+        advice = ("this step's batches hold no target token (every label is prompt or padding): raise "
+                  "data.max_length (cutoff_len) or fix the data")
+    else:
+        advice = "lower train.learning_rate, set train.max_grad_norm, or check the data"
+    saved = list_checkpoints(RunDir(run_dir).checkpoints)
+    where = (f"the last checkpoint, {saved[-1].name}, is intact: scaletrain train --resume {run_dir}" if saved else
+             "no checkpoint was saved before it")
+    return TrainingError(f"{alert.message}; {advice} ({where})")

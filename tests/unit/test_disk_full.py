@@ -1,0 +1,101 @@
+"""A full disk, for real: a small tmpfs made by the test holds the run directory. A checkpoint that does not fit
+leaves the previous one intact, removes its partial directory, and fails the run with one line naming the path
+and the free space (or warns and goes on with checkpoint.on_write_error=warn); a resume after space is freed
+finishes the run."""
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from scaletrain import checkpoint
+from scaletrain.errors import StorageError
+from scaletrain.launch.local import run_in_process
+from tests.conftest import local_spec, train_losses
+
+
+def _mount(path: Path, size_mb: float) -> str | None:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(size_mb * 1024)}k", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited {r.returncode}")
+
+
+def _resize(path: Path, size_mb: float) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={int(size_mb * 1024)}k", str(path)], check=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mnt = Path("/tmp") / f"scaletrain-fs-{uuid.uuid4().hex[:8]}"
+    why = _mount(mnt, 1)
+    if why is not None:
+        mnt.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here to fill ({why}); the disk-full test needs root or CAP_SYS_ADMIN")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: the in-process worker's log handler is open
+    shutil.rmtree(mnt, ignore_errors=True)
+
+
+def _sizes(classify_cfg, tmp_path) -> tuple[int, int]:
+    """(one checkpoint's bytes, the run directory's bytes without checkpoints) of this job, measured."""
+    _, _, spec = local_spec(classify_cfg, tmp_path / "probe")
+    run_in_process(spec)
+    ckpt = checkpoint.list_checkpoints(tmp_path / "probe" / "checkpoints")[-1]
+    one = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+    rest = sum(f.stat().st_size for f in (tmp_path / "probe").rglob("*")
+               if f.is_file() and "checkpoints" not in f.parts)
+    return one, rest
+
+
+def _job(classify_cfg, **checkpoint_keys):
+    cfg = {**classify_cfg, "checkpoint": {"save_steps": 4, "save_total_limit": 2, **checkpoint_keys}}
+    cfg["train"] = {**cfg["train"], "max_steps": 12}
+    return cfg
+
+
+def test_a_checkpoint_that_does_not_fit_keeps_the_previous_one_and_resume_after_freeing_space(
+        small_fs, classify_cfg, tmp_path):
+    cfg = _job(classify_cfg)
+    one, rest = _sizes(cfg, tmp_path)
+    _resize(small_fs, (rest + 1.5 * one) / 2**20 + 1)  # the first checkpoint fits, the second does not
+    _, _, spec = local_spec(cfg, small_fs / "run")
+    with pytest.raises(StorageError) as err:
+        run_in_process(spec)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"checkpoint step-8 could not be written to {small_fs / 'run' / 'checkpoints'}" in message
+    assert "No space left on device" in message and "MiB free there" in message
+    assert "the previous checkpoint is intact" in message and "--resume" in message
+    root = small_fs / "run" / "checkpoints"
+    assert [p.name for p in root.iterdir()] == ["step-4"]  # no .tmp-step-8 left
+    assert checkpoint.verify(root / "step-4") is None
+    _resize(small_fs, (rest + 4 * one) / 2**20 + 4)  # space freed
+    summary = run_in_process(spec)
+    assert summary["steps"] == 12
+    assert [r["step"] for r in _train_records(small_fs / "run")][-1] == 12
+    assert checkpoint.verify(checkpoint.list_checkpoints(root)[-1]) is None
+
+
+def test_on_write_error_warn_goes_on_and_says_so(small_fs, classify_cfg, tmp_path):
+    cfg = _job(classify_cfg, on_write_error="warn")
+    one, rest = _sizes(cfg, tmp_path)
+    _resize(small_fs, (rest + 1.5 * one) / 2**20 + 1)
+    _, _, spec = local_spec(cfg, small_fs / "run")
+    summary = run_in_process(spec)
+    assert summary["steps"] == 12
+    log = (small_fs / "run" / "logs" / "main.log").read_text()
+    assert "checkpoint failed: checkpoint step-8 could not be written" in log
+    assert "on_write_error=warn" in log
+    root = small_fs / "run" / "checkpoints"
+    assert not any(p.name.startswith(".tmp-") for p in root.iterdir())
+    assert checkpoint.verify(root / "step-4") is None
+    assert train_losses(small_fs / "run") == train_losses(tmp_path / "probe")  # training itself unchanged
+
+
+def _train_records(run_dir: Path):
+    from scaletrain.metrics.records import read_jsonl
+
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]

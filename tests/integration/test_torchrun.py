@@ -67,6 +67,9 @@ def test_killed_process_restarts_from_checkpoint(classify_cfg, tmp_path, monkeyp
     result = run_job(validate(cfg), tmp_path / "c.yaml", show_progress=False)
     log = (result.run_dir / "logs" / "main.log").read_text()
     assert "resume: from step-4: step 4" in log
+    # the restart is said in main.log, with the rank that died, as under Ray
+    assert "[torchrun node 0] failure: failure 1 (max_failures=1): [rank 0]: RuntimeError" in log
+    assert "torchrun restarts the worker group from the newest checkpoint (1 of 1 restarts left)" in log
     assert result.summary["steps"] == 12
     # the restarted run recomputes steps 5..12 exactly: its last records match the uninterrupted curve
     assert train_losses(result.run_dir)[-4:] == ray_curve[-4:]
@@ -79,6 +82,18 @@ def test_bad_torchrun_settings(classify_cfg, tmp_path):
         validate(_cfg(classify_cfg, tmp_path, "x", "torchrun", nnodes=2, node_rank=2, master_port=29500))
     with pytest.raises(ConfigError, match="scaling.master_port is required"):
         validate(_cfg(classify_cfg, tmp_path, "x", "torchrun", nnodes=2))
+
+
+def test_capacity_is_checked_before_anything_is_spawned(classify_cfg, tmp_path):
+    from scaletrain.errors import LaunchError
+
+    cfg = _cfg(classify_cfg, tmp_path, "big", "torchrun")
+    cfg["scaling"]["num_workers"] = 99
+    cfg["data"]["train_file"] = str(tmp_path / "missing.jsonl")  # the second problem: the shortage is named first
+    with pytest.raises(LaunchError, match=r"scaling.num_workers=99 .* puts 99 processes on this node, which has "
+                                          r"\d+ CPUs"):
+        launcher_for(validate(cfg))
+    assert _ours_running() == [] and not (tmp_path / "runs").exists()
 
 
 def _ours_running() -> list:

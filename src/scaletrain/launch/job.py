@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
+from rich.markup import escape
 
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform
@@ -183,13 +184,13 @@ def _write_report(run_dir: Path) -> None:
     try:
         console.print(f"report: {write_report(run_dir)}", soft_wrap=True)
     except Exception as e:  # a report must never hide the run's own outcome
-        console.print(f"[yellow]report not written[/]: {type(e).__name__}: {e}", soft_wrap=True)
+        console.print(f"[yellow]report not written[/]: {type(e).__name__}: {escape(str(e))}", soft_wrap=True)
 
 
 def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, n_eval: int, events,
               resumed: bool) -> None:
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
         events("note", note)
     n = cfg.scaling.num_workers
     gb = global_batch_size(cfg.train, n)

@@ -22,8 +22,13 @@ def main(argv: list[str]) -> int:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != driver:  # the driver died before the line above took effect
         return 1
+    import logging
+
     from torch.distributed.run import main as torchrun
 
+    # The agent's restart decisions ("Worker group FAILED. 1/1 attempts left; will restart worker group") are
+    # INFO lines: the driver reads them to say each restart in main.log and on the console.
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.INFO)
     torchrun(argv[1:])
     return 0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from scaletrain.comm.launch_env import torchrun_agent_env
 from scaletrain.comm.ports import free_port, port_free
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError
-from scaletrain.launch.failures import RankFailures, failures_by_rank
+from scaletrain.launch.failures import RankFailures, failures_by_rank, format_groups
 from scaletrain.launch.plan import ClusterPlan, plan_node
 from scaletrain.metrics.logs import parse_failure
 from scaletrain.redact import Redactor
@@ -37,6 +38,8 @@ from scaletrain.worker.faults import Fault
 from scaletrain.worker.spec import JobSpec
 
 JOIN_TIMEOUT_S = 600  # how long nodes > 0 wait for node 0 to write the spec
+# torch.distributed.elastic's agent, before it restarts the workers (agent/server/api.py)
+RESTART_LINE = re.compile(r"Worker group (FAILED|UNHEALTHY)\. (\d+)/(\d+) attempts left; will restart worker group")
 
 
 class TorchrunLauncher:
@@ -46,11 +49,13 @@ class TorchrunLauncher:
 
     def __init__(self, cfg: Config, redact: Redactor):
         self.cfg, self.redact = cfg, redact
+        # This node's capacity first: nothing is spawned for a job that cannot run here.
+        self._plan = plan_node(cfg, Platform.detect(), os.cpu_count() or 1)
         # Started now on one node: its start-up overlaps the driver's imports and data preparation.
         self.agent = node_zero(cfg)
 
     def plan(self, platform: Platform) -> ClusterPlan:
-        return plan_node(self.cfg, platform, os.cpu_count() or 1)
+        return self._plan
 
     def run(self, spec: JobSpec, plan: ClusterPlan) -> None:
         # The spec goes to a file: secrets masked (the agent's environment carries comm.env).
@@ -142,6 +147,7 @@ class TorchrunNode:
         self.proc: subprocess.Popen | None = None
         self._handed_over = False
         self._out = _Pump()
+        self._restarts = 0
 
     def start(self) -> TorchrunNode:
         if self.proc is None:
@@ -174,7 +180,7 @@ class TorchrunNode:
             write_spec(spec, self.handoff)
             self._handed_over = True
         self.start()
-        self._out.attach(log)
+        self._out.attach(log, on_line=lambda line: self._restart_said(line, run_dir))
         try:
             while self.proc.poll() is None:
                 time.sleep(0.2)
@@ -185,6 +191,25 @@ class TorchrunNode:
         self._out.drain()
         if code != 0:  # training_error words it, with the hang diagnosis, as for the Ray launcher
             raise failures_from_logs(run_dir, code, log)
+
+    def _restart_said(self, line: str, run_dir: Path) -> None:
+        """torchrun restarting its worker group: said in main.log and on the console, as Ray's restarts are."""
+        found = RESTART_LINE.search(line)
+        if not found:
+            return
+        self._restarts += 1
+        from rich.markup import escape
+
+        from scaletrain.console import console
+        from scaletrain.metrics.logs import EventLog
+
+        causes = format_groups(last_failures(run_dir)) or "no rank reported an error"
+        allowed = self.cfg.fault_tolerance.max_failures
+        text = (f"failure {self._restarts} (max_failures={'unlimited' if allowed < 0 else allowed}): {causes}; "
+                f"torchrun restarts the worker group from the newest checkpoint ({found.group(2)} of "
+                f"{found.group(3)} restarts left)")
+        EventLog(run_dir, f"torchrun node {self.cfg.scaling.node_rank}")("failure", text)
+        console.print(f"[yellow]restart[/]: {escape(text)}", soft_wrap=True)
 
     def stop(self) -> None:
         """Stop a running agent; torchrun stops its workers on SIGTERM."""
@@ -219,6 +244,8 @@ class _Pump:
         self._held: list[bytes] = []
         self._file = None
         self._thread: threading.Thread | None = None
+        self._on_line = None
+        self._partial = b""
 
     def follow(self, stream) -> None:
         self._thread = threading.Thread(target=self._copy, args=(stream,), name="torchrun-output", daemon=True)
@@ -232,9 +259,19 @@ class _Pump:
                 else:
                     self._file.write(chunk)
                     self._file.flush()
+                on_line = self._on_line
+            if on_line is not None:
+                *lines, self._partial = (self._partial + chunk).split(b"\n")
+                for line in lines:
+                    try:
+                        on_line(line.decode(errors="replace"))
+                    except Exception:  # noqa: BLE001 - a report of a restart must never stop the copy
+                        pass
 
-    def attach(self, path: Path) -> None:
+    def attach(self, path: Path, on_line=None) -> None:
+        """Write the output to ``path`` from now on; ``on_line`` sees each later line."""
         with self._lock:
+            self._on_line = on_line
             if self._file is None or self._file.name != str(path):
                 if self._file is not None:
                     self._file.close()
@@ -256,12 +293,17 @@ class _Pump:
             self._thread = None
 
 
-def failures_from_logs(run_dir: Path, code: int, log: Path) -> RankFailures:
-    """Each rank's last failure from the worker logs, grouped across ranks (the message says the rest)."""
+def last_failures(run_dir: Path) -> list[tuple[list[int], str]]:
+    """Each rank's last failure from the worker logs, grouped across ranks."""
     last: dict[int, str] = {}
     for path in RunDir(run_dir).worker_logs():
         for line in path.read_text(errors="replace").splitlines():
             if found := parse_failure(line):
                 last[found[0]] = found[1]
-    return RankFailures(failures_by_rank(last),
+    return failures_by_rank(last)
+
+
+def failures_from_logs(run_dir: Path, code: int, log: Path) -> RankFailures:
+    """The ranks' last failures (the message says the rest)."""
+    return RankFailures(last_failures(run_dir),
                         f"torchrun exited with code {code} before any rank reported an error (see {log})")

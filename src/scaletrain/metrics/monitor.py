@@ -11,6 +11,8 @@ import re
 import threading
 from pathlib import Path
 
+from rich.markup import escape
+
 from scaletrain.config.schema import MonitorConfig
 from scaletrain.errors import ConfigError, LaunchError
 from scaletrain.metrics.alerts import build_rules, write_alert
@@ -150,7 +152,7 @@ class RunMonitor:
                     if self.events:
                         self.events("alert", f"{alert.rule}: {alert.message}")
                     if self.console is not None:
-                        self.console.print(f"[yellow]alert[/] {alert.rule}: {alert.message}", soft_wrap=True)
+                        self.console.print(f"[yellow]alert[/] {alert.rule}: {escape(alert.message)}", soft_wrap=True)
 
     def _run(self) -> None:
         warned = False
@@ -159,7 +161,7 @@ class RunMonitor:
                 self.poll()
             except OSError as e:  # alerts.jsonl or a sink on a full disk: one line, no thread traceback
                 if not warned and self.console is not None:
-                    self.console.print(f"[yellow]warning[/]: the monitor cannot write ({e.strerror or e}: "
+                    self.console.print(f"[yellow]warning[/]: the monitor cannot write ({escape(str(e.strerror or e))}: "
                                        f"{e.filename or self.run_dir}); alerts are not recorded until there is "
                                        f"space", soft_wrap=True)
                 warned = True

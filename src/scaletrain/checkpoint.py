@@ -214,7 +214,8 @@ def verify(ckpt: Path) -> str | None:
         return "no manifest (partial write)"
     try:
         files = json.loads(mf.read_text())["files"]
-    except (json.JSONDecodeError, KeyError):
+        files = {str(name): str(digest) for name, digest in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, not UTF-8, not the manifest's shape
         return "unreadable manifest"
     for name, digest in files.items():
         p = ckpt / name

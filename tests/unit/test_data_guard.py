@@ -216,3 +216,34 @@ def test_placeholder_text_in_targets_is_warned_with_the_count(tmp_path):
     notes = " ".join(prepare_data(cfg, tok).notes)
     assert "warning: data.train_file: 7 record(s) hold placeholder text in their targets ({{author}}, {{name}}; " \
            "first at record 1)" in notes
+
+
+def test_string_label_classification_end_to_end_pipeline_returns_the_names(tmp_path):
+    """Trains on names, and final/ loads into a transformers pipeline that prints them."""
+    from transformers import pipeline
+
+    from scaletrain.launch.job import finish_final
+    from scaletrain.launch.local import run_in_process
+    from tests.conftest import local_spec
+
+    rows = [{"text": f"{WORDS[['negative', 'positive'][i % 2]]} {i}", "label": ["negative", "positive"][i % 2]}
+            for i in range(160)]
+    p = _write(tmp_path / "d.jsonl", rows)
+    cfg_dict = {"model": {"name_or_path": "builtin:tiny-bert", "task": "sequence-classification"},
+                "data": {"train_file": str(p), "eval_ratio": 0.2, "max_length": 16},
+                "train": {"per_device_train_batch_size": 16, "learning_rate": 2e-3, "max_steps": 30, "seed": 1,
+                          "warmup_ratio": 0.0}}
+    cfg, tok, spec = local_spec(cfg_dict, tmp_path / "run")
+    assert cfg.model.num_labels == 2 and cfg.data.label_names == ["negative", "positive"]
+    summary = run_in_process(spec)
+    finish_final(cfg, tmp_path / "run", tok)
+    assert summary["final"]["eval/accuracy"] > 0.9
+    classify = pipeline("text-classification", model=str(tmp_path / "run" / "final"), device="cpu")
+    out = classify(["awful bad hate boring", "great fine love wonderful"])
+    assert [o["label"] for o in out] == ["negative", "positive"]
+    import yaml
+
+    from scaletrain.report.markdown import write_report
+
+    (tmp_path / "run" / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))  # as the driver
+    assert "| classes | 0 = negative, 1 = positive |" in write_report(tmp_path / "run").read_text()

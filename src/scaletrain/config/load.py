@@ -133,6 +133,8 @@ def _explain(err: dict, raw: dict) -> str:
     if err["type"] == "missing":
         return f"'{dotted}' is required; add it to the config"
     msg = err["msg"].removeprefix("Value error, ")
+    if loc and err["type"] in ("model_type", "model_attributes_type", "dict_type") and _model_at(Config, loc):
+        return f"section '{dotted}' is {_value_at(raw, loc)!r}; it must be a mapping of its keys ({dotted}: {{...}})"
     if not loc or _model_at(Config, loc) is not None:  # a rule of the root or of a whole section: its own words
         return msg
     return f"{dotted}={_value_at(raw, loc)!r} is not valid: {msg}"

@@ -48,7 +48,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     gb = s.get("global_batch_size", cfg["train"]["per_device_train_batch_size"]
                * cfg["train"]["gradient_accumulation_steps"] * world)
     rows = [("model", f"{cfg['model']['name_or_path']} ({cfg['model']['finetuning_type']})"),
-            ("task", cfg["model"]["task"]), ("world size", world), ("strategy", cfg["train"]["strategy"]),
+            ("task", cfg["model"]["task"]), *_classes(cfg), ("world size", world), ("strategy", cfg["train"]["strategy"]),
             ("global batch", gb), ("steps", s.get("steps", train[-1]["step"] if train else 0)),
             ("train time", f"{s['train_time_s']:.1f} s" if summary else "-"),
             ("eval time", f"{s['eval_time_s']:.1f} s" if summary else "-"),
@@ -72,6 +72,17 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     path = out / REPORT
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _classes(cfg: dict) -> list[tuple[str, str]]:
+    """Classification: the classes by id (names when the data had them)."""
+    if cfg["model"]["task"] != "sequence-classification":
+        return []
+    names = cfg["data"].get("label_names")
+    n = cfg["model"].get("num_labels")
+    if names:
+        return [("classes", ", ".join(f"{i} = {name}" for i, name in enumerate(names)))]
+    return [("classes", "regression (1 output)" if n == 1 else f"{n} (numbered 0..{n - 1})")] if n else []
 
 
 def _refuse_foreign(out: Path, run: Path) -> None:

@@ -16,7 +16,9 @@ MINILM = "builtin:minilm"
 TINY_BERT = "builtin:tiny-bert"
 TINY_LLAMA = "builtin:tiny-llama"
 LLAMA_1B = "builtin:llama-1b"  # ~0.9B-parameter Llama shape for GPU throughput/MFU checks (random init)
-BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA, LLAMA_1B)
+LLAMA_100M = "builtin:llama-100m"  # ~80M-parameter Llama (12 x d768) for memory checks on a CPU (random init)
+BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA, LLAMA_1B, LLAMA_100M)
+TINY_LLAMA_TOKENIZER = (TINY_LLAMA, LLAMA_100M)  # the built-ins that use tiny-llama's byte-level BPE
 MINILM_VOCAB_SIZE = 30522
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
@@ -36,7 +38,7 @@ def model_dir(name_or_path: str) -> Path | None:
     """Directory holding the weights, or None for a random-init built-in."""
     if name_or_path == MINILM:
         return minilm_dir()
-    if name_or_path in (TINY_BERT, TINY_LLAMA, LLAMA_1B):
+    if name_or_path in (TINY_BERT, TINY_LLAMA, LLAMA_1B, LLAMA_100M):
         return None
     if name_or_path.startswith("builtin:"):
         raise ConfigError(f"model.name_or_path={name_or_path} is not a built-in; use one of {', '.join(BUILTINS)}")
@@ -56,7 +58,7 @@ def model_dir(name_or_path: str) -> Path | None:
 def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
-    if name_or_path == TINY_LLAMA:
+    if name_or_path in TINY_LLAMA_TOKENIZER:
         return tiny_llama_tokenizer()
     path = model_dir(name_or_path) or minilm_dir()  # the other built-ins share MiniLM's vocabulary
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -108,15 +110,26 @@ def _tiny_config(name: str, vocab_size: int, pad_id: int):
         return LlamaConfig(vocab_size=vocab_size, hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
                            num_key_value_heads=8, intermediate_size=5632, max_position_embeddings=4096,
                            pad_token_id=pad_id, tie_word_embeddings=False)
+    if name == LLAMA_100M:
+        return LlamaConfig(vocab_size=vocab_size, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                           num_key_value_heads=4, intermediate_size=2048, max_position_embeddings=2048,
+                           pad_token_id=pad_id, tie_word_embeddings=False)
     return LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
                        pad_token_id=pad_id, tie_word_embeddings=True)
 
 
-def preload() -> None:
-    """Import transformers' model machinery now (~2 s on a small machine), e.g. while waiting for a job spec."""
+def preload(lora: bool = False) -> None:
+    """Import transformers' model machinery now (~2 s on a small machine), e.g. while waiting for a job spec;
+    peft too for LoRA (~60 MB of modules: kept out of a worker's measured training memory)."""
     import transformers.modeling_utils  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: F401
+
+    import torch.distributed.checkpoint.state_dict  # noqa: F401 - checkpoints and final/
+
+    if lora:
+        import peft  # noqa: F401
+        import peft.tuners.lora  # noqa: F401
 
 
 def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_names: list[str] | None = None):
@@ -163,6 +176,23 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_name
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
     return model
+
+
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing of every transformer block (transformers' own switch); a LoRA
+    model's frozen embeddings get outputs that require grad, so the checkpointed blocks have a graph."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"train.gradient_checkpointing: {type(base).__name__} does not support it in "
+                          f"transformers; set train.gradient_checkpointing=false")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if base is not model:  # peft
+        base.enable_input_require_grads()
+    base.config.use_cache = False
 
 
 def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:

@@ -83,6 +83,11 @@ def _data_check(cfg) -> tuple[bool, str, list[str]]:
     if data.labels is not None and data.labels.names:
         detail += f"; classes {', '.join(data.labels.names)}"
     warnings = [n.removeprefix("data: ") for n in data.notes if "warning:" in n]
+    from scaletrain.comm.device import Platform
+    from scaletrain.memory.plan import fit_notes
+
+    cfg = data.resolve(cfg)
+    warnings += fit_notes(cfg, len(tokenizer), tokenizer.pad_token_id or 0, Platform.detect().has_gpu)
     if skipped:  # the notes name the first lines of each reason
         warnings += [n.removeprefix("data: ") for n in data.notes if "skipped" in n]
     return True, detail, warnings

@@ -143,6 +143,15 @@ class DataConfig(_Section):
 
 class TrainConfig(_Section):
     strategy: Literal["ddp", "fsdp"] = "ddp"
+    # Memory levers (HF / LLaMA-Factory names): recompute each transformer block's activations in backward
+    # (non-reentrant; under FSDP applied before fully_shard); FSDP: parameters, gradients and optimizer state on
+    # the host (slow: every step copies them over PCIe); reshard after forward (true: ZeRO-3; false: keep the
+    # gathered parameters for backward, ZeRO-2-like); shard inside groups of fsdp_shard_size ranks (usually a
+    # node) and replicate across them (hybrid sharding, a 2-D device mesh).
+    gradient_checkpointing: bool = False
+    fsdp_offload: bool = False
+    fsdp_reshard_after_forward: bool = True
+    fsdp_shard_size: Optional[int] = Field(None, ge=1)
     per_device_train_batch_size: int = Field(8, ge=1)
     per_device_eval_batch_size: int = Field(16, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
@@ -179,6 +188,12 @@ class TrainConfig(_Section):
     def _precision(self) -> "TrainConfig":
         if self.bf16 and self.fp16:
             raise ValueError("bf16 and fp16 are both true; set at most one of them")
+        if self.strategy == "ddp":
+            for key, on in (("fsdp_offload", self.fsdp_offload), ("fsdp_shard_size", self.fsdp_shard_size),
+                            ("fsdp_reshard_after_forward", not self.fsdp_reshard_after_forward)):
+                if on:
+                    raise ValueError(f"train.{key} applies to train.strategy=fsdp (the config has ddp); set "
+                                     f"train.strategy=fsdp or remove train.{key}")
         return self
 
 
@@ -302,6 +317,10 @@ class Config(_Section):
         if self.scaling.launcher == "torchrun" and self.scaling.nnodes > 1 and not self.output.run_name:
             raise ValueError("a torchrun job over several nodes needs output.run_name (all nodes share the run "
                              "directory on a shared filesystem); set it")
+        shard = self.train.fsdp_shard_size
+        if shard and self.scaling.num_workers % shard:
+            raise ValueError(f"train.fsdp_shard_size={shard} does not divide scaling.num_workers="
+                             f"{self.scaling.num_workers}; use a divisor (e.g. the GPUs per node)")
         if self.data.packing and self.model.task != "causal-lm":
             raise ValueError(f"data.packing applies to model.task=causal-lm (the config has {self.model.task}); "
                              f"remove data.packing or set model.task=causal-lm")

@@ -26,6 +26,7 @@ from scaletrain.errors import ConfigError, Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
+from scaletrain.memory.plan import fit_notes
 from scaletrain.metrics.logs import EventLog
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, create_run_dir
@@ -75,6 +76,9 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     check_sinks(cfg.monitor)
     notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
+    notes += fit_notes(cfg, len(tokenizer), tokenizer.pad_token_id or 0, plan.use_gpu)
+    if cfg.train.fsdp_offload and not plan.use_gpu:
+        notes.append("train.fsdp_offload: CPU workers keep everything on the host already; nothing to offload")
     run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
     rd = RunDir(run_dir)
     events = EventLog(run_dir, "driver", redact)

@@ -38,6 +38,19 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
+# Device memory per GPU in GiB (HBM stacks come in binary sizes: the vendors' "GB" here are GiB), from the
+# vendors' datasheets: AMD Instinct MI210 (64 GB HBM2e), MI250X (128 GB HBM2e), MI300X (192 GB HBM3), MI325X
+# (256 GB HBM3E), MI355X (288 GB HBM3E) product pages at amd.com/en/products/accelerators/instinct; NVIDIA A100
+# 40/80 GB (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), H100 SXM/PCIe 80 GB and H200 141 GB (NVIDIA
+# H100 / H200 Tensor Core GPU datasheets; the links are collected in astroC86/gpu-datasheet README.md), B200 180
+# GB (NVIDIA DGX B200 datasheet: 1,440 GB for 8 GPUs). The runtime keeps some for itself: the plan adds a
+# framework overhead instead of shrinking these.
+DEVICE_MEMORY_GIB: dict[str, float] = {
+    "MI210": 64, "MI250X": 128, "MI250X-GCD": 64, "MI300X": 192, "MI325X": 256, "MI355X": 288,
+    "A100": 80, "A100-40GB": 40, "H100-SXM": 80, "H100-PCIE": 80, "H200": 141, "B200": 180,
+}
+
+
 def device_key(name: str) -> str | None:
     """Table key for a device name as torch reports it ("AMD Instinct MI300X", "NVIDIA H100 80GB HBM3")."""
     n = name.upper()

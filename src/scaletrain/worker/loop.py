@@ -17,6 +17,7 @@ from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
 from scaletrain.errors import StorageError
+from scaletrain.memory.measure import memory_summary
 from scaletrain.metrics.gpu import reader_for
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
@@ -26,7 +27,7 @@ from scaletrain.rundir import RUN_UMASK, RunDir
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.faults import maybe_fire
 from scaletrain.worker.meter import Meter
-from scaletrain.worker.parallel import full_model_state, unwrap
+from scaletrain.worker.parallel import all_gather_floats, full_model_state, unwrap
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
 from scaletrain.worker.step import target_tokens, train_step
@@ -173,6 +174,8 @@ def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict
     t.beat.enter("final", t.progress.step)
     save_final(t)
     summary = metrics.summary(train_time, clock.eval_s, final_eval)
+    peaks = [r[0] for r in all_gather_floats([float(t.memory.peak_bytes())], t.ctx.device)]
+    summary.update(memory_summary(t.cfg, t.spec, t.ctx.world_size, t.ctx.device, peaks))
     if t.ctx.is_main:
         t.run_dir.summary.write_text(json.dumps(summary, indent=1))
         events("finish", f"train {train_time:.1f}s, eval {clock.eval_s:.1f}s, {_fmt(final_eval)}")

@@ -10,24 +10,54 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.comm.context import DistContext
+from scaletrain.config.schema import TrainConfig
+from scaletrain.model import enable_checkpointing
 
 
-def wrap_model(model: nn.Module, ctx: DistContext, strategy: str) -> nn.Module:
-    model.to(ctx.device)
+def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig) -> nn.Module:
+    if train.gradient_checkpointing:
+        enable_checkpointing(model)  # before fully_shard: FSDP2 then shards the checkpointed blocks
+    strategy = train.strategy
+    if not (strategy == "fsdp" and train.fsdp_offload and ctx.device != "cpu"):
+        model.to(ctx.device)  # offloaded parameters stay on the host; FSDP moves each block in for its compute
     if ctx.world_size == 1 and strategy == "ddp":
         return model  # nothing to synchronise; keeps the 1-worker baseline free of DDP overhead
     if strategy == "ddp":
         ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, **no_forward_buffer_sync())
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(torch.device(ctx.device).type, (ctx.world_size,))
+    kwargs = {"mesh": device_mesh(ctx, train.fsdp_shard_size), **fsdp_policies(train, ctx.device)}
     # Shard each transformer block separately so only one block is gathered at a time, then the rest.
     for block in _transformer_blocks(model):
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, reshard_after_forward=train.fsdp_reshard_after_forward, **kwargs)
+    fully_shard(model, **kwargs)  # the root: kept gathered after forward (backward needs it first)
     return model
+
+
+def device_mesh(ctx: DistContext, shard_size: int | None):
+    """1-D (shard over every rank) or, with ``shard_size`` < world size, 2-D: replicate across groups of
+    ``shard_size`` ranks, shard inside each (hybrid sharding, FSDP2's HSDP)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    kind = torch.device(ctx.device).type
+    if not shard_size or shard_size >= ctx.world_size:
+        return init_device_mesh(kind, (ctx.world_size,))
+    return init_device_mesh(kind, (ctx.world_size // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
+
+
+def fsdp_policies(train: TrainConfig, device: str) -> dict:
+    """FSDP2 mixed precision (GPU: parameters gathered in bf16/fp16 for compute, gradients reduced in fp32;
+    the sharded master weights and the optimizer state stay fp32) and host offload."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    out = {}
+    if device != "cpu" and (train.bf16 or train.fp16):
+        out["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if train.bf16 else torch.float16,
+                                                reduce_dtype=torch.float32)
+    if train.fsdp_offload and device != "cpu":  # on CPU workers the device is the host already (job.py says so)
+        out["offload_policy"] = CPUOffloadPolicy()
+    return out
 
 
 def no_forward_buffer_sync() -> dict[str, bool]:

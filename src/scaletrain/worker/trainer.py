@@ -17,7 +17,8 @@ from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.schema import Config
 from scaletrain.metrics.flops import model_flops_facts
-from scaletrain.model import build_model, count_parameters
+from scaletrain.memory.measure import PeakMemory
+from scaletrain.model import build_model, count_parameters, preload
 from scaletrain.rundir import RunDir
 from scaletrain.worker.optim import build_optimizer, global_batch_size
 from scaletrain.worker.parallel import wrap_model
@@ -45,6 +46,7 @@ class Trainer:
     precision: Precision
     beat: Heartbeat
     facts: ModelFacts
+    memory: PeakMemory | None = None  # started before the model was built
     progress: TrainState = field(default_factory=TrainState)
     grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
 
@@ -69,13 +71,15 @@ class Trainer:
 
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat) -> Trainer:
+    preload(lora=cfg.model.finetuning_type == "lora")  # imports before the memory baseline: no training memory
+    memory = PeakMemory(ctx.device)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
     model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id, cfg.data.label_names)
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
-    model = wrap_model(model, ctx, cfg.train.strategy)
+    model = wrap_model(model, ctx, cfg.train)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
-    return Trainer(ctx, cfg, spec, model, optimizer, scheduler, Precision(cfg, ctx.device), beat, facts)
+    return Trainer(ctx, cfg, spec, model, optimizer, scheduler, Precision(cfg, ctx.device), beat, facts, memory)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,228 @@
+"""Per-device memory of a training job, from the model's config alone (meta device: no weights, no compute).
+
+The activations are not a rule of thumb: the model runs one forward pass on the meta device at the job's
+batch and sequence length, and every tensor autograd saves for backward is counted (per transformer block, and
+outside the blocks: embeddings, final norm, head, loss). With activation checkpointing a block keeps only its
+input, and backward recomputes one block at a time.
+
+Peak = weights + optimizer state + (DDP) gradient buckets + (FSDP) gathered parameters + the larger of
+  - the start of backward: every saved activation + the gradient of the fp32 logits,
+  - the end of backward: every gradient + the first block's activations,
+and, on a CPU (the host is the device), the build: every rank builds the full fp32 model before it is sharded.
+The model is built in fp32: weights 4 bytes per parameter, AdamW 8 bytes per trainable parameter, gradients 4.
+FSDP shards weights, gradients and optimizer state over its shard group and gathers one block (and the next,
+prefetched) in the compute dtype; ``fsdp_reshard_after_forward: false`` keeps every block gathered through
+backward; offload moves the shards to the host. On a GPU the runtime's own share (context, library workspaces,
+communicator buffers) is added as a fixed overhead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+from scaletrain.config.schema import Config
+
+GIB = 2**30
+GPU_OVERHEAD_BYTES = 1.0 * GIB  # CUDA/HIP context, cuBLAS/hipBLASLt workspaces, NCCL/RCCL buffers
+BYTES_FP32 = 4
+ADAM_BYTES = 8  # two fp32 moments per trainable parameter
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the memory of a model depends on, at one micro-batch (batch x sequence)."""
+
+    total: int  # parameters
+    trainable: int
+    layers: int
+    hidden: int
+    block_params: int  # parameters of one transformer block
+    block_trainable: int
+    act_blocks: int  # bytes autograd saves in all blocks (no checkpointing)
+    act_block_inputs: int  # bytes the blocks keep with checkpointing (their inputs)
+    act_outside: int  # bytes saved outside the blocks (embeddings, final norm, head, loss)
+    logits: int  # bytes of the fp32 logits (their gradient is the largest buffer at the start of backward)
+    eval_logits: int  # the same at the eval batch size
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Peak bytes per device, by what holds them."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for backward at the peak (with the logits' gradient), or the eval logits
+    buffers: int  # DDP gradient buckets; FSDP's gathered parameters and the unsharded gradient of a block
+    overhead: int
+    host: int  # what offload keeps on the host instead
+    build: int  # CPU only: the full model each rank builds before sharding (peak if it exceeds training)
+    phase: str = ""  # when the training peak happens: backward start / backward end / eval
+
+    @property
+    def train_peak(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers + self.overhead
+
+    @property
+    def peak(self) -> int:
+        return max(self.train_peak, self.build)
+
+    @property
+    def peak_phase(self) -> str:
+        return "model build" if self.build > self.train_peak else self.phase
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "peak": self.peak, "peak_phase": self.peak_phase}
+
+
+def _model_on_meta(cfg: Config, vocab_size: int, pad_token_id: int):
+    from scaletrain.model import _auto_and_config, apply_lora, enable_checkpointing
+
+    auto, config = _auto_and_config(cfg.model, vocab_size, pad_token_id, cfg.data.label_names)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+        if cfg.model.finetuning_type == "lora":
+            model = apply_lora(model, cfg.model)
+    if cfg.train.gradient_checkpointing:
+        enable_checkpointing(model)
+    return model
+
+
+def _blocks(model) -> list:
+    from scaletrain.worker.parallel import _transformer_blocks
+
+    return _transformer_blocks(model)
+
+
+def model_shape(cfg: Config, vocab_size: int, pad_token_id: int, batch: int, seq: int, eval_batch: int) -> Shape:
+    """One forward pass on the meta device, counting what autograd saves (activation checkpointing off: the
+    counts per block give both cases)."""
+    import warnings
+
+    plain = cfg.model_copy(update={"train": cfg.train.model_copy(update={"gradient_checkpointing": False})})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed checkpointing switches
+        return _model_shape(plain, vocab_size, pad_token_id, batch, seq, eval_batch)
+
+
+def _model_shape(plain: Config, vocab_size: int, pad_token_id: int, batch: int, seq: int, eval_batch: int) -> Shape:
+    cfg = plain
+    model = _model_on_meta(plain, vocab_size, pad_token_id)
+    model.train()
+    params = list(model.parameters())
+    blocks = _blocks(model)
+    param_ids = {id(p) for p in params}
+    seen: dict[int, torch.Tensor] = {}  # kept alive so that ids stay unique during the pass
+    where = {"block": None}
+    saved = {"blocks": 0, "outside": 0}
+
+    def pack(t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        if id(base) in param_ids or id(t) in param_ids or id(base) in seen:
+            return t
+        seen[id(base)] = base
+        saved["outside" if where["block"] is None else "blocks"] += base.numel() * base.element_size()
+        return t
+
+    hooks = []
+    for i, block in enumerate(blocks):
+        hooks.append(block.register_forward_pre_hook(lambda m, a, i=i: where.update(block=i)))
+        hooks.append(block.register_forward_hook(lambda m, a, o: where.update(block=None)))
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    with _no_data_dependent_checks(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if cfg.model.task == "causal-lm":
+            logits = model(input_ids=ids, use_cache=False).logits
+            shifted = logits[:, :-1].float()
+            F.cross_entropy(shifted.reshape(-1, shifted.size(-1)), ids[:, 1:].reshape(-1), reduction="sum")
+        else:
+            logits = model(input_ids=ids).logits  # no mask: transformers would inspect it with .item()
+    for h in hooks:
+        h.remove()
+    per_token_logits = logits.shape[-1] * BYTES_FP32
+    hidden = getattr(getattr(model, "config", None), "hidden_size", 0) or 0
+    block = blocks[0] if blocks else None
+    block_params = sum(p.numel() for p in block.parameters()) if block is not None else 0
+    block_trainable = sum(p.numel() for p in block.parameters() if p.requires_grad) if block is not None else 0
+    causal = cfg.model.task == "causal-lm"
+    return Shape(total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
+                 layers=len(blocks), hidden=hidden, block_params=block_params, block_trainable=block_trainable,
+                 act_blocks=saved["blocks"], act_block_inputs=len(blocks) * batch * seq * hidden * BYTES_FP32,
+                 act_outside=saved["outside"],
+                 logits=batch * (seq if causal else 1) * per_token_logits,
+                 eval_logits=eval_batch * (seq if causal else 1) * per_token_logits)
+
+
+def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False):
+    """scaled_dot_product_attention as the fused kernels run it (CPU flash; on GPUs flash or memory-efficient):
+    backward keeps q, k, v, the output and the log-sum-exp, never the (seq x seq) weights. On the meta device
+    torch falls back to the math path, which saves them and would count gigabytes that no real run holds."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(groups, dim=-3), value.repeat_interleave(groups, dim=-3)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+
+@contextlib.contextmanager
+def _no_data_dependent_checks():
+    """The meta pass as a real run: fused attention (``_fused_attention``), and no packed-sequence detection
+    (transformers inspects position ids with ``.item()``, which a meta tensor cannot answer; the plan's rows are
+    plain ones)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(F, "scaled_dot_product_attention", _fused_attention))
+        try:
+            import transformers.masking_utils as masking
+        except ImportError:
+            masking = None
+        if masking is not None and hasattr(masking, "find_packed_sequence_indices"):
+            stack.enter_context(mock.patch.object(masking, "find_packed_sequence_indices", lambda *a, **k: None))
+        yield
+
+
+def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") -> Breakdown:
+    """Peak bytes per device of ``cfg`` on ``world_size`` devices of kind ``device`` ("cpu" or a GPU)."""
+    t = cfg.train
+    gpu = device != "cpu"
+    half = gpu and (t.bf16 or t.fp16)
+    act_scale = 0.5 if half else 1.0  # autocast keeps most saved activations in 16 bits
+    weights, trainable = shape.total * BYTES_FP32, shape.trainable
+    fsdp = t.strategy == "fsdp" and world_size > 1
+    group = min(t.fsdp_shard_size or world_size, world_size) if fsdp else 1
+    compute_bytes = 2 if half else BYTES_FP32
+    if fsdp:
+        params, grads, optim = weights // group, trainable * BYTES_FP32 // group, trainable * ADAM_BYTES // group
+        outside = max(0, shape.total - shape.layers * shape.block_params)  # embeddings, head: the root's
+        gathered_blocks = 2 if t.fsdp_reshard_after_forward else shape.layers  # the current one and the next
+        buffers = (min(gathered_blocks, shape.layers) * shape.block_params + outside) * compute_bytes
+        buffers += shape.block_trainable * BYTES_FP32  # the block's unsharded gradient before reduce-scatter
+    else:
+        params, grads, optim = weights, trainable * BYTES_FP32, trainable * ADAM_BYTES
+        buffers = trainable * BYTES_FP32 if world_size > 1 and t.strategy == "ddp" else 0  # DDP's buckets
+    host = 0
+    if fsdp and t.fsdp_offload:
+        host, params, grads, optim = params + grads + optim, 0, 0, 0
+    per_block = shape.act_blocks // max(1, shape.layers)
+    if t.gradient_checkpointing:
+        kept = shape.act_block_inputs + shape.act_outside + per_block  # + one block recomputed in backward
+    else:
+        kept = shape.act_blocks + shape.act_outside
+    kept = int(kept * act_scale)
+    start_of_backward = kept + shape.logits
+    end_of_backward = grads + int(per_block * act_scale)
+    evaluation = 2 * shape.eval_logits  # the fp32 logits and their softmax, no saved activations
+    phases = {"backward start": start_of_backward, "backward end": end_of_backward, "eval": evaluation}
+    when = max(phases, key=phases.get)
+    grads_at_peak = grads if when == "backward end" else 0
+    activations = phases[when] - grads_at_peak
+    build = 0
+    if not gpu:  # the full fp32 model on every rank, then (FSDP) its shards beside it
+        build = weights + (weights // group if fsdp else 0)
+    return Breakdown(parameters=params, gradients=grads_at_peak, optimizer=optim, activations=activations,
+                     buffers=buffers, overhead=int(GPU_OVERHEAD_BYTES) if gpu else 0, host=host, build=build,
+                     phase=when)

@@ -1,0 +1,71 @@
+"""What a worker's training used at its peak: torch's allocator on a GPU; on a CPU the growth of the process's
+peak resident set over its size when training started: the kernel's own high-water mark (VmHWM), reset at the
+start (``/proc/self/clear_refs``), so no sampling can miss a short peak and nothing before it counts; where it
+cannot be reset, ``ru_maxrss`` of the (fresh) worker process."""
+
+from __future__ import annotations
+
+import resource
+
+import psutil
+import torch
+
+
+class PeakMemory:
+    def __init__(self, device: str):
+        self.device = device
+        self.gpu = device != "cpu" and torch.cuda.is_available()
+        if self.gpu:
+            torch.cuda.reset_peak_memory_stats(torch.device(device))
+            self.baseline = 0
+        else:
+            self.reset = _reset_high_water_mark()
+            self.baseline = psutil.Process().memory_info().rss
+
+    def peak_bytes(self) -> int:
+        if self.gpu:
+            return int(torch.cuda.max_memory_allocated(torch.device(self.device)))
+        hwm = _high_water_mark() if self.reset else None
+        peak = hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(0, peak - self.baseline)
+
+
+def _reset_high_water_mark() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # Linux: reset the peak resident set size to the current one
+        return _high_water_mark() is not None
+    except OSError:
+        return False
+
+
+def _high_water_mark() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_summary(cfg, spec, world_size: int, device: str, measured: list[float]) -> dict:
+    """summary.json's memory record: the peak measured on each rank (the largest one), and the plan's
+    prediction for this job beside it."""
+    from scaletrain.memory.estimate import estimate, model_shape
+
+    peak = max(measured)
+    try:
+        shape = model_shape(cfg, spec.vocab_size, spec.pad_token_id, cfg.train.per_device_train_batch_size,
+                            cfg.data.max_length, cfg.train.per_device_eval_batch_size)
+    except Exception as e:  # noqa: BLE001 - a model the meta pass cannot run: the measurement stands alone
+        return {"memory/peak_bytes": int(peak), "memory/peak_bytes_per_rank": [int(m) for m in measured],
+                "memory/predicted_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+    predicted = estimate(cfg, shape, world_size, "cpu" if device == "cpu" else "gpu")
+    return {"memory/peak_bytes": int(peak), "memory/peak_bytes_per_rank": [int(m) for m in measured],
+            "memory/predicted_peak_bytes": predicted.peak,
+            "memory/predicted_over_measured": predicted.peak / peak if peak else None,
+            "memory/predicted": predicted.as_dict(),
+            "memory/measured_as": "torch allocator peak" if device != "cpu" else
+                                  "peak resident set growth (ru_maxrss over the worker's start)"}

@@ -1,0 +1,179 @@
+"""Will this job fit, on how many devices, how fast: the memory estimate over world sizes and strategies, a
+verdict per world size with what to change, and step time from the scaling predictor. Shared by
+`scaletrain plan` and the check `train` runs before it starts."""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from scaletrain.config.schema import Config
+from scaletrain.errors import ConfigError
+from scaletrain.memory.estimate import GIB, Breakdown, Shape, estimate, model_shape
+from scaletrain.metrics.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
+
+ASSUMED_MFU = 0.4  # compute time = FLOPs / (peak x this): a typical dense bf16 fine-tune on one device
+
+
+@dataclass(frozen=True)
+class Device:
+    key: str  # "MI300X", or "cpu"
+    memory_bytes: int
+
+
+def device_named(name: str) -> Device:
+    """``--device mi300x`` (any case; h100 means the SXM part, a100 the 80 GB one); unknown names give the nearest."""
+    keys = {k.lower(): k for k in DEVICE_MEMORY_GIB}
+    aliases = {"h100": "H100-SXM", "a100-80gb": "A100", "mi250": "MI250X"}
+    n = name.strip().lower()
+    if n == "cpu":
+        import psutil
+
+        return Device("cpu", psutil.virtual_memory().total)
+    key = keys.get(n) or aliases.get(n)
+    if key is None:
+        near = difflib.get_close_matches(n, [*keys, *aliases, "cpu"], n=3, cutoff=0.4)
+        hint = f"did you mean {' or '.join(near)}?" if near else f"known: {', '.join(sorted(keys))}, cpu"
+        raise ConfigError(f"--device {name}: no memory size known for it; {hint}")
+    return Device(key, int(DEVICE_MEMORY_GIB[key] * GIB))
+
+
+def variants(cfg: Config) -> list[tuple[str, Config]]:
+    """The configured job first, then the same job under the other memory levers."""
+    t = cfg.train
+
+    def with_(**changes) -> Config:
+        return cfg.model_copy(update={"train": t.model_copy(update=changes)})
+
+    out = [(CONFIGURED, cfg)]
+    if not t.gradient_checkpointing:
+        out.append((CKPT, with_(gradient_checkpointing=True)))
+    out += [("ddp", with_(strategy="ddp", fsdp_offload=False, fsdp_shard_size=None, fsdp_reshard_after_forward=True)),
+            (ZERO3, with_(strategy="fsdp", fsdp_offload=False, fsdp_reshard_after_forward=True)),
+            (ZERO2, with_(strategy="fsdp", fsdp_offload=False, fsdp_reshard_after_forward=False)),
+            ("fsdp+offload", with_(strategy="fsdp", fsdp_offload=True)),
+            (OFFLOAD_CKPT, with_(strategy="fsdp", fsdp_offload=True, gradient_checkpointing=True))]
+    return out
+
+
+CONFIGURED, CKPT, ZERO3, ZERO2, OFFLOAD_CKPT = "configured", "+checkpointing", "fsdp", "fsdp no-reshard", \
+    "fsdp+offload+ckpt"
+
+
+def shape_for(cfg: Config, vocab_size: int, pad_token_id: int) -> Shape:
+    return model_shape(cfg, vocab_size, pad_token_id, cfg.train.per_device_train_batch_size, cfg.data.max_length,
+                       cfg.train.per_device_eval_batch_size)
+
+
+def verdict(cfg: Config, shape: Shape, n: int, device: Device) -> tuple[bool, str]:
+    b = estimate(cfg, shape, n, "cpu" if device.key == "cpu" else "gpu")
+    have = device.memory_bytes
+    if b.peak <= have:
+        return True, f"fits in {have / GIB:.0f} GiB with {(have - b.peak) / GIB:.1f} GiB spare"
+    return False, f"does not fit: needs {b.peak / GIB:.1f} GiB of {have / GIB:.0f} GiB; {advice(cfg, shape, n, device)}"
+
+
+def advice(cfg: Config, shape: Shape, n: int, device: Device, most: int = 64) -> str:
+    """The smallest change that fits: a memory lever at this size, else the fewest devices with FSDP."""
+    kind = "cpu" if device.key == "cpu" else "gpu"
+    fits = lambda c, k: estimate(c, shape, k, kind).peak <= device.memory_bytes  # noqa: E731
+    levers = dict(variants(cfg)[1:])
+    now = estimate(cfg, shape, n, kind)
+    if now.peak_phase == "eval":
+        smaller = cfg.model_copy(update={"train": cfg.train.model_copy(update={"per_device_eval_batch_size": 1})})
+        if fits(smaller, n):
+            return (f"the peak is the eval batch's logits (per_device_eval_batch_size="
+                    f"{cfg.train.per_device_eval_batch_size}): lower train.per_device_eval_batch_size")
+    for name in (CKPT, ZERO3, ZERO2):
+        if name in levers and fits(levers[name], n) and (name == CKPT or n > 1):
+            return {CKPT: "enable train.gradient_checkpointing", ZERO3: "set train.strategy=fsdp",
+                    ZERO2: "set train.strategy=fsdp"}[name]
+    both = levers.get(CKPT, cfg)
+    both = both.model_copy(update={"train": both.train.model_copy(update={"strategy": "fsdp"})})
+    k = n
+    while k <= most:
+        k *= 2
+        if fits(both, k):
+            extra = "" if cfg.train.gradient_checkpointing else "enable train.gradient_checkpointing and "
+            return f"{extra}use >= {k} devices with train.strategy=fsdp"
+    if fits(levers[OFFLOAD_CKPT], n):
+        return "use train.strategy=fsdp with train.fsdp_offload and train.gradient_checkpointing (slow)"
+    return (f"nothing up to {most} devices fits: lower train.per_device_train_batch_size or data.max_length, or "
+            f"use LoRA (model.finetuning_type=lora)")
+
+
+def step_time_s(cfg: Config, shape: Shape, device: Device, dtype: str) -> float | None:
+    """One device's compute time per optimizer step at ASSUMED_MFU of its peak (None: no peak known)."""
+    peak = PEAK_TFLOPS.get(device.key, {}).get(dtype)
+    if not peak:
+        return None
+    lora = shape.trainable if cfg.model.finetuning_type == "lora" else None
+    non_embedding = shape.layers * shape.block_params
+    per_token = flops_per_token(non_embedding, shape.layers, shape.hidden, cfg.data.max_length, lora)
+    if cfg.train.gradient_checkpointing:
+        per_token += 2 * non_embedding  # the forward again, block by block, in backward
+    tokens = cfg.train.per_device_train_batch_size * cfg.data.max_length * cfg.train.gradient_accumulation_steps
+    return per_token * tokens / (peak * 1e12 * ASSUMED_MFU)
+
+
+def disk_note(cfg: Config, shape: Shape) -> str | None:
+    """A warning when the output filesystem cannot hold save_total_limit + 1 checkpoints and the final model."""
+    c = cfg.checkpoint
+    if c.save_steps <= 0:
+        return None
+    one = shape.trainable * 12  # fp32 weights and AdamW's two moments of the trainable parameters
+    final = (shape.trainable if cfg.model.finetuning_type == "lora" else shape.total) * 4
+    need = one * (c.save_total_limit + 1) + final
+    out = Path(cfg.output.output_dir).expanduser().resolve()
+    while not out.exists() and out != out.parent:
+        out = out.parent
+    free = shutil.disk_usage(out).free
+    if free >= need:
+        return None
+    return (f"disk: {free / GIB:.1f} GiB free under {out}, but checkpoint.save_total_limit={c.save_total_limit} + 1 "
+            f"checkpoints of {one / GIB:.2f} GiB and the final model ({final / GIB:.2f} GiB) need {need / GIB:.1f} "
+            f"GiB; free space, lower checkpoint.save_total_limit or set output.output_dir elsewhere")
+
+
+def breakdown_row(b: Breakdown) -> dict[str, float]:
+    return {k: v / GIB for k, v in b.as_dict().items()}
+
+
+def local_device(use_gpu: bool, workers_here: int) -> Device | None:
+    """The device this machine gives each worker: its GPU (as torch sees it), else a share of the host's free
+    memory; None when the workers' GPUs are not visible here (a Ray head without one)."""
+    import psutil
+    import torch
+
+    from scaletrain.metrics.flops import device_key
+
+    if use_gpu:
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+        return Device(device_key(props.name) or props.name, props.total_memory)
+    return Device("cpu", psutil.virtual_memory().available // max(1, workers_here))
+
+
+def fit_notes(cfg: Config, vocab_size: int, pad_token_id: int, use_gpu: bool) -> list[str]:
+    """What `train` says before it starts: the job will not fit the devices it found, the checkpoints will not fit
+    the disk. An estimate that cannot be made is said, never a reason not to train."""
+    try:
+        shape = shape_for(cfg, vocab_size, pad_token_id)
+    except Exception as e:  # noqa: BLE001 - a model the meta pass cannot run
+        return [f"memory: no estimate for this model ({type(e).__name__}); scaletrain plan cannot size it"]
+    notes = []
+    n = cfg.scaling.num_workers
+    device = local_device(use_gpu, n if cfg.scaling.launcher == "torchrun" or not cfg.scaling.address else 1)
+    if device is not None:
+        b = estimate(cfg, shape, n, "gpu" if use_gpu else "cpu")
+        if b.peak > device.memory_bytes:
+            notes.append(f"memory: warning: this job needs about {b.peak / GIB:.1f} GiB per device at its peak "
+                         f"({b.peak_phase}) and a {device.key} worker here has {device.memory_bytes / GIB:.1f} GiB: "
+                         f"{advice(cfg, shape, n, device)} (scaletrain plan CONFIG shows the breakdown)")
+    disk = disk_note(cfg, shape)
+    if disk:
+        notes.append(f"warning: {disk}")
+    return notes

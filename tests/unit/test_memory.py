@@ -1,0 +1,165 @@
+"""The memory plan: the estimate's parts, the levers' effect, `scaletrain plan` on an 8B config read from its
+config alone, and the bad inputs of the fitting-big-models issue."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from scaletrain.config import validate
+from scaletrain.errors import ConfigError
+from scaletrain.memory.estimate import GIB, estimate, model_shape
+from scaletrain.memory.plan import device_named, variants, verdict
+from scaletrain.model import load_tokenizer
+
+
+def _cfg(**train):
+    finetuning = train.pop("finetuning_type", "full")
+    return validate({"model": {"name_or_path": "builtin:llama-100m", "task": "causal-lm",
+                               "finetuning_type": finetuning},
+                     "data": {"train_file": "x.jsonl", "max_length": 512},
+                     "train": {"per_device_train_batch_size": 4, "per_device_eval_batch_size": 4, **train},
+                     "scaling": {"num_workers": 2}})
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return len(load_tokenizer("builtin:llama-100m"))
+
+
+def _shape(cfg, vocab):
+    return model_shape(cfg, vocab, 0, 4, 512, 4)
+
+
+def test_the_estimate_counts_what_each_strategy_keeps(vocab):
+    cfg = _cfg()
+    s = _shape(cfg, vocab)
+    assert s.layers == 12 and s.hidden == 768 and 75e6 < s.total < 85e6 and s.trainable == s.total
+    ddp = estimate(cfg, s, 2, "gpu")
+    assert ddp.parameters == 4 * s.total and ddp.optimizer == 8 * s.total and ddp.buffers == 4 * s.total
+    fsdp = estimate(_cfg(strategy="fsdp"), s, 2, "gpu")
+    state = lambda b: b.parameters + b.optimizer + (4 * s.trainable // 2)  # noqa: E731 - with sharded gradients
+    assert state(fsdp) <= 0.55 * (ddp.parameters + ddp.optimizer + 4 * s.trainable)  # the benchmark's target
+    zero2 = estimate(_cfg(strategy="fsdp", fsdp_reshard_after_forward=False), s, 2, "gpu")
+    assert zero2.buffers > fsdp.buffers  # every block stays gathered through backward
+    hybrid = estimate(_cfg(strategy="fsdp", fsdp_shard_size=1), s, 2, "gpu")
+    assert hybrid.parameters == ddp.parameters  # sharded over groups of 1: replicated
+    offload = estimate(_cfg(strategy="fsdp", fsdp_offload=True), s, 2, "gpu")
+    assert offload.parameters == offload.optimizer == 0 and offload.host == fsdp.parameters + fsdp.optimizer + \
+        4 * s.trainable // 2
+    ckpt = estimate(_cfg(gradient_checkpointing=True), s, 2, "gpu")
+    plain_act = s.act_blocks + s.act_outside
+    assert s.act_block_inputs < 0.2 * s.act_blocks  # a block keeps its input only
+    assert ckpt.peak < ddp.peak and ddp.overhead == GIB and estimate(cfg, s, 2, "cpu").overhead == 0
+    lora = _cfg(finetuning_type="lora")
+    ls = _shape(lora, vocab)
+    assert ls.trainable < 0.05 * ls.total and estimate(lora, ls, 1, "gpu").optimizer == 8 * ls.trainable
+    assert plain_act > 0
+
+
+def test_the_meta_pass_counts_fused_attention_not_the_seq_by_seq_weights(vocab):
+    cfg = _cfg()
+    short, long = model_shape(cfg, vocab, 0, 1, 256, 1), model_shape(cfg, vocab, 0, 1, 1024, 1)
+    assert long.act_blocks == pytest.approx(4 * short.act_blocks, rel=0.01)  # linear in the sequence
+
+
+def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
+    from transformers import LlamaConfig
+
+    from scaletrain.model import tiny_llama_tokenizer
+
+    d = tmp_path / "llama8b"
+    LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                tie_word_embeddings=False).save_pretrained(d)  # config only: no weights
+    tiny_llama_tokenizer().save_pretrained(d)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{name_or_path: {d}, task: causal-lm, finetuning_type: lora, lora_rank: 16}}\n"
+                   f"data: {{train_file: x.jsonl, max_length: 4096}}\n"
+                   f"train: {{strategy: fsdp, bf16: true, per_device_train_batch_size: 1, "
+                   f"per_device_eval_batch_size: 1, gradient_checkpointing: true}}\nscaling: {{num_workers: 8}}\n")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "scaletrain", "plan", str(cfg), "--device", "mi300x", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert time.perf_counter() - t0 < 60
+    import json
+
+    out = json.loads(proc.stdout)
+    assert out["device"] == "MI300X" and out["device_memory_gib"] == 192
+    configured = {r["devices"]: r for r in out["rows"] if r["variant"] == "configured"}
+    assert 7.9e9 * 4 / GIB < configured[1]["parameters"] < 8.2e9 * 4 / GIB  # fp32 weights of ~8.0B parameters
+    assert configured[8]["parameters"] == pytest.approx(configured[1]["parameters"] / 8, rel=1e-3)
+    assert all(r["fits"] for r in configured.values())
+    assert out["verdicts"]["8"].startswith("fits in 192 GiB with ")
+    assert [r["workers"] for r in out["timing"]] == [1, 2, 4, 8] and out["timing"][0]["speedup"] == 1.0
+    full = subprocess.run([sys.executable, "-m", "scaletrain", "plan", str(cfg), "--device", "h100", "--gpus", "1",
+                           "model.finetuning_type=full", "train.gradient_checkpointing=false"],
+                          capture_output=True, text=True, timeout=120)
+    assert full.returncode != 0
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the job fits none of --gpus 1 on H100-SXM") and "train.strategy=fsdp" in last
+
+
+def test_verdicts_and_advice(vocab):
+    cfg = _cfg()
+    s = _shape(cfg, vocab)
+    small = device_named("a100-40gb")
+    ok, text = verdict(cfg, s, 1, small)
+    assert ok and text.startswith("fits in 40 GiB with ")
+    tiny = type(small)("test", int(1.5 * GIB))
+    ok, text = verdict(cfg, s, 1, tiny)
+    assert not ok and "does not fit: needs" in text
+    assert "gradient_checkpointing" in text or "fsdp" in text
+    assert [name for name, _ in variants(cfg)][:2] == ["configured", "+checkpointing"]
+
+
+def test_bad_plan_and_fit_input():
+    with pytest.raises(ConfigError, match=r"--device mi300: no memory size known for it; did you mean mi300x"):
+        device_named("mi300")
+    base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"}, "data": {"train_file": "x"}}
+    with pytest.raises(ConfigError, match=r"train.fsdp_shard_size=3 does not divide scaling.num_workers=4"):
+        validate({**base, "train": {"strategy": "fsdp", "fsdp_shard_size": 3}, "scaling": {"num_workers": 4}})
+    with pytest.raises(ConfigError, match=r"train.fsdp_offload applies to train.strategy=fsdp \(the config has ddp\)"):
+        validate({**base, "train": {"fsdp_offload": True}})
+
+
+def test_fsdp_policies_on_a_gpu_are_mixed_precision_and_offload():
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    from scaletrain.worker.parallel import fsdp_policies
+
+    t = _cfg(strategy="fsdp", bf16=True, fsdp_offload=True).train
+    gpu = fsdp_policies(t, "cuda:0")
+    assert isinstance(gpu["mp_policy"], MixedPrecisionPolicy) and isinstance(gpu["offload_policy"], CPUOffloadPolicy)
+    assert gpu["mp_policy"].param_dtype == torch.bfloat16 and gpu["mp_policy"].reduce_dtype == torch.float32
+    assert fsdp_policies(t, "cpu") == {}  # CPU autocast handles bf16; the host is the device
+
+
+def test_gradient_checkpointing_keeps_the_loss_and_gradients_with_lora(vocab):
+    from scaletrain.model import build_model
+    from scaletrain.worker.step import token_loss_sum
+
+    grads, losses = [], []
+    for ckpt in (False, True):
+        cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0,
+                                  "finetuning_type": "lora"}, "data": {"train_file": "x"},
+                        "train": {"gradient_checkpointing": ckpt}})
+        torch.manual_seed(0)
+        model = build_model(cfg.model, 2048, 0)
+        if ckpt:
+            from scaletrain.model import enable_checkpointing
+
+            enable_checkpointing(model)
+        model.train()
+        x = torch.randint(0, 2048, (2, 32), generator=torch.Generator().manual_seed(1))
+        loss = token_loss_sum(model(input_ids=x, use_cache=False).logits, x)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-7), n

@@ -1,11 +1,14 @@
 """Save and restore everything a resume needs, atomically and with checksums.
 
-Layout: ``checkpoints/step-<N>/`` holds ``model.pt`` (trainable parameters, unsharded),
-``optimizer.pt`` (unsharded), ``trainer_state.pt`` (step, epoch, data position, scheduler,
-grad-scaler), ``rng-rank<R>.pt`` per rank and ``manifest.json`` (sha256 of every file).
-A checkpoint is written under ``.tmp-step-<N>`` and renamed once complete, so a crash leaves
-either a whole checkpoint or an ignorable temporary directory. Written on a filesystem all
-ranks share (the run directory).
+Layout: ``checkpoints/step-<N>/`` holds ``state/`` (``torch.distributed.checkpoint``: every rank writes its
+own shard of the model and optimizer state, replicated tensors once, plus DCP's ``.metadata``),
+``trainer_state.pt`` (step, epoch, data position, the world size and accumulation it was saved with,
+scheduler, grad-scaler), ``rng-rank<R>.pt`` per rank and ``manifest.json`` (sha256 of every file).
+Nothing is gathered onto one rank: FSDP's savings last through the save, and a resume loads each rank's part
+in the sharding it has now, on any world size (DCP reshards). A checkpoint is written under
+``.tmp-step-<N>`` and renamed once complete, so a crash leaves either a whole checkpoint or an ignorable
+temporary directory. Written on a filesystem all ranks share (the run directory). Checkpoints of earlier
+versions (``model.pt``/``optimizer.pt``, full state) still resume.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("scaletrain.checkpoint")
 
 MANIFEST = "manifest.json"
+STATE_DIR = "state"  # DCP's shards and metadata
 
 
 @dataclass
@@ -86,16 +90,21 @@ def save(t: Trainer, keep: int) -> Path:
     root = t.run_dir.checkpoints
     final = root / f"step-{state.step}"
     tmp = root / f".tmp-step-{state.step}"
-    # The full state is gathered, offloaded to the CPU, on rank 0 only (cpu_offload=True); a LoRA run keeps
+    # Sharded (FSDP: each rank its DTensor shards; DDP: DCP writes each replicated tensor once); a LoRA run keeps
     # only the trainable adapter.
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=t.lora)
-    model_sd, optim_sd = get_state_dict(t.model, t.optimizer, options=opts)
-    failed = None
-    if rank == 0:
-        failed = _writing(tmp, lambda: _write_main(tmp, model_sd, optim_sd, t, state, scaler))
+    model_sd, optim_sd = get_state_dict(t.model, t.optimizer, options=StateDictOptions(ignore_frozen_params=t.lora))
+    failed = _writing(tmp, lambda: _fresh(tmp)) if rank == 0 else None
+    _agree(failed, tmp, root)
+    failed = _writing(tmp, lambda: _dcp_save({"model": model_sd, "optim": optim_sd}, tmp / STATE_DIR))
     _agree(failed, tmp, root)
     failed = _writing(tmp, lambda: _save(rng_state(), tmp / f"rng-rank{rank}.pt"))
     if rank == 0 and failed is None:
+        failed = _writing(tmp, lambda: _save(
+            {"train_state": asdict(state), "world_size": t.ctx.world_size,
+             "accumulation": t.cfg.train.gradient_accumulation_steps, "scheduler": t.scheduler.state_dict(),
+             "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt"))
+    _agree(failed, tmp, root)
+    if rank == 0:
         failed = _writing(tmp, lambda: _write_manifest(tmp, state.step))
     _agree(failed, tmp, root)
     if rank == 0:
@@ -110,14 +119,38 @@ def save(t: Trainer, keep: int) -> Path:
     return final
 
 
-def _write_main(tmp: Path, model_sd, optim_sd, t: Trainer, state: TrainState, scaler) -> None:
+def _fresh(tmp: Path) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)  # our own leftover from a crash at this very step
     tmp.mkdir(parents=True, mode=0o750)
-    _save(model_sd, tmp / "model.pt")
-    _save(optim_sd, tmp / "optimizer.pt")
-    _save({"train_state": asdict(state), "scheduler": t.scheduler.state_dict(),
-           "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt")
+
+
+def _dcp_save(state: dict, path: Path) -> None:
+    """Collective. A rank whose write fails makes DCP fail on every rank (CheckpointException): its OSError is
+    raised here, so that _writing words it like any other write."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.save(state, checkpoint_id=str(path))
+    except CheckpointException as e:
+        # failures: rank -> (exception, its stack) (torch.distributed.checkpoint.utils._wrap_exception)
+        causes = [c[0] if isinstance(c, tuple) else c for c in getattr(e, "failures", {}).values()]
+        causes = [c for c in causes if isinstance(c, BaseException)]
+        os_error = next((c for c in causes if isinstance(c, OSError)), None)
+        if os_error is None:
+            os_error = next((_os_cause(c) for c in causes if _os_cause(c) is not None), None)
+        if os_error is not None:
+            raise os_error from None
+        raise
+
+
+def _os_cause(e: BaseException) -> OSError | None:
+    while e is not None:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class _KeepsWriteError:
@@ -150,8 +183,8 @@ def _save(obj, path: Path) -> None:
 
 
 def _write_manifest(tmp: Path, step: int) -> None:
-    files = sorted(p for p in tmp.iterdir() if p.is_file())
-    manifest = {"step": step, "files": {p.name: _sha256(p) for p in files}}
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    manifest = {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
@@ -248,20 +281,37 @@ def latest_valid(run_dir) -> Path | None:
 
 
 def restore(ckpt: Path, t: Trainer) -> TrainState:
-    """Load ``ckpt`` into the trainer (collective under FSDP); every rank reads the full files from the shared
-    run directory. Returns the progress it holds (also set on the trainer)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    """Load ``ckpt`` into the trainer (collective). The sharded state loads into the sharding the trainer has now,
+    on any world size; the data position is carried as optimizer steps into the epoch (the samples of a step
+    depend on the global batch only, worker/sampler.py), so a resume on another world size with the same global
+    batch repeats and skips nothing. Returns the progress (also set on the trainer)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-    model_sd = torch.load(ckpt / "model.pt", weights_only=True)
-    optim_sd = torch.load(ckpt / "optimizer.pt", weights_only=True)
-    opts = StateDictOptions(full_state_dict=True, strict=not t.lora)
+    if (ckpt / "model.pt").is_file():  # an earlier version's full-state checkpoint
+        model_sd = torch.load(ckpt / "model.pt", weights_only=True)
+        optim_sd = torch.load(ckpt / "optimizer.pt", weights_only=True)
+        opts = StateDictOptions(full_state_dict=True, strict=not t.lora)
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        opts = StateDictOptions(ignore_frozen_params=t.lora, strict=not t.lora)
+        model_sd, optim_sd = get_state_dict(t.model, t.optimizer, options=opts)  # the shapes to load into
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(ckpt / STATE_DIR))
+        model_sd, optim_sd = state["model"], state["optim"]
     set_state_dict(t.model, t.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
     saved = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     t.scheduler.load_state_dict(saved["scheduler"])
     if t.precision.scaler is not None and saved["scaler"]:
         t.precision.scaler.load_state_dict(saved["scaler"])
-    rng_file = ckpt / f"rng-rank{t.ctx.world_rank}.pt"
-    if rng_file.exists():
-        set_rng_state(torch.load(rng_file, weights_only=False))
-    t.progress = TrainState(**saved["train_state"])
+    progress = TrainState(**saved["train_state"])
+    saved_accum = saved.get("accumulation", t.cfg.train.gradient_accumulation_steps)
+    if saved.get("world_size", t.ctx.world_size) == t.ctx.world_size:
+        rng_file = ckpt / f"rng-rank{t.ctx.world_rank}.pt"
+        if rng_file.exists():
+            set_rng_state(torch.load(rng_file, weights_only=False))
+    # micro-batches per rank -> optimizer steps into the epoch -> this world size's micro-batches
+    steps_in_epoch = progress.micro_batches_in_epoch // saved_accum
+    progress.micro_batches_in_epoch = steps_in_epoch * t.cfg.train.gradient_accumulation_steps
+    t.progress = progress
     return t.progress

@@ -22,7 +22,8 @@ def _rows(n: int) -> list[dict]:
             for i in range(n)]
 
 
-def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2, max_length=64, **train):
+def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2, max_length=64, save_steps=0,
+         **train):
     data = tmp_path / "sft.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps(r) for r in _rows(400)))
@@ -34,6 +35,7 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
         "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch, "learning_rate": 2e-3,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
         "scaling": {"num_workers": workers},
+        "checkpoint": {"save_steps": save_steps},
         "monitor": {"report": False},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": name},
     })
@@ -70,3 +72,55 @@ def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak(tmp_path,
     assert len(summary["memory/peak_bytes_per_rank"]) == workers
     assert summary["memory/peak_bytes"] > 200 * 2**20  # ~80M parameters: a real peak, not noise
     assert 0.85 <= ratio <= 1.15, (name, ratio, summary["memory/peak_bytes"], summary["memory/predicted"])
+
+
+def _resume_cli(run_dir, *overrides):
+    """`scaletrain train --resume RUN_DIR k=v ...`, in this process (the shared local Ray)."""
+    import argparse
+
+    from scaletrain.commands import train as train_command
+
+    args = argparse.Namespace(config=None, overrides=list(overrides), resume=str(run_dir), force_resume=False,
+                              no_progress=True)
+    assert train_command.run(args) == 0
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_sharded_checkpoint_resumes_on_another_world_size_with_the_same_steps(tmp_path, ray_local, no_orphans,
+                                                                               monkeypatch, workers):
+    """Saved by 2 FSDP workers (each its own shard), resumed on 1 or 4: the global batch is kept (accumulation
+    recomputed), the data position carried as steps, so the resumed steps train on the same samples as the
+    uninterrupted 2-worker run: the same losses (parity tolerance), no sample repeated or skipped."""
+    from scaletrain.errors import TrainingError
+
+    common = dict(strategy="fsdp", steps=12, batch=2, gradient_accumulation_steps=2, save_steps=6)
+    reference = train_losses(_run(tmp_path, "ref", **common))
+    monkeypatch.setenv("SCALETRAIN_FAULTS", "exit:1:7")  # rank 1 dies at step 7, after step-6 was saved
+    cfg_extra = {"resources_per_worker": {"CPU": 0.5}} if workers == 4 else {}
+    with pytest.raises(TrainingError):
+        _run(tmp_path, "cut", **common)
+    monkeypatch.delenv("SCALETRAIN_FAULTS")
+    run = tmp_path / "runs" / "cut"
+    assert [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")] == ["step-6"]
+    assert sorted(p.name for p in (run / "checkpoints" / "step-6" / "state").glob("*.distcp")) == \
+        ["__0_0.distcp", "__1_0.distcp"]  # a shard per rank
+    overrides = [f"scaling.num_workers={workers}"] + [f"scaling.resources_per_worker={v}" for v in
+                                                      cfg_extra.values()]
+    _resume_cli(run, *overrides)
+    log = (run / "logs" / "main.log").read_text()
+    assert "resume: from step-6: step 6" in log and f"{workers} worker(s)" in log
+    by_step = _losses_by_step(run)
+    ref_by_step = _losses_by_step(tmp_path / "runs" / "ref")
+    for step in range(7, 13):  # the resumed steps: the same samples, the same token mean
+        assert by_step[step] == pytest.approx(ref_by_step[step], rel=1e-5), (step, by_step, ref_by_step)
+    assert reference == [ref_by_step[s] for s in sorted(ref_by_step)]
+
+
+def _losses_by_step(run):
+    from scaletrain.metrics.records import read_jsonl
+
+    out = {}
+    for r in read_jsonl(run / "metrics.jsonl"):
+        if r["kind"] == "train":
+            out[r["step"]] = r["train/loss"]  # a step trained again after a restart: the last one counts
+    return out

@@ -135,14 +135,22 @@ def test_fsdp(classify_cfg, demo_dir, tmp_path, workers, lora, no_orphans):
     assert losses[-1] < losses[0]
     evals = _rank_evals(result.run_dir, workers)
     assert all(e == evals[0] for e in evals)
-    ckpt = torch.load(result.run_dir / "checkpoints" / "step-80" / "model.pt", weights_only=True)
-    # unsharded: full shapes, not 1/world slices
+    state = result.run_dir / "checkpoints" / "step-80" / "state"
+    # sharded: every rank wrote its own file (nothing gathered onto rank 0); the metadata holds the full shapes
+    assert sorted(p.name for p in state.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(workers)]
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    meta = FileSystemReader(str(state)).read_metadata().state_dict_metadata
+    model_keys = [k for k in meta if k.startswith("model.")]
     if lora:  # trainable parameters only, and the adapters moved away from their zero init
-        assert ckpt and all("lora" in k or "classifier" in k for k in ckpt)
-        assert any(v.abs().sum() > 0 for k, v in ckpt.items() if "lora_B" in k)
+        assert model_keys and all("lora" in k or "classifier" in k for k in model_keys)
+        dcp_to_torch_save(str(state), str(tmp_path / "full.pt"))
+        full = torch.load(tmp_path / "full.pt", weights_only=True)["model"]
+        assert any(v.abs().sum() > 0 for k, v in full.items() if "lora_B" in k)
     else:
-        emb = [v for k, v in ckpt.items() if k.endswith("word_embeddings.weight")]
-        assert emb[0].shape == (30522, 64)
+        emb = [meta[k].size for k in model_keys if k.endswith("word_embeddings.weight")]
+        assert tuple(emb[0]) == (30522, 64)
 
 
 def test_too_many_workers_is_a_clear_error_and_no_run_dir(classify_cfg, tmp_path, ray_local):

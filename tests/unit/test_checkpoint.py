@@ -25,19 +25,19 @@ def test_corrupt_latest_falls_back_and_resume_is_bit_identical(classify_cfg, tmp
     assert ckpts == ["step-4", "step-8", "step-12"]
     assert all(checkpoint.verify(tmp_path / "ref" / "checkpoints" / c) is None for c in ckpts)
     manifest = (tmp_path / "ref" / "checkpoints" / "step-4" / "manifest.json").read_text()
-    for name in ("model.pt", "optimizer.pt", "trainer_state.pt", "rng-rank0.pt"):
-        assert name in manifest
+    for name in ("state/.metadata", "state/__0_0.distcp", "trainer_state.pt", "rng-rank0.pt"):
+        assert f'"{name}"' in manifest  # DCP's shard and metadata, checksummed with the rest
 
     # A copy of the run as it was after step 8 crashed mid-way through writing step 12 ...
     _, _, spec = local_spec(classify_cfg, tmp_path / "b")
     shutil.copytree(tmp_path / "ref" / "checkpoints", tmp_path / "b" / "checkpoints")
     shutil.rmtree(tmp_path / "b" / "checkpoints" / "step-12")
     # ... and step-8 is corrupt on disk: one flipped byte.
-    model_pt = tmp_path / "b" / "checkpoints" / "step-8" / "model.pt"
-    data = bytearray(model_pt.read_bytes())
+    shard = tmp_path / "b" / "checkpoints" / "step-8" / "state" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    model_pt.write_bytes(bytes(data))
-    assert "fails its checksum" in checkpoint.verify(model_pt.parent)
+    shard.write_bytes(bytes(data))
+    assert "state/__0_0.distcp fails its checksum" in checkpoint.verify(shard.parent.parent)
     with caplog.at_level("WARNING"):
         assert checkpoint.latest_valid(tmp_path / "b").name == "step-4"
     assert "step-8 is unusable" in caplog.text

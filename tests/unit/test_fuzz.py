@@ -171,7 +171,8 @@ def saved_checkpoint(tmp_path_factory):
 
 
 @SLOW
-@given(name=st.sampled_from(["model.pt", "optimizer.pt", "trainer_state.pt", "rng-rank0.pt", "manifest.json"]),
+@given(name=st.sampled_from(["state/__0_0.distcp", "state/.metadata", "trainer_state.pt", "rng-rank0.pt",
+                             "manifest.json"]),
        flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=4),
        cut=st.one_of(st.none(), st.floats(0, 1)))
 def test_corrupted_checkpoint_files_are_found_unusable(tmp_path, saved_checkpoint, name, flips, cut):
@@ -191,4 +192,6 @@ def test_corrupted_checkpoint_files_are_found_unusable(tmp_path, saved_checkpoin
     found, unusable = checkpoint.resume_point(tmp_path)
     assert (found is None) == bool(problem) and (not unusable) == (not problem)
     if not problem:  # the bytes are unchanged: it loads
-        torch.load(ckpt / "model.pt", weights_only=True)
+        from torch.distributed.checkpoint import FileSystemReader
+
+        assert FileSystemReader(str(ckpt / "state")).read_metadata().state_dict_metadata

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
-from scaletrain.launch.resume import resume_conflicts
+from scaletrain.launch.resume import resized, resume_conflicts
 from scaletrain.rundir import RunDir
 
 
@@ -35,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
             args.overrides.insert(0, args.config)
             args.config = None
         cfg = load_config(args.config or saved, args.overrides)
+        cfg, resize_note = resized(load_config(saved), cfg)
+        if resize_note:
+            from scaletrain.console import console
+
+            console.print(f"[yellow]note:[/] {resize_note}", soft_wrap=True)
         conflicts = resume_conflicts(load_config(saved), cfg)
         if conflicts and not args.force_resume:
             raise ConfigError(f"--resume {resume}: the config changes {'; '.join(conflicts)}, which breaks an exact "

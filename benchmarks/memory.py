@@ -1,6 +1,6 @@
 """Peak memory per worker, side by side: a ~80M-parameter Llama (builtin:llama-100m, 12 x d768) full fine-tune at
-cutoff 512 on 2 CPU workers of the local Ray: DDP vs FSDP, and gradient checkpointing off vs on; checkpoint
-save time and size per rank.
+cutoff 512 on 2 CPU workers of the local Ray: DDP vs FSDP, gradient checkpointing off vs on; checkpoint save
+time (the time the step waits) and size, sync vs async (DCP async_save).
 
     .venv/bin/python benchmarks/memory.py --rounds 1 --steps 4
 
@@ -26,16 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmar
 from packing import write_data  # noqa: E402
 
 VARIANTS = {"ddp": {"strategy": "ddp"}, "fsdp": {"strategy": "fsdp"},
-            "ddp+ckpt": {"strategy": "ddp", "gradient_checkpointing": True}}
+            "ddp+ckpt": {"strategy": "ddp", "gradient_checkpointing": True},
+            "fsdp+async-save": {"strategy": "fsdp", "async_save": True}}
 
 
-def config(data: Path, out: Path, name: str, steps: int, **train) -> dict:
+def config(data: Path, out: Path, name: str, steps: int, async_save: bool = False, **train) -> dict:
     return {"model": {"name_or_path": "builtin:llama-100m", "task": "causal-lm", "dropout": 0.0},
             "data": {"train_file": str(data), "template": "alpaca", "cutoff_len": 512, "eval_ratio": 0.01,
                      "packing": True},
             "train": {"per_device_train_batch_size": 1, "per_device_eval_batch_size": 1, "learning_rate": 1e-4,
                       "max_steps": steps, "logging_steps": 1, "seed": 1, **train},
-            "checkpoint": {"save_steps": max(1, steps // 2), "save_total_limit": 2},
+            "checkpoint": {"save_steps": max(1, steps // 2), "save_total_limit": 2, "async_save": async_save},
             "scaling": {"num_workers": 2}, "monitor": {"report": False},
             "output": {"output_dir": str(out), "run_name": name}}
 
@@ -91,7 +92,9 @@ def main() -> None:
         print(f"| {k} | {m['peak_mib']:.0f} | {m['predicted_mib']:.0f} | {m['predicted_mib'] / m['peak_mib']:.2f} | "
               f"{m['state_mib']:.0f} | {m['activations_mib']:.0f} | {m['step_s']:.2f} | {m['save_s']:.2f} | "
               f"{m['checkpoint_mib']:.0f} |")
-    ddp, fsdp, ckpt = med["ddp"], med["fsdp"], med["ddp+ckpt"]
+    ddp, fsdp, ckpt, asy = med["ddp"], med["fsdp"], med["ddp+ckpt"], med["fsdp+async-save"]
+    print(f"FSDP checkpoint save the step waits for: sync {fsdp['save_s']:.2f} s, async {asy['save_s']:.2f} s; "
+          f"step time sync {fsdp['step_s']:.2f} s, async {asy['step_s']:.2f} s")
     print(f"FSDP state share vs DDP (predicted breakdown): {fsdp['state_mib'] / ddp['state_mib']:.2f}x (target <= 0.55)")
     print(f"checkpointing: measured peak {ckpt['peak_mib'] - ddp['peak_mib']:+.0f} MiB, activations "
           f"{ckpt['activations_mib'] / ddp['activations_mib'] - 1:+.0%} (target <= -50%), step time "

@@ -82,10 +82,26 @@ def set_rng_state(state: dict) -> None:
         np.random.set_state(state["numpy"])
 
 
+@dataclass
+class _Pending:
+    """An async save whose shards are still being written: the rest is written once they are."""
+
+    future: object
+    tmp: Path
+    final: Path
+    step: int
+    keep: int
+    trainer_state: dict
+    rng: dict
+
+
 def save(t: Trainer, keep: int) -> Path:
-    """Collective: every rank calls it. Keeps the newest ``keep``; returns the final checkpoint directory."""
+    """Collective: every rank calls it. Keeps the newest ``keep``; returns the checkpoint's directory (with
+    checkpoint.async_save it is complete once ``flush`` or the next save returns: training goes on while DCP
+    writes the shards from a copy staged in host memory)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+    flush(t)  # the previous async save first: one at a time, in order
     state, rank, scaler = t.progress, t.ctx.world_rank, t.precision.scaler
     root = t.run_dir.checkpoints
     final = root / f"step-{state.step}"
@@ -95,17 +111,64 @@ def save(t: Trainer, keep: int) -> Path:
     model_sd, optim_sd = get_state_dict(t.model, t.optimizer, options=StateDictOptions(ignore_frozen_params=t.lora))
     failed = _writing(tmp, lambda: _fresh(tmp)) if rank == 0 else None
     _agree(failed, tmp, root)
+    trainer_state = {"train_state": asdict(state), "world_size": t.ctx.world_size,
+                     "accumulation": t.cfg.train.gradient_accumulation_steps, "scheduler": t.scheduler.state_dict(),
+                     "scaler": scaler.state_dict() if scaler is not None else None}
+    if t.cfg.checkpoint.async_save:
+        import torch.distributed.checkpoint as dcp
+
+        future = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / STATE_DIR),
+                                process_group=_checkpoint_group(t))
+        t.pending_save = _Pending(future, tmp, final, state.step, keep, trainer_state, rng_state())
+        return final
     failed = _writing(tmp, lambda: _dcp_save({"model": model_sd, "optim": optim_sd}, tmp / STATE_DIR))
     _agree(failed, tmp, root)
-    failed = _writing(tmp, lambda: _save(rng_state(), tmp / f"rng-rank{rank}.pt"))
+    _complete(t, tmp, final, state.step, keep, trainer_state, rng_state())
+    return final
+
+
+def flush(t: Trainer) -> None:
+    """Collective: wait for an async save in flight and complete it (manifest, rename, rotation)."""
+    pending, t.pending_save = getattr(t, "pending_save", None), None
+    if pending is None:
+        return
+    root = pending.tmp.parent
+    failed = _writing(pending.tmp, lambda: _result(pending.future))
+    _agree(failed, pending.tmp, root)
+    _complete(t, pending.tmp, pending.final, pending.step, pending.keep, pending.trainer_state, pending.rng)
+
+
+def _result(future) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        future.result()
+    except CheckpointException as e:
+        cause = next((_os_cause(c[0] if isinstance(c, tuple) else c) for c in getattr(e, "failures", {}).values()),
+                     None)
+        if cause is not None:
+            raise cause from None
+        raise
+
+
+def _checkpoint_group(t: Trainer):
+    """A gloo group of its own for the background writer's collectives (they must not interleave with the
+    training's on the default group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if getattr(t, "checkpoint_group", None) is None:
+        t.checkpoint_group = dist.new_group(backend="gloo")
+    return t.checkpoint_group
+
+
+def _complete(t: Trainer, tmp: Path, final: Path, step: int, keep: int, trainer_state: dict, rng: dict) -> None:
+    rank, root = t.ctx.world_rank, tmp.parent
+    failed = _writing(tmp, lambda: _save(rng, tmp / f"rng-rank{rank}.pt"))
     if rank == 0 and failed is None:
-        failed = _writing(tmp, lambda: _save(
-            {"train_state": asdict(state), "world_size": t.ctx.world_size,
-             "accumulation": t.cfg.train.gradient_accumulation_steps, "scheduler": t.scheduler.state_dict(),
-             "scaler": scaler.state_dict() if scaler is not None else None}, tmp / "trainer_state.pt"))
+        failed = _writing(tmp, lambda: _save(trainer_state, tmp / "trainer_state.pt"))
     _agree(failed, tmp, root)
     if rank == 0:
-        failed = _writing(tmp, lambda: _write_manifest(tmp, state.step))
+        failed = _writing(tmp, lambda: _write_manifest(tmp, step))
     _agree(failed, tmp, root)
     if rank == 0:
         if final.exists():
@@ -116,7 +179,6 @@ def save(t: Trainer, keep: int) -> Path:
         os.replace(tmp, final)
         _rotate(root, keep)
     _barrier()
-    return final
 
 
 def _fresh(tmp: Path) -> None:

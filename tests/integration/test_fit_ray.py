@@ -23,7 +23,7 @@ def _rows(n: int) -> list[dict]:
 
 
 def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2, max_length=64, save_steps=0,
-         **train):
+         async_save=False, **train):
     data = tmp_path / "sft.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps(r) for r in _rows(400)))
@@ -35,7 +35,7 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
         "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch, "learning_rate": 2e-3,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
         "scaling": {"num_workers": workers},
-        "checkpoint": {"save_steps": save_steps},
+        "checkpoint": {"save_steps": save_steps, "async_save": async_save},
         "monitor": {"report": False},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": name},
     })
@@ -124,3 +124,24 @@ def _losses_by_step(run):
         if r["kind"] == "train":
             out[r["step"]] = r["train/loss"]  # a step trained again after a restart: the last one counts
     return out
+
+
+def test_async_save_writes_the_same_checkpoints_and_resumes_exactly(tmp_path, ray_local, no_orphans):
+    common = dict(strategy="fsdp", steps=8, save_steps=4)
+    sync = _run(tmp_path, "sync", **common)
+    run = _run(tmp_path, "async", async_save=True, **common)
+    from scaletrain import checkpoint
+
+    names = [p.name for p in checkpoint.list_checkpoints(run / "checkpoints")]
+    assert names == ["step-4", "step-8"] and all(checkpoint.verify(run / "checkpoints" / n) is None for n in names)
+    assert not any(p.name.startswith(".tmp-") for p in (run / "checkpoints").iterdir())
+    assert train_losses(run) == train_losses(sync)  # training did not change while the shards were written
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    for name, r in (("s", sync), ("a", run)):
+        dcp_to_torch_save(str(r / "checkpoints" / "step-8" / "state"), str(tmp_path / f"{name}.pt"))
+    import torch
+
+    a, b = torch.load(tmp_path / "s.pt", weights_only=True), torch.load(tmp_path / "a.pt", weights_only=True)
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

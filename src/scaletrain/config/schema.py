@@ -251,6 +251,9 @@ class CheckpointConfig(_Section):
     # A checkpoint that cannot be written (disk full, no permission): fail the run, or warn and try again at the
     # next save (the previous checkpoint stays usable either way).
     on_write_error: Literal["fail", "warn"] = "fail"
+    # Write the shards in the background (DCP async_save) while training goes on: a save then costs the step only
+    # the copy of the state into host memory.
+    async_save: bool = False
 
 
 class FaultToleranceConfig(_Section):

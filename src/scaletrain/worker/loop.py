@@ -153,6 +153,7 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
             saved = save_checkpoint(t, metrics, events) if due(cfg.checkpoint.save_steps, step) else None
             if stop:
                 path = saved or save_checkpoint(t, metrics, events, announce=False, must=True)
+                checkpoint.flush(t)  # an async save is complete before the run stops
                 events("stopped", f"on request at step {step}; {path.name} saved")
                 return False
         if progress.step >= spec.total_steps:
@@ -170,6 +171,7 @@ def _tokens(t: Trainer, window: list[dict]) -> int | None:
 def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict:
     """The final evaluation, ``final/`` and (rank 0) ``summary.json``."""
     train_time = clock.train_s()
+    checkpoint.flush(t)  # an async save still being written
     final_eval = run_eval(t, data, metrics, events, clock, final=True)
     t.beat.enter("final", t.progress.step)
     save_final(t)

@@ -49,6 +49,8 @@ class Trainer:
     memory: PeakMemory | None = None  # started before the model was built
     progress: TrainState = field(default_factory=TrainState)
     grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
+    pending_save: object = None  # checkpoint.async_save: the save in flight (checkpoint.flush completes it)
+    checkpoint_group: object = None  # its gloo process group
 
     @property
     def run_dir(self) -> RunDir:

@@ -97,3 +97,28 @@ def test_parity_compare_and_verdict(tmp_path):
     good, bad = compare(a, b), compare(a, c)
     assert verdict(good, 1e-3) and good["steps"] == 3
     assert not verdict(bad, 1e-3) and bad["worst_step"] == 3 and bad["max_rel_loss_diff"] == pytest.approx(0.25)
+
+
+def test_a_full_mesh_node_gives_fewer_gpus_fewer_links():
+    from scaletrain.scaling.predict import link_factor
+
+    flat = BusCurve(((1, 313.0),))  # measured with all 8 GPUs of the node
+    assert link_factor("full-mesh", 2, 8) == pytest.approx(1 / 7) and link_factor("full-mesh", 8, 8) == 1.0
+    assert link_factor("switch", 2, 8) == 1.0
+    mesh = Inputs(1.0, 1e9, flat, overlap=0.0, bucket_bytes=1e9, topology="full-mesh")
+    switch = Inputs(1.0, 1e9, flat, overlap=0.0, bucket_bytes=1e9, topology="switch")
+    # 2 GPUs: one xGMI link, 313/7 ~ 44.7 GB/s: 1e9 * 2*1/2 / 44.7e9
+    assert step(mesh, 2)["comm_s"] == pytest.approx(1e9 / (313e9 / 7))
+    assert step(switch, 2)["comm_s"] == pytest.approx(1e9 / 313e9)
+    assert step(mesh, 8)["comm_s"] == pytest.approx(step(switch, 8)["comm_s"])
+    assert PROFILES["mi300x"]["topology"] == "full-mesh"
+
+
+def test_zero3_gathers_parameters_in_every_micro_batch():
+    flat = BusCurve(((1, 10.0),))
+    one = step(Inputs(1.0, 40e6, flat, strategy="fsdp", param_bytes=40e6, overlap=0.0, n_layers=4), 4)
+    four = step(Inputs(1.0, 40e6, flat, strategy="fsdp", param_bytes=40e6, overlap=0.0, n_layers=4,
+                       micro_batches=4), 4)
+    gather = 40e6 * 0.75 / 1e10
+    assert one["comm_s"] == pytest.approx(3 * gather)
+    assert four["comm_s"] == pytest.approx(2 * 4 * gather + gather)  # gathers per micro-batch, one reduce

@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--overlap", type=float, default=0.8, help="fraction of backward that hides communication")
     p.add_argument("--bucket-mb", type=float, default=25.0)
     p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
+    p.add_argument("--topology", choices=["switch", "full-mesh"],
+                   help="inside a node (default: the profile's; switch for a commbench curve): full-mesh scales "
+                        "busbw with the GPUs taking part")
+    p.add_argument("--micro-batches", type=int, default=1, help="FSDP/ZeRO-3: micro-batches per step (each "
+                                                                "gathers the parameters again)")
+    p.add_argument("--layers", type=int, default=32, help="FSDP: transformer blocks (one is gathered at a time)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -51,6 +57,9 @@ def _check_numbers(args) -> None:
             raise ConfigError(f"{flag} {value:g}: must be greater than {low}")
     if not args.param_bytes >= 0:
         raise ConfigError(f"--param-bytes {args.param_bytes:g}: must be 0 (DDP) or the bytes FSDP gathers per pass")
+    for flag, value in (("--micro-batches", args.micro_batches), ("--layers", args.layers)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: must be >= 1")
     if not 0 <= args.overlap <= 1:
         raise ConfigError(f"--overlap {args.overlap}: a fraction between 0 and 1")
 
@@ -85,16 +94,19 @@ def inputs_from_args(args):
             raise ConfigError(f"--profile {args.profile}: known profiles are {', '.join(PROFILES)}")
         prof = PROFILES[args.profile]
         intra, inter, per_node = prof["intra"], prof["inter"], prof["gpus_per_node"]
+        topology = args.topology or prof.get("topology", "switch")
     elif args.commbench:
         intra = _curve_from(args.commbench)
         inter = _curve_from(args.inter_commbench) if args.inter_commbench else None
         per_node = 8
+        topology = args.topology or "switch"
     else:
         raise ConfigError("give --profile NAME or --commbench commbench.json for the network")
     return Inputs(compute_s=compute, grad_bytes=grad_bytes, intra=intra, inter=inter,
                   gpus_per_node=args.gpus_per_node or per_node, bucket_bytes=args.bucket_mb * 1024**2,
                   overlap=args.overlap, strategy=args.strategy, param_bytes=args.param_bytes,
-                  samples_per_step_per_device=samples)
+                  samples_per_step_per_device=samples, topology=topology, micro_batches=args.micro_batches,
+                  n_layers=args.layers)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,12 @@ log-size scale): an all-reduce of S bytes over n ranks takes S * 2(n-1)/n / busb
 reduce-scatter of a full buffer S takes S * (n-1)/n / busbw(S). The curve already holds the latency
 (small messages reach a low busbw). One curve is used inside a node, another for jobs spanning nodes.
 
+Inside a node the busbw also depends on how many GPUs take part. Behind a switch (NVSwitch) every GPU keeps
+its full bandwidth: the curve holds for any count. In a full mesh (MI300X: every GPU pair has its own xGMI
+link) a GPU reaches its peers over one link each, so n GPUs use n-1 links: the curve, measured with all
+``gpus_per_node`` GPUs, is scaled by (n-1)/(gpus_per_node-1) (rccl-tests on 8 MI300X: ~313 GB/s busbw at
+1 GiB; 2 GPUs get one link, ~45-48 GB/s).
+
 DDP: gradients are all-reduced in buckets (``bucket_mb``, torch's default 25) while backward runs; all
 buckets but the last can hide behind ``overlap`` x backward time (backward ~ 2/3 of compute).
 FSDP/ZeRO-3: parameters are all-gathered in forward and again in backward, gradients reduce-scattered;
@@ -59,6 +65,7 @@ PROFILES: dict[str, dict] = {
         "intra": BusCurve(((1 << 20, 64.64), (4 << 20, 138.60), (16 << 20, 195.85), (32 << 20, 238.45),
                            (64 << 20, 271.51), (256 << 20, 304.96))),
         "inter": BusCurve(((16 << 20, 63.26), (32 << 20, 106.58), (64 << 20, 153.10), (256 << 20, 293.75))),
+        "topology": "full-mesh",
         "source": "rccl-tests all_reduce_perf on 8x and 2x8 MI300X (hisohara/ai-scripts, RCCL 2.22)",
     },
 }
@@ -85,12 +92,35 @@ class Inputs:
     param_bytes: float = 0.0  # FSDP: parameter bytes all-gathered twice per step
     n_layers: int = 32  # FSDP: the first layer's all-gather cannot be prefetched
     samples_per_step_per_device: float | None = None
+    topology: str = "switch"  # inside a node: "switch" (full bandwidth for any GPU count) or "full-mesh"
+    micro_batches: int = 1  # FSDP/ZeRO-3 gathers the parameters again in every micro-batch's forward and backward
+
+
+@dataclass(frozen=True)
+class _Scaled:
+    """A curve at a fraction of its bandwidth: a full-mesh node with fewer GPUs than it was measured with."""
+
+    curve: BusCurve
+    factor: float
+
+    def busbw(self, size: float) -> float:
+        return self.curve.busbw(size) * self.factor
+
+
+def link_factor(topology: str, ranks: int, gpus_per_node: int) -> float:
+    """The share of the node's measured busbw that ``ranks`` GPUs of it get (see the module docstring)."""
+    if topology != "full-mesh" or ranks >= gpus_per_node or gpus_per_node < 2:
+        return 1.0
+    return max(1, ranks - 1) / (gpus_per_node - 1)
 
 
 def step(inp: Inputs, n: int) -> dict:
     """Predicted step of one device when ``n`` devices train together."""
     nodes = math.ceil(n / inp.gpus_per_node)
     curve = inp.intra if nodes == 1 else (inp.inter or inp.intra)
+    if nodes == 1:
+        factor = link_factor(inp.topology, n, inp.gpus_per_node)
+        curve = _Scaled(curve, factor) if factor != 1.0 else curve
     if inp.strategy == "ddp":
         full, rest = divmod(inp.grad_bytes, inp.bucket_bytes)
         buckets = [inp.bucket_bytes] * int(full) + ([rest] if rest else [])
@@ -99,9 +129,11 @@ def step(inp: Inputs, n: int) -> dict:
         hideable = total - (times[-1] if times else 0.0)  # the last bucket finishes after backward
         hidden = min(hideable, inp.overlap * inp.compute_s * 2 / 3)
     elif inp.strategy == "fsdp":
-        gather = allgather_s(inp.param_bytes, n, curve)
+        # one block at a time: each all-gather moves one block's parameters
+        per_layer = inp.param_bytes / max(1, inp.n_layers)
+        gather = allgather_s(per_layer, n, curve) * inp.n_layers
         reduce = allgather_s(inp.grad_bytes, n, curve)  # reduce-scatter moves the same bytes as all-gather
-        total = 2 * gather + reduce
+        total = 2 * gather * inp.micro_batches + reduce
         first_layer = gather / max(1, inp.n_layers)
         hidden = min(total - first_layer, inp.overlap * inp.compute_s)
     else:

@@ -14,14 +14,15 @@ DESCRIPTION = ("Take a Transformer fine-tuning job from one device to many GPUs 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from scaletrain.commands import commbench, doctor, env, imports, plan, predict, report, scale, topo, train
+    from scaletrain.commands import (cluster, commbench, doctor, env, imports, plan, predict, report, scale, submit,
+                                     topo, train)
 
     parser = argparse.ArgumentParser(prog="scaletrain", description=DESCRIPTION)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train, doctor, plan, env, topo, commbench, report, scale, predict, imports):
+    for command in (train, doctor, plan, submit, cluster, env, topo, commbench, report, scale, predict, imports):
         command.register(sub, [common])
     return parser
 

@@ -98,6 +98,17 @@ def ensure_ray(address: str | None) -> bool:
     address = address or envvars.read(envvars.RAY_ADDRESS)
     kwargs = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False,
                   configure_logging=True)
+    if not address:
+        from scaletrain.launch.local_cluster import current
+
+        if (warm := current()) is not None:
+            from scaletrain.console import console
+
+            console.print(f"[yellow]note:[/] using the local Ray cluster started by scaletrain up ({warm.address}, "
+                          f"{warm.num_cpus} CPUs); scaletrain down stops it", soft_wrap=True)
+            kwargs.pop("include_dashboard")
+            ray.init(address=warm.address, **kwargs)
+            return False
     if address:
         _probe_address(address)
         try:

@@ -1,0 +1,72 @@
+"""Job submission without a cluster: the Slurm script and the KubeRay manifest scaletrain writes, and the bad
+inputs (no dashboard at the address, no job id, an --out that exists) as one line each."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import write_config
+
+
+def _cli(*args, cwd=None):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env=env)
+
+
+@pytest.fixture
+def gpu_cfg(classify_cfg, tmp_path):
+    classify_cfg["scaling"] = {"num_workers": 16, "resources_per_worker": {"CPU": 4, "GPU": 1}}
+    return write_config(tmp_path / "c.yaml", classify_cfg)
+
+
+def test_emit_slurm_is_a_valid_script_for_the_nodes_the_config_needs(gpu_cfg, tmp_path):
+    out = tmp_path / "job.sbatch"
+    proc = _cli("submit", gpu_cfg, "train.max_steps=5", "--emit", "slurm", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # bash parses it
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=8" in text
+    assert "ray start --head" in text and 'ray start --address="$head_ip:$port"' in text
+    assert "trap stop_ray EXIT" in text  # Ray is stopped however the job ends
+    assert f'scaletrain train {gpu_cfg} train.max_steps=5 --no-progress scaling.address="$head_ip:$port"' in text
+    again = _cli("submit", gpu_cfg, "--emit", "slurm", "--out", out)
+    assert again.returncode != 0 and "exists; nothing overwritten" in again.stderr and out.read_text() == text
+
+
+def test_emit_kuberay_is_a_rayjob_with_the_config_in_a_configmap(gpu_cfg, tmp_path):
+    proc = _cli("submit", gpu_cfg, "--emit", "kuberay", "--gpu-vendor", "amd", "--image", "example/scaletrain:1")
+    assert proc.returncode == 0, proc.stderr
+    config_map, job = list(yaml.safe_load_all(proc.stdout))
+    assert config_map["kind"] == "ConfigMap" and yaml.safe_load(config_map["data"]["config.yaml"]) == \
+        yaml.safe_load(gpu_cfg.read_text())
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    spec = job["spec"]
+    assert spec["entrypoint"] == "scaletrain train /scaletrain/config.yaml --no-progress"
+    assert spec["shutdownAfterJobFinishes"] is True
+    head = spec["rayClusterSpec"]["headGroupSpec"]
+    assert head["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    assert head["template"]["spec"]["containers"][0]["image"] == "example/scaletrain:1"
+    workers = spec["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 2
+    container = workers["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["amd.com/gpu"] == "8"
+    assert container["volumeMounts"][0]["mountPath"] == "/scaletrain"
+    assert workers["template"]["spec"]["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"]
+
+
+def test_submit_to_an_address_without_a_dashboard_fails_in_seconds(gpu_cfg):
+    t0 = time.perf_counter()
+    proc = _cli("submit", gpu_cfg, "--address", "http://127.0.0.1:9", cwd=gpu_cfg.parent)
+    assert proc.returncode != 0 and time.perf_counter() - t0 < 30
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "no Ray dashboard answers there within 3 s" in lines[0]
+    assert "ray start --head --dashboard-host 0.0.0.0" in lines[0] and "Traceback" not in proc.stderr
+    for args in (["jobs", "status", "--address", "http://127.0.0.1:9"], ["jobs", "list"]):
+        proc = _cli(*args)
+        assert proc.returncode != 0 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr

@@ -53,6 +53,10 @@ RAY_TRAIN_V2_ENABLED = "RAY_TRAIN_V2_ENABLED"
 RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"
 # Train V2 is the default from Ray 2.51; set in the driver before Ray starts so an older default never picks V1.
 RAY_DRIVER_DEFAULTS: dict[str, str] = {RAY_TRAIN_V2_ENABLED: "1"}
+# A head started with `ray start` (scaletrain up) requires Ray's token authentication; a driver joining it must
+# say so before ray is imported (the token is Ray's own, ~/.ray/auth_token).
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+WARM_CLUSTER_DRIVER_DEFAULTS: dict[str, str] = {RAY_AUTH_MODE: "token"}
 # Ray Train's preemption watcher is one more actor that wakes its core-worker loop 100 times a second
 # (~0.9% of a core, measured) to watch for node preemption, which an embedded single-machine Ray never sees.
 RAY_TRAIN_ENABLE_PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"

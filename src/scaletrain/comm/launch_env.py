@@ -31,6 +31,15 @@ def prepare_ray_driver() -> list[str]:
     return [note] if note else []
 
 
+def prepare_warm_cluster_driver() -> bool:
+    """Before ray is imported: a driver of the cluster `scaletrain up` started authenticates with Ray's token.
+    False when ray was imported already (the setting would not take; the caller says so)."""
+    import sys
+
+    envvars.apply_defaults(envvars.WARM_CLUSTER_DRIVER_DEFAULTS)
+    return "ray" not in sys.modules
+
+
 def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
     """Every worker's variables: scaletrain's defaults < the driver's shell < the comm profile < comm.env, plus
     the collective watchdog (nccl) and the ROCm device-view fix; a user's value wins over the last two."""

@@ -77,6 +77,16 @@ def _ray_cli() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
+def require_dashboard() -> None:
+    """The Job Submission API lives in Ray's dashboard, which needs ray[default]'s packages."""
+    try:
+        import aiohttp  # noqa: F401
+        import ray.dashboard  # noqa: F401
+    except ImportError:
+        raise LaunchError("Ray's dashboard (the Job Submission API) needs ray[default]: pip install "
+                          "'scaletrain[cluster]'") from None
+
+
 def up(num_cpus: int | None, num_gpus: int | None) -> tuple[Cluster, bool]:
     """(the cluster, whether this call started it)."""
     if (ours := current()) is not None:
@@ -85,8 +95,13 @@ def up(num_cpus: int | None, num_gpus: int | None) -> tuple[Cluster, bool]:
         raise LaunchError(f"a Ray instance that scaletrain did not start is running at {other}; not starting a "
                           f"second one. scaletrain uses it only when asked (scaling.address=auto or RAY_ADDRESS="
                           f"{other}); or stop it (ray stop) and run scaletrain up again")
+    require_dashboard()
     cpus = num_cpus or os.cpu_count() or 1
-    cmd = [_ray_cli(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={GCS_PORT}",
+    # Ray rewrites a loopback bootstrap address to this node's IP when a driver joins, so the head listens there
+    from ray.util import get_node_ip_address
+
+    node_ip = get_node_ip_address()
+    cmd = [_ray_cli(), "start", "--head", f"--node-ip-address={node_ip}", f"--port={GCS_PORT}",
            f"--num-cpus={cpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
            f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats"]
     if num_gpus is not None:
@@ -96,7 +111,7 @@ def up(num_cpus: int | None, num_gpus: int | None) -> tuple[Cluster, bool]:
     log = open(state_file().with_suffix(".log"), "ab")  # noqa: SIM115 - the head's output, for `up` failures
     proc = subprocess.Popen([*cmd, "--block"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
-    address = f"127.0.0.1:{GCS_PORT}"
+    address = f"{node_ip}:{GCS_PORT}"
     deadline = time.time() + 120
     while not (_listening(address) and _listening(f"127.0.0.1:{DASHBOARD_PORT}")):
         if proc.poll() is not None or time.time() > deadline:

@@ -12,7 +12,8 @@ from typing import Iterator
 
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform
-from scaletrain.comm.launch_env import load_private_env, prepare_ray_driver, private_env, worker_env
+from scaletrain.comm.launch_env import (load_private_env, prepare_ray_driver, prepare_warm_cluster_driver, private_env,
+                                        worker_env)
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
@@ -89,19 +90,28 @@ def ray_session(address: str | None) -> Iterator[dict[str, float]]:
 
 
 def ensure_ray(address: str | None) -> bool:
-    """Connect to ``address`` (or RAY_ADDRESS), else start an embedded local Ray. True if we started it."""
+    """Connect to ``address`` (or RAY_ADDRESS), else to the cluster `scaletrain up` started, else start an
+    embedded local Ray. True if we started it."""
+    import sys
+
+    from scaletrain.launch.local_cluster import current
+
+    address = address or envvars.read(envvars.RAY_ADDRESS)
+    joined = sys.modules.get("ray")
+    warm = None
+    if not address and not (joined is not None and joined.is_initialized()):
+        warm = current()
+        if warm is not None and not prepare_warm_cluster_driver():
+            warm = None  # ray was imported before the driver could authenticate: an embedded Ray instead
     import ray
 
     if ray.is_initialized():
         return False
     prepare_ray_driver()
-    address = address or envvars.read(envvars.RAY_ADDRESS)
     kwargs = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False,
                   configure_logging=True)
     if not address:
-        from scaletrain.launch.local_cluster import current
-
-        if (warm := current()) is not None:
+        if warm is not None:
             from scaletrain.console import console
 
             console.print(f"[yellow]note:[/] using the local Ray cluster started by scaletrain up ({warm.address}, "

@@ -36,6 +36,8 @@ def probe_dashboard(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 - the user's own cluster
             r.read(256)
+    except urllib.error.HTTPError:
+        return  # it answered (401: a token-authenticated cluster; the client sends Ray's token)
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise LaunchError(f"--address {address}: no Ray dashboard answers there within {timeout_s:.0f} s ({reason}); "
@@ -45,6 +47,14 @@ def probe_dashboard(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
 def client(address: str):
     probe_dashboard(address)
+    from scaletrain.launch.local_cluster import current, require_dashboard
+
+    warm = current()
+    if warm is not None and address.rstrip("/").endswith(warm.dashboard.rpartition(":")[2]):
+        from scaletrain.comm.launch_env import prepare_warm_cluster_driver
+
+        prepare_warm_cluster_driver()  # our own head: Ray's token authentication
+    require_dashboard()
     from ray.job_submission import JobSubmissionClient
 
     try:

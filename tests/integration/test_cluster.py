@@ -1,0 +1,101 @@
+"""A warm local cluster and job submission, for real: `scaletrain up` starts a Ray head on loopback (stopped after),
+two runs in a row join it (fresh workers each), jobs go through Ray's Job Submission API (submit, follow the
+logs, stop one mid-run, list), and `down` stops exactly what `up` started."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.ray
+
+DASHBOARD = "http://127.0.0.1:8265"
+
+
+def _cli(*args, cwd=None, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `scaletrain` for the jobs
+    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+@pytest.fixture
+def warm_cluster():
+    _cli("down")
+    up = _cli("up", "--num-cpus", "2")
+    assert up.returncode == 0, up.stderr
+    yield up
+    down = _cli("down")
+    assert "stopped the local Ray cluster at " in down.stderr + down.stdout
+
+
+def _project(tmp_path: Path, demo_dir: Path, name: str, **train) -> Path:
+    project = tmp_path / name
+    project.mkdir()
+    (project / "data.jsonl").write_text((demo_dir / "sentiment.jsonl").read_text())
+    cfg = {"model": {"name_or_path": "builtin:tiny-bert"},
+           "data": {"train_file": "data.jsonl", "eval_ratio": 0.2, "max_length": 32},
+           "train": {"per_device_train_batch_size": 8, "max_steps": 4, "logging_steps": 2, **train},
+           "scaling": {"num_workers": 1}, "monitor": {"report": False},
+           "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
+    (project / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return project
+
+
+def _pids(run: Path) -> set[str]:
+    return {p.read_text().strip() for p in run.rglob("*.pid")}
+
+
+def test_up_train_twice_submit_follow_stop_list_down(tmp_path, demo_dir, warm_cluster):
+    assert "up: a local Ray cluster at " in warm_cluster.stderr + warm_cluster.stdout
+    assert ":6380 (2 CPUs" in warm_cluster.stderr + warm_cluster.stdout
+    again = _cli("up")
+    assert again.returncode == 0 and "already up" in again.stderr + again.stdout
+
+    # two runs in a row, different configs: both join the warm cluster, each with fresh worker processes
+    first = _project(tmp_path, demo_dir, "first")
+    second = _project(tmp_path, demo_dir, "second", learning_rate=1e-3, max_steps=6)
+    outs = [_cli("train", "config.yaml", "--no-progress", cwd=p) for p in (first, second)]
+    for out in outs:
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "using the local Ray cluster started by scaletrain up (" in out.stderr + out.stdout
+    runs = tmp_path / "runs"
+    s1, s2 = (json.loads((runs / n / "summary.json").read_text()) for n in ("first", "second"))
+    assert s1["steps"] == 4 and s2["steps"] == 6
+    assert _pids(runs / "first") and _pids(runs / "first").isdisjoint(_pids(runs / "second"))
+
+    # a job through the Job Submission API: the project folder is its working_dir
+    job = _project(tmp_path, demo_dir, "submitted")
+    sub = _cli("submit", "config.yaml", "train.max_steps=3", "--address", DASHBOARD, cwd=job)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().splitlines()[-1]
+    follow = _cli("jobs", "logs", job_id, "--follow", "--address", DASHBOARD)
+    assert follow.returncode == 0 and "run directory" in follow.stdout
+    status = _cli("jobs", "status", job_id, "--address", DASHBOARD)
+    assert status.stdout.strip() == "SUCCEEDED", (status.stdout, follow.stdout[-2000:])
+    assert json.loads((runs / "submitted" / "summary.json").read_text())["steps"] == 3  # on the cluster's storage
+
+    # one stopped mid-run
+    long = _project(tmp_path, demo_dir, "long", max_steps=100000)
+    sub = _cli("submit", "config.yaml", "--address", DASHBOARD, cwd=long)
+    long_id = sub.stdout.strip().splitlines()[-1]
+    deadline = time.time() + 120
+    while not (runs / "long" / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(1)
+    stop = _cli("jobs", "stop", long_id, "--address", DASHBOARD)
+    assert stop.returncode == 0 and "stop requested" in stop.stdout
+    deadline = time.time() + 120
+    while _cli("jobs", "status", long_id, "--address", DASHBOARD).stdout.strip() not in ("STOPPED", "FAILED"):
+        assert time.time() < deadline, "the stopped job did not stop"
+        time.sleep(2)
+    listed = _cli("jobs", "list", "--address", DASHBOARD).stdout
+    assert job_id in listed and long_id in listed and "SUCCEEDED" in listed
+
+    missing = _cli("jobs", "status", "raysubmit_doesnotexist", "--address", DASHBOARD)
+    assert missing.returncode != 0 and "does not exist on this cluster" in missing.stderr
+    assert "Traceback" not in missing.stderr

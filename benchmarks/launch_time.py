@@ -27,7 +27,7 @@ def first_step_scaletrain(cfg: Path, out: Path, launcher: str) -> float:
     proc = subprocess.run([sys.executable, "-m", "scaletrain", "train", str(cfg), f"scaling.launcher={launcher}",
                            f"output.output_dir={out}", "--no-progress"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    run = next(out.iterdir())
+    run = next(p for p in out.iterdir() if (p / "metrics.jsonl").is_file())  # not the data cache (.cache)
     first = min(json.loads(line)["time"] for line in (run / "metrics.jsonl").read_text().splitlines()
                 if '"kind": "train"' in line)
     return first - t0
@@ -69,7 +69,7 @@ monitor: {{report: false}}
     for launcher in ("ray", "torchrun"):
         print(f"{launcher:>8}: scaletrain {med[launcher]:.1f} s, bare {med['bare-' + launcher]:.1f} s, "
               f"ratio {med[launcher] / med['bare-' + launcher]:.2f} (target <= 1.2)")
-    run = next((work / "ray0").iterdir())
+    run = next(p for p in (work / "ray0").iterdir() if (p / "metrics.jsonl").is_file())
     print("scaletrain ray run, main.log:")
     print((run / "logs" / "main.log").read_text())
 

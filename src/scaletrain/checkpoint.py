@@ -368,6 +368,7 @@ def restore(ckpt: Path, t: Trainer) -> TrainState:
         t.precision.scaler.load_state_dict(saved["scaler"])
     progress = TrainState(**saved["train_state"])
     saved_accum = saved.get("accumulation", t.cfg.train.gradient_accumulation_steps)
+    t.restored_world_size, t.restored_accumulation = saved.get("world_size"), saved_accum
     if saved.get("world_size", t.ctx.world_size) == t.ctx.world_size:
         rng_file = ckpt / f"rng-rank{t.ctx.world_rank}.pt"
         if rng_file.exists():

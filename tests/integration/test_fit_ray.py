@@ -23,7 +23,7 @@ def _rows(n: int) -> list[dict]:
 
 
 def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2, max_length=64, save_steps=0,
-         async_save=False, **train):
+         async_save=False, elastic_resize_interval_s=60.0, **train):
     data = tmp_path / "sft.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps(r) for r in _rows(400)))
@@ -34,7 +34,7 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
                  "packing": True},
         "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch, "learning_rate": 2e-3,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
-        "scaling": {"num_workers": workers},
+        "scaling": {"num_workers": workers, "elastic_resize_interval_s": elastic_resize_interval_s},
         "checkpoint": {"save_steps": save_steps, "async_save": async_save},
         "monitor": {"report": False},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": name},
@@ -145,3 +145,48 @@ def test_async_save_writes_the_same_checkpoints_and_resumes_exactly(tmp_path, ra
     a, b = torch.load(tmp_path / "s.pt", weights_only=True), torch.load(tmp_path / "a.pt", weights_only=True)
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_elastic_run_grows_when_room_appears_and_keeps_the_curve(tmp_path, ray_local, no_orphans):
+    """num_workers: [1, 2] on a 2-CPU Ray with one CPU taken: it starts on 1 worker (accumulation doubled to
+    keep the global batch of 2), grows to 2 when the CPU is freed (a restart from the newest checkpoint), and
+    every step's loss equals the fixed 2-worker run's: the same samples, batch and LR schedule."""
+    import threading
+
+    ray = ray_local
+    common = dict(steps=60, batch=2, save_steps=5)
+    fixed = _losses_by_step(_run(tmp_path, "fixed", workers=2, **common))
+
+    @ray.remote(num_cpus=1)
+    class Placeholder:
+        def ping(self):
+            return 1
+
+    holder = Placeholder.remote()
+    ray.get(holder.ping.remote())
+    run = tmp_path / "runs" / "elastic"
+
+    def free_the_cpu():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if (run / "metrics.jsonl").exists() and '"step": 8' in (run / "metrics.jsonl").read_text():
+                break
+            time.sleep(0.2)
+        ray.kill(holder)
+
+    import time
+
+    t = threading.Thread(target=free_the_cpu, daemon=True)
+    t.start()
+    elastic = _run(tmp_path, "elastic", workers=[1, 2], **common, elastic_resize_interval_s=2.0)
+    t.join()
+    log = (elastic / "logs" / "main.log").read_text()
+    assert "resize: from 1 to 2 worker(s) at step" in log and "gradient_accumulation_steps 2 -> 1" in log, log
+    from scaletrain.metrics.records import read_jsonl
+
+    sizes = [r["scaling/workers"] for r in read_jsonl(elastic / "metrics.jsonl") if r["kind"] == "train"]
+    assert sizes[0] == 1 and sizes[-1] == 2
+    grown = _losses_by_step(elastic)
+    assert sorted(grown) == sorted(fixed) == list(range(1, 61))
+    for step in fixed:
+        assert grown[step] == pytest.approx(fixed[step], rel=1e-5), step

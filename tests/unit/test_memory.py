@@ -163,3 +163,27 @@ def test_gradient_checkpointing_keeps_the_loss_and_gradients_with_lora(vocab):
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for n in grads[0]:
         assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-7), n
+
+
+def test_elastic_ranges_and_their_bad_input():
+    from scaletrain.worker.optim import for_world_size
+
+    base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"}, "data": {"train_file": "x"},
+            "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3}}
+    cfg = validate({**base, "scaling": {"num_workers": [2, 4]}})
+    assert cfg.scaling.elastic and (cfg.scaling.min_workers, cfg.scaling.num_workers) == (2, 4)
+    on2 = for_world_size(cfg, 2)  # the global batch of 4 workers (24) on 2: accumulation 6, on 3: 4
+    assert on2.train.gradient_accumulation_steps == 6 and on2.scaling.num_workers == 2
+    assert for_world_size(cfg, 3).train.gradient_accumulation_steps == 4
+    assert for_world_size(cfg, 4) is cfg
+    fixed = validate({**base, "scaling": {"num_workers": [3, 3]}})
+    assert not fixed.scaling.elastic and fixed.scaling.num_workers == 3
+    for workers, needle in (([4, 2], r"needs 1 <= min <= max"), ([0, 2], r"needs 1 <= min <= max"),
+                            ([1, 2, 3], r"a range is \[min, max\]"),
+                            ([5, 6], r"the global batch 36 .* cannot be split over 5 worker\(s\)")):
+        with pytest.raises(ConfigError, match=needle):
+            validate({**base, "scaling": {"num_workers": workers}})
+    nearest = validate({**base, "scaling": {"num_workers": [5, 6], "elastic_batch": "nearest"}})
+    assert for_world_size(nearest, 5).train.gradient_accumulation_steps == 4  # 36 / (2 x 5) = 3.6 -> 4
+    with pytest.raises(ConfigError, match=r"\(elastic\) needs scaling.launcher=ray"):
+        validate({**base, "scaling": {"num_workers": [2, 4], "launcher": "torchrun"}})

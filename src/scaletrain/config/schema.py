@@ -198,7 +198,15 @@ class TrainConfig(_Section):
 
 
 class ScalingConfig(_Section):
+    # A number, or [min, max] for elastic training (Ray launcher): the run starts once min workers fit, grows
+    # toward max when resources appear and shrinks when a node is lost, each resize a restart from the newest
+    # checkpoint that keeps the global batch of max workers (gradient_accumulation_steps recomputed).
     num_workers: int = Field(1, ge=1)
+    min_workers: Optional[int] = Field(None, ge=1)  # set by num_workers: [min, max]
+    # elastic: a size whose global batch differs from max workers' is an error before start (exact), or trains
+    # with the nearest accumulation (nearest; the global batch of that size is said at each resize).
+    elastic_batch: Literal["exact", "nearest"] = "exact"
+    elastic_resize_interval_s: float = Field(60.0, gt=0)  # how often Ray looks for room to grow
     # auto: one GPU per worker when the cluster has GPUs, else CPU workers.
     use_gpu: Literal["auto"] | bool = "auto"
     # Resources of one worker; default {"CPU": 1} (plus {"GPU": 1} with use_gpu).
@@ -213,8 +221,32 @@ class ScalingConfig(_Section):
     master_addr: str = "127.0.0.1"
     master_port: Optional[int] = Field(None, ge=1, le=65535)  # a free port is chosen on 1 node when unset
 
+    @model_validator(mode="before")
+    @classmethod
+    def _range(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("num_workers"), (list, tuple)):
+            v = list(data["num_workers"])
+            if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"scaling.num_workers={v}: a range is [min, max], two whole numbers, e.g. [2, 8]")
+            lo, hi = v
+            if lo < 1 or lo > hi:
+                raise ValueError(f"scaling.num_workers=[{lo}, {hi}]: needs 1 <= min <= max, e.g. [2, 8]")
+            data = {**data, "num_workers": hi, "min_workers": lo if lo < hi else None}
+        return data
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.num_workers
+
     @model_validator(mode="after")
     def _torchrun(self) -> "ScalingConfig":
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ValueError(f"scaling.min_workers={self.min_workers} is above scaling.num_workers="
+                             f"{self.num_workers}; write scaling.num_workers: [min, max]")
+        if self.elastic and self.launcher == "torchrun":
+            raise ValueError(f"scaling.num_workers=[{self.min_workers}, {self.num_workers}] (elastic) needs "
+                             f"scaling.launcher=ray: Ray Train restarts the worker group at a new size; torchrun runs "
+                             f"a fixed size here: set scaling.launcher=ray, or a fixed scaling.num_workers")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"scaling.node_rank={self.node_rank} is out of range for scaling.nnodes={self.nnodes}; "
                              f"use 0..{self.nnodes - 1}")
@@ -320,6 +352,16 @@ class Config(_Section):
         if self.scaling.launcher == "torchrun" and self.scaling.nnodes > 1 and not self.output.run_name:
             raise ValueError("a torchrun job over several nodes needs output.run_name (all nodes share the run "
                              "directory on a shared filesystem); set it")
+        s = self.scaling
+        if s.elastic and s.elastic_batch == "exact":
+            b, a = self.train.per_device_train_batch_size, self.train.gradient_accumulation_steps
+            global_batch = b * a * s.num_workers
+            bad = [n for n in range(s.min_workers, s.num_workers) if global_batch % (b * n)]
+            if bad:
+                raise ValueError(f"scaling.num_workers=[{s.min_workers}, {s.num_workers}] with elastic_batch=exact: "
+                                 f"the global batch {global_batch} ({b} per device x {a} x {s.num_workers} workers) "
+                                 f"cannot be split over {', '.join(map(str, bad))} worker(s); use a range whose sizes "
+                                 f"divide {global_batch // b}, or scaling.elastic_batch=nearest")
         shard = self.train.fsdp_shard_size
         if shard and self.scaling.num_workers % shard:
             raise ValueError(f"train.fsdp_shard_size={shard} does not divide scaling.num_workers="

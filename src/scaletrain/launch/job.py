@@ -199,7 +199,9 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
     n = cfg.scaling.num_workers
     gb = global_batch_size(cfg.train, n)
     console.print(f"run directory {spec.run_dir}", soft_wrap=True)
-    console.print(f"{n} worker(s), {plan.backend}, global batch {gb} = {cfg.train.per_device_train_batch_size} per "
+    elastic = (f" (elastic: {cfg.scaling.min_workers}..{n} workers, the accumulation follows the size)"
+               if cfg.scaling.elastic else "")
+    console.print(f"{n} worker(s){elastic}, {plan.backend}, global batch {gb} = {cfg.train.per_device_train_batch_size} per "
                   f"device x {cfg.train.gradient_accumulation_steps} accumulation x {n} worker(s); "
                   f"lr {spec.learning_rate:g} ({cfg.train.lr_scaling} scaling); {spec.total_steps} steps",
                   soft_wrap=True)

@@ -158,5 +158,10 @@ def down() -> Cluster | None:
         return None
     if cluster.pgid:
         _kill_group(cluster.pgid)
+    try:  # `ray start` left its address here; a later ray.init() without one would try to join the dead head
+        if RAY_CURRENT_CLUSTER.read_text().strip() == cluster.address:
+            RAY_CURRENT_CLUSTER.unlink()
+    except OSError:
+        pass
     path.unlink(missing_ok=True)
     return cluster

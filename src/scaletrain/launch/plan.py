@@ -27,13 +27,14 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
     per_worker = dict(scaling.resources_per_worker or {"CPU": 1})
     if use_gpu:
         per_worker.setdefault("GPU", 1)
-    n = scaling.num_workers
+    n = scaling.min_workers if scaling.elastic else scaling.num_workers  # elastic: it starts once min fit
     for name, amount in per_worker.items():
         have = resources.get(name, 0)
         if amount * n > have:
             what = "GPUs" if name == "GPU" else "CPUs" if name == "CPU" else f"'{name}' resources"
             raise LaunchError(
-                f"scaling.num_workers={n} needs {amount * n:g} {what} ({amount:g} per worker) but the cluster "
+                f"scaling.num_workers={n}{' (the elastic minimum)' if scaling.elastic else ''} needs "
+                f"{amount * n:g} {what} ({amount:g} per worker) but the cluster "
                 f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
                 f"or scaling.resources_per_worker"
             )

@@ -49,8 +49,8 @@ class RayLauncher:
 
         cfg = self.cfg
         # Placement and storage checks need the live cluster (and, for storage, the run directory).
-        check_placement(cfg.scaling.placement_strategy, cfg.scaling.num_workers, plan.resources_per_worker,
-                        node_resources())
+        check_placement(cfg.scaling.placement_strategy, cfg.scaling.min_workers or cfg.scaling.num_workers,
+                        plan.resources_per_worker, node_resources())
         check_shared_storage(spec.run_dir)
         env = worker_env(cfg.comm, self.vendor, plan.backend, spec.run_dir)
         # Ray keeps train_loop_config in its object store and may log it: comm.env's secrets travel in the
@@ -210,9 +210,11 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
         train_loop_per_worker=_with_private_env,
         train_loop_config={"entry": entry, "config": entry_config},
         torch_config=TorchConfig(backend=plan.backend, timeout_s=timeout_s),
-        scaling_config=ScalingConfig(num_workers=scaling.num_workers, use_gpu=plan.use_gpu,
-                                     resources_per_worker=plan.resources_per_worker,
-                                     placement_strategy=scaling.placement_strategy),
+        scaling_config=ScalingConfig(
+            num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,
+            use_gpu=plan.use_gpu, resources_per_worker=plan.resources_per_worker,
+            placement_strategy=scaling.placement_strategy,
+            **({"elastic_resize_monitor_interval_s": scaling.elastic_resize_interval_s} if scaling.elastic else {})),
         run_config=RunConfig(
             # Ray's own bookkeeping goes to <storage_dir>/ray; our checkpoints live beside it.
             name="ray", storage_path=str(storage_dir),

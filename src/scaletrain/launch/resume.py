@@ -49,10 +49,12 @@ def resized(saved: Config, new: Config) -> tuple[Config, str | None]:
     n_old, n_new = saved.scaling.num_workers, new.scaling.num_workers
     if n_old == n_new or new.train.per_device_train_batch_size != saved.train.per_device_train_batch_size:
         return new, None
+    from scaletrain.worker.optim import accumulation_for
+
     b = saved.train.per_device_train_batch_size
     global_batch = b * saved.train.gradient_accumulation_steps * n_old
-    accum, rest = divmod(global_batch, b * n_new)
-    if rest or accum < 1:
+    accum = accumulation_for(global_batch, b, n_new)
+    if accum is None:
         raise ConfigError(f"--resume with scaling.num_workers={n_new}: the run's global batch {global_batch} = {b} "
                           f"per device x {saved.train.gradient_accumulation_steps} accumulation x {n_old} workers "
                           f"cannot be split into {b} per device x {n_new} workers; use a worker count that divides "

@@ -30,6 +30,7 @@ from scaletrain.worker.meter import Meter
 from scaletrain.worker.parallel import all_gather_floats, full_model_state, unwrap
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
+from scaletrain.worker.optim import for_world_size, global_batch_size
 from scaletrain.worker.step import target_tokens, train_step
 from scaletrain.worker.step_check import StepCheck, due, non_finite_loss, writes_at
 from scaletrain.worker.trainer import Trainer, build_trainer
@@ -39,7 +40,7 @@ log = logging.getLogger(WORKER_LOGGER)  # the per-rank log file (metrics/logs.py
 
 def train(ctx: DistContext, spec: JobSpec) -> dict:
     os.umask(RUN_UMASK)
-    cfg = Config.model_validate(spec.config)
+    cfg = for_world_size(Config.model_validate(spec.config), ctx.world_size)  # elastic: this size's accumulation
     redact = Redactor.from_environment()
     setup_worker_logging(spec.run_dir, ctx.world_rank, redact)
     events = EventLog(spec.run_dir, f"rank {ctx.world_rank}", redact) if ctx.is_main else (lambda *a, **k: None)
@@ -68,6 +69,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbe
         p = checkpoint.restore(ckpt, t)
         events("resume", f"from {ckpt.name}: step {p.step}, epoch {p.epoch}, "
                          f"{p.micro_batches_in_epoch} micro-batches into the epoch")
+        _say_resize(t, events)
     beat.finished_step(t.progress.step)
     events("placement", placement(ctx))
     events("workers up", t.describe())
@@ -162,6 +164,22 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
         progress.micro_batches_in_epoch = 0
         events("epoch", f"epoch {progress.epoch} done at step {progress.step}")
     return True
+
+
+def _say_resize(t: Trainer, events) -> None:
+    """A restart on another number of workers (elastic, or --resume with another size): when, from N to M, the
+    batch it keeps, and the steps trained again (after the checkpoint, before the restart)."""
+    old = t.restored_world_size
+    if old is None or old == t.ctx.world_size or not t.ctx.is_main:
+        return
+    from scaletrain.metrics.records import read_jsonl
+
+    done = max((r["step"] for r in read_jsonl(t.run_dir.metrics) if r.get("kind") == "train"), default=0)
+    tr = t.cfg.train
+    events("resize", f"from {old} to {t.ctx.world_size} worker(s) at step {t.progress.step}: "
+                     f"gradient_accumulation_steps {t.restored_accumulation} -> {tr.gradient_accumulation_steps}, "
+                     f"global batch {global_batch_size(tr, t.ctx.world_size)}; {max(0, done - t.progress.step)} "
+                     f"step(s) trained again")
 
 
 def _tokens(t: Trainer, window: list[dict]) -> int | None:

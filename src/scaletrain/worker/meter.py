@@ -88,6 +88,7 @@ class Meter:
         self.tokens_total += tokens
         record = {
             "kind": "train", "step": progress.step, "epoch": progress.epoch, "total_steps": self.spec.total_steps,
+            "scaling/workers": self.t.ctx.world_size,
             "train/loss": loss / self.ctx.world_size / self.steps, "train/lr": self.t.lr,
             "train/grad_norm": self.t.grad_norm,
             "throughput/samples_per_s": samples / slowest, "throughput/tokens_per_s": tokens / slowest,

@@ -68,3 +68,27 @@ def build_optimizer(model, train: TrainConfig, lr: float, total: int):
     scheduler = get_scheduler(train.lr_scheduler_type, optimizer,
                               num_warmup_steps=warmup_steps(train, total), num_training_steps=total)
     return optimizer, scheduler
+
+
+def accumulation_for(global_batch: int, batch: int, workers: int, exact: bool = True) -> int | None:
+    """The gradient accumulation that keeps ``global_batch`` on ``workers`` (None: it cannot, exactly); with
+    ``exact=False`` the nearest one (at least 1)."""
+    accum, rest = divmod(global_batch, batch * workers)
+    if not rest and accum >= 1:
+        return accum
+    return None if exact else max(1, round(global_batch / (batch * workers)))
+
+
+def for_world_size(cfg, world_size: int):
+    """The config a worker of an elastic run trains with on ``world_size`` workers: the global batch of
+    ``scaling.num_workers`` (max) workers, through gradient_accumulation_steps."""
+    s, t = cfg.scaling, cfg.train
+    if world_size == s.num_workers:
+        return cfg
+    global_batch = t.per_device_train_batch_size * t.gradient_accumulation_steps * s.num_workers
+    accum = accumulation_for(global_batch, t.per_device_train_batch_size, world_size,
+                             exact=s.elastic_batch == "exact")
+    if accum is None:  # checked at load: only a world size outside the range gets here
+        raise ValueError(f"{world_size} workers cannot keep the global batch {global_batch}")
+    return cfg.model_copy(update={"train": t.model_copy(update={"gradient_accumulation_steps": accum}),
+                                  "scaling": s.model_copy(update={"num_workers": world_size})})

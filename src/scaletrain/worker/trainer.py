@@ -51,6 +51,8 @@ class Trainer:
     grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
     pending_save: object = None  # checkpoint.async_save: the save in flight (checkpoint.flush completes it)
     checkpoint_group: object = None  # its gloo process group
+    restored_world_size: int | None = None  # the size the restored checkpoint was saved with
+    restored_accumulation: int | None = None
 
     @property
     def run_dir(self) -> RunDir:

@@ -8,7 +8,6 @@ import string
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

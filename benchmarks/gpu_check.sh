@@ -50,6 +50,15 @@ if train:
     print("MFU (median):", f"{statistics.median(mfus):.1%}" if mfus else "n/a (unknown device)")
     peaks = [r["memory/peak_gib"] for r in recs if "memory/peak_gib" in r]
     print("peak memory GiB:", round(max(peaks), 2) if peaks else "n/a (no GPU memory statistics)")
+try:
+    s = json.load(open(sys.argv[1] + "/summary.json"))
+    p = s.get("memory/predicted", {})
+    print("plan vs measured peak: predicted", round((p.get("peak", 0) - p.get("overhead", 0)) / 2**30, 2),
+          "GiB (+", round(p.get("overhead", 0) / 2**30, 2), "GiB runtime), measured",
+          round(s["memory/peak_bytes"] / 2**30, 2), "GiB,", s.get("memory/measured_as"), "; ratio",
+          round(s["memory/predicted_over_measured"], 3) if s.get("memory/predicted_over_measured") else "n/a")
+except (OSError, KeyError, ValueError) as e:
+    print("plan vs measured peak: n/a", type(e).__name__, e)
 PY
   cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null
 fi

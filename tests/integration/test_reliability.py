@@ -155,9 +155,11 @@ def test_resume_refuses_a_config_that_breaks_it(classify_cfg, tmp_path, capsys):
     from scaletrain.config import dump_config
 
     (run_dir / "config.resolved.yaml").write_text(dump_config(_cfg(classify_cfg, tmp_path, "r")))
-    assert cli.main(["train", "--resume", str(run_dir), "scaling.num_workers=1"]) != 0
+    # another number of workers keeps the global batch (accumulation recomputed): allowed; another per-device
+    # batch changes the samples of every step: refused
+    assert cli.main(["train", "--resume", str(run_dir), "train.per_device_train_batch_size=3"]) != 0
     err = capsys.readouterr().err
-    assert "scaling.num_workers: 2 -> 1" in err and "--force-resume" in err
+    assert "train.per_device_train_batch_size: 8 -> 3" in err and "--force-resume" in err
 
 
 def test_secrets_never_reach_the_run_directory(classify_cfg, tmp_path, monkeypatch, no_orphans):

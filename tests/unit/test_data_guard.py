@@ -247,3 +247,45 @@ def test_string_label_classification_end_to_end_pipeline_returns_the_names(tmp_p
 
     (tmp_path / "run" / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))  # as the driver
     assert "| classes | 0 = negative, 1 = positive |" in write_report(tmp_path / "run").read_text()
+
+
+def test_missing_example_data_says_how_to_generate_it(tmp_path):
+    from scaletrain.data.sources import load
+
+    missing = tmp_path / "examples" / "data" / "alpaca.json"
+    with pytest.raises(DataError, match=r"examples/data/alpaca.json: file not found; it is example data scaletrain "
+                                        r"generates: python -m scaletrain.demo_data .*examples/data \(make demo"):
+        load(str(missing), "auto", "data.train_file", str(tmp_path))
+    with pytest.raises(DataError, match=r"mine.jsonl: file not found; check the path"):
+        load(str(tmp_path / "mine.jsonl"), "auto", "data.train_file", str(tmp_path))
+
+
+def test_a_full_disk_under_the_monitor_is_one_warning_not_a_thread_traceback(tmp_path, monkeypatch):
+    """alerts.jsonl (or a sink) that cannot be written: the monitor thread says so once and goes on."""
+    import threading
+    import time as _time
+
+    from scaletrain.config.schema import MonitorConfig
+    from scaletrain.metrics.monitor import RunMonitor
+
+    class Console:
+        def __init__(self):
+            self.lines = []
+
+        def print(self, text, **kw):
+            self.lines.append(text)
+
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args))
+    console = Console()
+    mon = RunMonitor(tmp_path, MonitorConfig(), console=console, poll_s=0.05)
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device", str(tmp_path / "alerts.jsonl"))
+
+    mon.poll = full
+    with mon:
+        _time.sleep(0.4)
+    assert errors == []
+    warnings = [ln for ln in console.lines if "the monitor cannot write" in ln]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0]

@@ -187,3 +187,38 @@ def test_elastic_ranges_and_their_bad_input():
     assert for_world_size(nearest, 5).train.gradient_accumulation_steps == 4  # 36 / (2 x 5) = 3.6 -> 4
     with pytest.raises(ConfigError, match=r"\(elastic\) needs scaling.launcher=ray"):
         validate({**base, "scaling": {"num_workers": [2, 4], "launcher": "torchrun"}})
+
+
+def test_a_resume_on_a_size_that_cannot_keep_the_global_batch_is_an_error():
+    from scaletrain.launch.resume import resized, resume_conflicts
+
+    base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"}, "data": {"train_file": "x"},
+            "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3}}
+    saved = validate({**base, "scaling": {"num_workers": 2}})  # global batch 12
+    four, note = resized(saved, validate({**base, "scaling": {"num_workers": 3}}))
+    assert four.train.gradient_accumulation_steps == 2 and "gradient_accumulation_steps 3 -> 2" in note
+    assert resume_conflicts(saved, four) == []  # the same global batch: no exact-resume conflict
+    with pytest.raises(ConfigError, match=r"global batch 12 = 2 per device x 3 accumulation x 2 workers cannot be "
+                                          r"split into 2 per device x 4 workers; use a worker count that divides 6"):
+        resized(saved, validate({**base, "scaling": {"num_workers": 4}}))
+
+
+def test_the_samples_of_each_step_do_not_depend_on_the_world_size():
+    """What makes a resume on another size (elastic or --resume) see every sample once: step k trains on the
+    same set of samples on 1, 2 or 4 workers when the global batch is the same."""
+    import random
+
+    from scaletrain.worker.sampler import ResumableSampler
+
+    lengths = [random.Random(i).randint(5, 200) for i in range(96)]
+    for balanced in (None, lengths):
+        def steps(world, accum):
+            per_rank = [list(ResumableSampler(96, world, r, seed=3, lengths=balanced, batch_size=2,
+                                              accumulation=accum)) for r in range(world)]
+            per_step = 2 * accum
+            return [sorted(i for r in range(world) for i in per_rank[r][k * per_step:(k + 1) * per_step])
+                    for k in range(len(per_rank[0]) // per_step)]
+        one, two, four = steps(1, 8), steps(2, 4), steps(4, 2)  # global batch 16 each
+        assert one == two == four
+        seen = [i for s in one for i in s]
+        assert len(seen) == len(set(seen)) == 96  # every sample once per epoch

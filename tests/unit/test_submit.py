@@ -70,3 +70,24 @@ def test_submit_to_an_address_without_a_dashboard_fails_in_seconds(gpu_cfg):
     for args in (["jobs", "status", "--address", "http://127.0.0.1:9"], ["jobs", "list"]):
         proc = _cli(*args)
         assert proc.returncode != 0 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_up_leaves_a_ray_it_did_not_start_alone(tmp_path, monkeypatch):
+    import socket
+
+    from scaletrain.errors import LaunchError
+    from scaletrain.launch import local_cluster
+
+    with socket.socket() as s:  # "a Ray" answering at an address scaletrain did not record
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        current = tmp_path / "ray_current_cluster"
+        current.write_text(address)
+        monkeypatch.setattr(local_cluster, "RAY_CURRENT_CLUSTER", current)
+        monkeypatch.setattr(local_cluster, "state_file", lambda: tmp_path / "state.json")
+        with pytest.raises(LaunchError, match=rf"a Ray instance that scaletrain did not start is running at "
+                                              rf"{address}; not starting a second one"):
+            local_cluster.up(2, None)
+    assert local_cluster.down() is None  # nothing recorded: nothing stopped
+    assert current.exists()

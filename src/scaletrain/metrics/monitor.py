@@ -136,6 +136,7 @@ class RunMonitor:
             self.sinks.append(PrometheusSink(cfg.prometheus_port))
         self.alerts = []
         self._stop = threading.Event()
+        self._warned = False
 
     def poll(self) -> None:
         for record in self.follower.poll():
@@ -155,16 +156,18 @@ class RunMonitor:
                         self.console.print(f"[yellow]alert[/] {alert.rule}: {escape(alert.message)}", soft_wrap=True)
 
     def _run(self) -> None:
-        warned = False
         while not self._stop.wait(self.poll_s):
-            try:
-                self.poll()
-            except OSError as e:  # alerts.jsonl or a sink on a full disk: one line, no thread traceback
-                if not warned and self.console is not None:
-                    self.console.print(f"[yellow]warning[/]: the monitor cannot write ({escape(str(e.strerror or e))}: "
-                                       f"{e.filename or self.run_dir}); alerts are not recorded until there is "
-                                       f"space", soft_wrap=True)
-                warned = True
+            self._poll_or_warn()
+
+    def _poll_or_warn(self) -> None:
+        try:
+            self.poll()
+        except OSError as e:  # alerts.jsonl or a sink on a full disk: one line, no thread traceback
+            if not self._warned and self.console is not None:
+                self.console.print(f"[yellow]warning[/]: the monitor cannot write ({escape(str(e.strerror or e))}: "
+                                   f"{e.filename or self.run_dir}); alerts are not recorded until there is space",
+                                   soft_wrap=True)
+            self._warned = True
 
     def __enter__(self) -> "RunMonitor":
         if self.progress is not None:
@@ -176,7 +179,7 @@ class RunMonitor:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.poll()
+        self._poll_or_warn()
         if self.progress is not None:
             self.progress.stop()
         for sink in self.sinks:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.console import console
     from scaletrain.memory.estimate import GIB, estimate
-    from scaletrain.memory.plan import device_named, shape_for, step_time_s, variants, verdict
+    from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
     from scaletrain.model import load_tokenizer, model_dir
     from scaletrain.scaling.predict import PROFILES, Inputs, table
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"device": device.key, "device_memory_gib": device.memory_bytes / GIB, "rows": rows,
                           "verdicts": {n: v[1] for n, v in verdicts.items()}, "timing": timing,
-                          "assumed_mfu": 0.4 if compute is not None else None}, indent=1))
+                          "assumed_mfu": ASSUMED_MFU if compute is not None else None}, indent=1))
     else:
         console.print(f"scaletrain plan: {cfg.model.name_or_path} on {device.key} ({device.memory_bytes / GIB:.0f} "
                       f"GiB per device); GiB per device (weights, gradients, optimizer state, activations, "
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                      f" ({r['note']})")
             console.print(f"{r['workers']} device(s): step {r['step_time_s']:.3f} s{extra}", soft_wrap=True)
         if compute is not None:
-            console.print(f"(compute at an assumed {0.4:.0%} MFU of {device.key}'s peak {dtype})", soft_wrap=True)
+            console.print(f"(compute at an assumed {ASSUMED_MFU:.0%} MFU of {device.key}'s peak {dtype})", soft_wrap=True)
     if not any(ok for ok, _ in verdicts.values()):
         raise ConfigError(f"the job fits none of --gpus {args.gpus} on {device.key}: "
                           f"{verdicts[sizes[-1]][1].split('; ', 1)[1]}")

@@ -44,11 +44,8 @@ def first_step_bare(mode: str, data: Path, out: Path) -> float:
     return float((out / "first_step").read_text()) - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="scaletrain-launch-"))
+def demo_job(work: Path) -> tuple[Path, Path]:
+    """The 1-step MiniLM demo job on 2 workers: its data file and its config."""
     data = work / "s.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in sentiment_rows(400)))
     cfg = work / "c.yaml"
@@ -58,6 +55,15 @@ train: {{per_device_train_batch_size: 16, max_steps: 1, logging_steps: 1}}
 scaling: {{num_workers: 2}}
 monitor: {{report: false}}
 """)
+    return data, cfg
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="scaletrain-launch-"))
+    data, cfg = demo_job(work)
     results = {k: [] for k in ("ray", "bare-ray", "torchrun", "bare-torchrun")}
     for i in range(args.rounds):
         results["bare-ray"].append(first_step_bare("ray", data, work / f"bare-ray{i}"))

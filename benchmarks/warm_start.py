@@ -9,7 +9,6 @@ Target (issue: clusters the way teams run them): warm <= 0.5x bare cold.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -17,9 +16,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
-from launch_time import first_step_bare, first_step_scaletrain  # noqa: E402
+from launch_time import demo_job, first_step_bare, first_step_scaletrain  # noqa: E402
 
-from scaletrain.demo_data import sentiment_rows  # noqa: E402
 
 
 def cli(*args: str) -> None:
@@ -32,15 +30,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="scaletrain-warm-"))
-    data = work / "s.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in sentiment_rows(400)))
-    cfg = work / "c.yaml"
-    cfg.write_text(f"""model: {{name_or_path: "builtin:minilm"}}
-data: {{train_file: {data}, eval_ratio: 0.1, max_length: 32}}
-train: {{per_device_train_batch_size: 16, max_steps: 1, logging_steps: 1}}
-scaling: {{num_workers: 2}}
-monitor: {{report: false}}
-""")
+    data, cfg = demo_job(work)
     results = {k: [] for k in ("cold", "warm", "bare-cold")}
     cli("down")
     for i in range(args.rounds):

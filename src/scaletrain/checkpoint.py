@@ -144,10 +144,7 @@ def _result(future) -> None:
     try:
         future.result()
     except CheckpointException as e:
-        cause = next((_os_cause(c[0] if isinstance(c, tuple) else c) for c in getattr(e, "failures", {}).values()),
-                     None)
-        if cause is not None:
-            raise cause from None
+        _raise_os_cause(e)
         raise
 
 
@@ -196,15 +193,17 @@ def _dcp_save(state: dict, path: Path) -> None:
     try:
         dcp.save(state, checkpoint_id=str(path))
     except CheckpointException as e:
-        # failures: rank -> (exception, its stack) (torch.distributed.checkpoint.utils._wrap_exception)
-        causes = [c[0] if isinstance(c, tuple) else c for c in getattr(e, "failures", {}).values()]
-        causes = [c for c in causes if isinstance(c, BaseException)]
-        os_error = next((c for c in causes if isinstance(c, OSError)), None)
-        if os_error is None:
-            os_error = next((_os_cause(c) for c in causes if _os_cause(c) is not None), None)
-        if os_error is not None:
-            raise os_error from None
+        _raise_os_cause(e)
         raise
+
+
+def _raise_os_cause(e: BaseException) -> None:
+    """Raise the OSError behind a CheckpointException's rank failures, if there is one.
+    failures: rank -> (exception, its stack) (torch.distributed.checkpoint.utils._wrap_exception)."""
+    for c in getattr(e, "failures", {}).values():
+        cause = _os_cause(c[0] if isinstance(c, tuple) else c)
+        if cause is not None:
+            raise cause from None
 
 
 def _os_cause(e: BaseException) -> OSError | None:

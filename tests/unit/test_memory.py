@@ -153,6 +153,9 @@ def test_gradient_checkpointing_keeps_the_loss_and_gradients_with_lora(vocab):
             from scaletrain.model import enable_checkpointing
 
             enable_checkpointing(model)
+            base = model.get_base_model()
+            on = getattr(base, "is_activation_checkpointing", None)
+            assert (on if on is not None else base.is_gradient_checkpointing) is True  # it is really on
         model.train()
         x = torch.randint(0, 2048, (2, 32), generator=torch.Generator().manual_seed(1))
         loss = token_loss_sum(model(input_ids=x, use_cache=False).logits, x)

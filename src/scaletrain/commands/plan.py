@@ -22,34 +22,16 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.set_defaults(func=run)
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise ConfigError(f"--gpus {text}: a comma-separated list of device counts, e.g. 1,2,4,8") from None
-    if not sizes or sizes[0] < 1:
-        raise ConfigError(f"--gpus {text}: device counts are whole numbers >= 1")
-    return sizes
-
-
 def _this_device():
-    from scaletrain.memory.plan import Device, device_named
-    from scaletrain.metrics.flops import device_key
+    from scaletrain.memory.plan import device_named, local_device
 
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            return Device(device_key(props.name) or props.name, props.total_memory)
-    except Exception:  # noqa: BLE001 - no GPU runtime: plan for the host
-        pass
-    return device_named("cpu")
+    return local_device(use_gpu=True, workers_here=1) or device_named("cpu")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from scaletrain.commands.scale import parse_workers
     from scaletrain.config import load_config
     from scaletrain.console import console
     from scaletrain.memory.estimate import GIB, estimate
@@ -58,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.scaling.predict import PROFILES, Inputs, table
 
     cfg = load_config(args.config, args.overrides)
-    sizes = _sizes(args.gpus)
+    sizes = parse_workers(args.gpus, "--gpus")
     if args.gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node {args.gpus_per_node}: must be >= 1")
     device = device_named(args.device) if args.device else _this_device()

@@ -19,8 +19,8 @@ import yaml
 
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError
+from scaletrain.launch.local_cluster import DASHBOARD_PORT
 
-DASHBOARD_PORT = 8265
 PROBE_TIMEOUT_S = 3.0
 EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.safetensors", "*.pt", "*.bin", ".cache"]
 DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311"

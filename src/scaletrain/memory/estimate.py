@@ -110,9 +110,8 @@ def model_shape(cfg: Config, vocab_size: int, pad_token_id: int, batch: int, seq
         return _model_shape(plain, vocab_size, pad_token_id, batch, seq, eval_batch)
 
 
-def _model_shape(plain: Config, vocab_size: int, pad_token_id: int, batch: int, seq: int, eval_batch: int) -> Shape:
-    cfg = plain
-    model = _model_on_meta(plain, vocab_size, pad_token_id)
+def _model_shape(cfg: Config, vocab_size: int, pad_token_id: int, batch: int, seq: int, eval_batch: int) -> Shape:
+    model = _model_on_meta(cfg, vocab_size, pad_token_id)
     model.train()
     params = list(model.parameters())
     blocks = _blocks(model)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
-from scaletrain.memory.estimate import GIB, Breakdown, Shape, estimate, model_shape
+from scaletrain.memory.estimate import GIB, Shape, estimate, model_shape
 from scaletrain.metrics.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
 
 ASSUMED_MFU = 0.4  # compute time = FLOPs / (peak x this): a typical dense bf16 fine-tune on one device
@@ -137,10 +137,6 @@ def disk_note(cfg: Config, shape: Shape) -> str | None:
             f"GiB; free space, lower checkpoint.save_total_limit or set output.output_dir elsewhere")
 
 
-def breakdown_row(b: Breakdown) -> dict[str, float]:
-    return {k: v / GIB for k, v in b.as_dict().items()}
-
-
 def local_device(use_gpu: bool, workers_here: int) -> Device | None:
     """The device this machine gives each worker: its GPU (as torch sees it), else a share of the host's free
     memory; None when the workers' GPUs are not visible here (a Ray head without one)."""
@@ -150,7 +146,7 @@ def local_device(use_gpu: bool, workers_here: int) -> Device | None:
     from scaletrain.metrics.flops import device_key
 
     if use_gpu:
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
             return None
         props = torch.cuda.get_device_properties(0)
         return Device(device_key(props.name) or props.name, props.total_memory)

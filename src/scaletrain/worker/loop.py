@@ -195,8 +195,8 @@ def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict
     save_final(t)
     summary = metrics.summary(train_time, clock.eval_s, final_eval)
     peaks = [r[0] for r in all_gather_floats([float(t.memory.peak_bytes())], t.ctx.device)]
-    summary.update(memory_summary(t.cfg, t.spec, t.ctx.world_size, t.ctx.device, peaks))
     if t.ctx.is_main:
+        summary.update(memory_summary(t.cfg, t.spec, t.ctx.world_size, t.ctx.device, peaks))
         t.run_dir.summary.write_text(json.dumps(summary, indent=1))
         events("finish", f"train {train_time:.1f}s, eval {clock.eval_s:.1f}s, {_fmt(final_eval)}")
     return summary

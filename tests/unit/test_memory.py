@@ -225,3 +225,21 @@ def test_the_samples_of_each_step_do_not_depend_on_the_world_size():
         assert one == two == four
         seen = [i for s in one for i in s]
         assert len(seen) == len(set(seen)) == 96  # every sample once per epoch
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the resident-set counters are Linux's")
+def test_the_cpu_peak_counts_tensors_not_the_file_pages_a_run_touches(tmp_path):
+    import mmap
+
+    from scaletrain.memory.measure import PeakMemory
+
+    mib = 2**20
+    data = tmp_path / "mapped.bin"
+    data.write_bytes(b"\1" * (96 * mib))
+    memory = PeakMemory("cpu")
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+        assert sum(pages[i] for i in range(0, len(pages), 4096)) == 96 * mib // 4096  # every page resident
+        assert memory.peak_bytes() < 32 * mib  # mapped pages (library code, arrow data) are not training memory
+    x = torch.ones(64 * mib // 4)  # a 64 MiB tensor, freed before the peak is read
+    del x
+    assert 60 * mib < memory.peak_bytes() < 100 * mib

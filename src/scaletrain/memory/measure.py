@@ -1,7 +1,10 @@
 """What a worker's training used at its peak: torch's allocator on a GPU; on a CPU the growth of the process's
 peak resident set over its size when training started: the kernel's own high-water mark (VmHWM), reset at the
 start (``/proc/self/clear_refs``), so no sampling can miss a short peak and nothing before it counts; where it
-cannot be reset, ``ru_maxrss`` of the (fresh) worker process."""
+cannot be reset, ``ru_maxrss`` of the (fresh) worker process. File-backed and shared pages that joined the
+resident set meanwhile (library code a first backward or a first save touches, memory-mapped data, Ray's
+object store) are not training memory: their growth, as still resident when the peak is read, is taken off
+(tens of MiB; it varies by machine)."""
 
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ class PeakMemory:
         else:
             self.reset = _reset_high_water_mark()
             self.baseline = psutil.Process().memory_info().rss
+            self.mapped = _mapped_resident()
 
     def peak_bytes(self) -> int:
         if self.gpu:
             return int(torch.cuda.max_memory_allocated(torch.device(self.device)))
         hwm = _high_water_mark() if self.reset else None
         peak = hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return max(0, peak - self.baseline)
+        mapped_growth = max(0, _mapped_resident() - self.mapped) if self.mapped is not None else 0
+        return max(0, peak - self.baseline - mapped_growth)
 
 
 def _reset_high_water_mark() -> bool:
@@ -37,6 +42,19 @@ def _reset_high_water_mark() -> bool:
         return _high_water_mark() is not None
     except OSError:
         return False
+
+
+def _mapped_resident() -> int | None:
+    """Resident bytes backed by files or shared memory (RssFile + RssShmem), where the kernel reports them."""
+    found = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("RssFile:", "RssShmem:")):
+                    found[line.split(":")[0]] = int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return sum(found.values()) if len(found) == 2 else None
 
 
 def _high_water_mark() -> int | None:
@@ -70,4 +88,4 @@ def memory_summary(cfg, spec, world_size: int, device: str, measured: list[float
             "memory/predicted_over_measured": comparable / peak if peak else None,
             "memory/predicted": predicted.as_dict(),
             "memory/measured_as": "torch allocator peak" if device != "cpu" else
-                                  "peak resident set growth (ru_maxrss over the worker's start)"}
+                                  "peak resident set growth over the worker's start, file-backed pages excluded"}

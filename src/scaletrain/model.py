@@ -163,8 +163,10 @@ def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label
     return auto, config
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_names: list[str] | None = None):
-    """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks."""
+def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_names: list[str] | None = None,
+                packed: bool = False):
+    """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks.
+    ``packed``: it trains on packed rows, and SDPA attends per example (``attention.py``)."""
     auto, config = _auto_and_config(cfg, vocab_size, pad_token_id, label_names)
     path = model_dir(cfg.name_or_path)
     if path is None:
@@ -173,6 +175,10 @@ def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_name
         model = auto.from_pretrained(str(path), config=config, local_files_only=True)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_token_id
+    if packed:
+        from scaletrain.attention import isolate_examples
+
+        isolate_examples(model)
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
     return model

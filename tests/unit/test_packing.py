@@ -44,24 +44,55 @@ def test_packed_rows_are_full_and_keep_every_example_whole(tmp_path, tok):
     assert again.train.to_list() == packed.train.to_list()  # seeded: the same rows on every run
 
 
-def test_packed_and_padded_batches_give_the_same_loss_and_gradients(tmp_path, tok):
+@pytest.mark.parametrize("attention", ["by-example", "block-mask"])
+def test_packed_and_padded_batches_give_the_same_loss_and_gradients(tmp_path, tok, attention):
+    """by-example: SDPA on each example's span (what a packed run uses); block-mask: transformers' SDPA over the
+    whole row with its block-diagonal mask (eager models, sliding windows)."""
+    from unittest import mock
+
+    from scaletrain import attention as by_example
+
     cfg, plain = _data(tmp_path, tok)
     examples = [plain.train[i] for i in range(6)]
     torch.manual_seed(0)
     model = build_model(cfg.model, len(tok), tok.pad_token_id)
     twin = copy.deepcopy(model)
+    if attention == "by-example":
+        assert by_example.isolate_examples(twin) == by_example.NAME
     padded = Collator(tok.pad_token_id)(examples)
     ds = pack(__import__("datasets").Dataset.from_list(examples), 400, seed=1)
     packed = Collator(tok.pad_token_id)([ds[i] for i in range(len(ds))])
     assert "attention_mask" not in packed and packed["input_ids"].shape[0] < 6
     a = token_loss_sum(model(**model_inputs(padded, labels=False), use_cache=False).logits, padded["labels"])
-    b = token_loss_sum(twin(**model_inputs(packed, labels=False), use_cache=False).logits, packed["labels"])
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with mock.patch.object(by_example.F, "scaled_dot_product_attention", side_effect=sdpa) as calls:
+        b = token_loss_sum(twin(**model_inputs(packed, labels=False), use_cache=False).logits, packed["labels"])
+    if attention == "by-example":  # one causal call per example (and per padding tail) in every layer
+        spans = sum(int((row == 0).sum()) for row in packed["position_ids"])
+        assert calls.call_count == spans * twin.config.num_hidden_layers and spans >= 6
     assert int((padded["labels"][:, 1:] != IGNORE_INDEX).sum()) == int((packed["labels"][:, 1:] != IGNORE_INDEX).sum())
     assert b.item() == pytest.approx(a.item(), rel=1e-5)
     a.backward()
     b.backward()
     for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_by_example_attention_leaves_plain_batches_and_saved_configs_as_they_were(tmp_path, tok):
+    from scaletrain.attention import NAME
+
+    cfg, plain = _data(tmp_path, tok)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(tok), tok.pad_token_id)
+    twin = build_model(cfg.model, len(tok), tok.pad_token_id, packed=True)
+    twin.load_state_dict(model.state_dict())
+    assert twin.config._attn_implementation == NAME and model.config._attn_implementation == "sdpa"
+    batch = Collator(tok.pad_token_id)([plain.train[i] for i in range(4)])  # padded, with an attention mask
+    with torch.no_grad():
+        assert torch.equal(model(**model_inputs(batch, labels=False)).logits,
+                           twin(**model_inputs(batch, labels=False)).logits)
+    twin.save_pretrained(tmp_path / "final")
+    assert NAME not in (tmp_path / "final" / "config.json").read_text()  # loads anywhere, without scaletrain
 
 
 def test_packing_needs_a_causal_lm_and_a_model_that_isolates_examples():

@@ -26,8 +26,9 @@ def model_inputs(batch: dict, labels: bool = True) -> dict:
 class Collator:
     """Pads a list of examples to the longest one in the batch (right padding).
 
-    Packed rows (with ``position_ids``) get no attention mask: transformers builds the block-diagonal mask
-    from the position ids, and the padding's own positions (0, 1, ...) make it a block of its own."""
+    Packed rows (with ``position_ids``) get no attention mask: the position ids tell the examples apart
+    (``attention.py``, or transformers' block-diagonal mask), and the padding's own positions (0, 1, ...) make it
+    an example of its own, with no targets."""
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id

@@ -2,10 +2,11 @@
 
 First-fit decreasing inside a seeded window of examples: the order is the same on every run of the config
 (and so resumable), rows are nearly full, and no example is split. Each row carries ``position_ids`` that
-restart at 0 for every example; with those and no attention mask, transformers builds a block-diagonal causal
-mask (``masking_utils.find_packed_sequence_indices``, for eager and SDPA attention, which run on CPU, and
-varlen for flash-attention kernels), so attention never crosses an example. The first token of each example
-is no target (its label is ignored): it would be predicted from the previous example's last token.
+restart at 0 for every example, so attention never crosses an example: a model on SDPA attends per example
+(``attention.py``); with no attention mask, transformers builds a block-diagonal causal mask for eager
+attention (``masking_utils.find_packed_sequence_indices``) and runs varlen for flash-attention kernels. The
+first token of each example is no target (its label is ignored): it would be predicted from the previous
+example's last token.
 """
 
 from __future__ import annotations

@@ -78,7 +78,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
     preload(lora=cfg.model.finetuning_type == "lora")  # imports before the memory baseline: no training memory
     memory = PeakMemory(ctx.device)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
-    model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id, cfg.data.label_names)
+    model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id, cfg.data.label_names,
+                        packed=cfg.data.packing)
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
     model = wrap_model(model, ctx, cfg.train)

@@ -5,7 +5,7 @@ time (the time the step waits) and size, sync vs async (DCP async_save).
     .venv/bin/python benchmarks/memory.py --rounds 1 --steps 4
 
 Each run's summary.json holds its measured peak (the worker's resident-set high-water mark over its start, with
-glibc's mmap threshold fixed: comm/env.py) and the plan's prediction with its breakdown. Variants alternate
+glibc's mmap threshold fixed by comm.env, so that freed tensors leave it: comm/env.py) and the plan's prediction with its breakdown. Variants alternate
 within a round; medians. Targets (issue: fitting big models): FSDP's weights+gradients+optimizer share per rank
 <= 0.55x DDP's; checkpointing cuts activation memory by >= 50% for <= 40% more step time.
 """
@@ -30,6 +30,9 @@ VARIANTS = {"ddp": {"strategy": "ddp"}, "fsdp": {"strategy": "fsdp"},
             "fsdp+async-save": {"strategy": "fsdp", "async_save": True}}
 
 
+from scaletrain.comm.env import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD  # noqa: E402
+
+
 def config(data: Path, out: Path, name: str, steps: int, async_save: bool = False, **train) -> dict:
     return {"model": {"name_or_path": "builtin:llama-100m", "task": "causal-lm", "dropout": 0.0},
             "data": {"train_file": str(data), "template": "alpaca", "cutoff_len": 512, "eval_ratio": 0.01,
@@ -38,6 +41,7 @@ def config(data: Path, out: Path, name: str, steps: int, async_save: bool = Fals
                       "max_steps": steps, "logging_steps": 1, "seed": 1, **train},
             "checkpoint": {"save_steps": max(1, steps // 2), "save_total_limit": 2, "async_save": async_save},
             "scaling": {"num_workers": 2}, "monitor": {"report": False},
+            "comm": {"env": {MALLOC_MMAP_THRESHOLD: CPU_MMAP_THRESHOLD_BYTES}},  # the live peak, not glibc's heap
             "output": {"output_dir": str(out), "run_name": name}}
 
 

@@ -30,8 +30,9 @@ TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 # glibc: allocations of at least this many bytes are mmap'ed and returned to the kernel when freed. Its default
 # threshold grows after each free (up to 32 MiB), so freed tensors stay in the heap and a CPU worker's resident
-# set says nothing of its live memory; fixed at 64 KiB for CPU workers, the measured peak (memory/measure.py)
-# is within a few percent of the tensors alive at the peak.
+# set is an upper bound of its live memory. Fixed at 64 KiB (comm.env: {MALLOC_MMAP_THRESHOLD_: 65536}), the
+# measured peak (memory/measure.py) is within a few percent of the tensors alive at the peak; not a default: a
+# fresh mmap per large tensor costs a third of CPU training throughput (benchmarks/RESULTS.md, packing).
 MALLOC_MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
 CPU_MMAP_THRESHOLD_BYTES = "65536"
 

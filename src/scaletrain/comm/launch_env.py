@@ -50,21 +50,17 @@ def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dic
             out.setdefault(k, v)
     if vendor == "rocm":
         out.setdefault(envvars.RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES, "1")
-    if backend == "gloo":  # CPU workers: their resident set measures their memory (comm/env.py)
-        out.setdefault(envvars.MALLOC_MMAP_THRESHOLD, envvars.CPU_MMAP_THRESHOLD_BYTES)
     return out
 
 
-def torchrun_agent_env(comm: CommConfig, cpus_per_worker: float, environ: Mapping[str, str] | None = None,
-                       cpu_workers: bool = False) -> dict[str, str]:
-    """The torchrun agent's environment: the driver's, comm variables, and the workers' thread count (and, for
-    CPU workers, glibc's fixed mmap threshold, as worker_env)."""
+def torchrun_agent_env(comm: CommConfig, cpus_per_worker: float,
+                       environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The torchrun agent's environment: the driver's, comm variables, and the workers' thread count."""
     # The same thread count under both launchers keeps their numbers (and results) comparable: Ray gives
     # each worker OMP_NUM_THREADS = its CPUs, torchrun sets 1 only with several processes per node.
     environ = envvars.snapshot() if environ is None else dict(environ)
     comm_vars = envvars.worker_env(effective_env(comm.profile, comm.env), environ)
-    cpu = {envvars.MALLOC_MMAP_THRESHOLD: envvars.CPU_MMAP_THRESHOLD_BYTES} if cpu_workers else {}
-    return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus_per_worker))), **cpu, **environ, **comm_vars}
+    return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus_per_worker))), **environ, **comm_vars}
 
 
 @contextlib.contextmanager

@@ -170,10 +170,7 @@ class TorchrunNode:
                 "-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
 
     def env(self) -> dict[str, str]:
-        use_gpu = self.cfg.scaling.use_gpu
-        cpu = not (Platform.detect().has_gpu if use_gpu == "auto" else bool(use_gpu))
-        return torchrun_agent_env(self.cfg.comm, (self.cfg.scaling.resources_per_worker or {}).get("CPU", 1),
-                                  cpu_workers=cpu)
+        return torchrun_agent_env(self.cfg.comm, (self.cfg.scaling.resources_per_worker or {}).get("CPU", 1))
 
     def run(self, spec: JobSpec) -> None:
         """Hand the spec to the workers (starting the agent if it is not running) and wait for them."""

@@ -11,7 +11,7 @@ Peak = weights + optimizer state + (DDP) gradient buckets + (FSDP) gathered para
 and, on a CPU (the host is the device), the build: every rank builds the full fp32 model before it is sharded.
 The model is built in fp32: weights 4 bytes per parameter, AdamW 8 bytes per trainable parameter, gradients 4.
 FSDP shards weights, gradients and optimizer state over its shard group and gathers one block (and the next,
-prefetched) in the compute dtype; ``fsdp_reshard_after_forward: false`` keeps every block gathered through
+prefetched) in the compute dtype, with the collectives' copy-in and reduce-scatter output buffers; ``fsdp_reshard_after_forward: false`` keeps every block gathered through
 backward; offload moves the shards to the host. On a GPU the runtime's own share (context, library workspaces,
 communicator buffers) is added as a fixed overhead.
 """
@@ -200,6 +200,9 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
         gathered_blocks = 2 if t.fsdp_reshard_after_forward else shape.layers  # the current one and the next
         buffers = (min(gathered_blocks, shape.layers) * shape.block_params + outside) * compute_bytes
         buffers += shape.block_trainable * BYTES_FP32  # the block's unsharded gradient before reduce-scatter
+        # and the collectives' own copies: the all-gather's input (this rank's shards of a block, copied in) and
+        # the reduce-scatter's output (the block's gradient shard)
+        buffers += (shape.block_params * compute_bytes + shape.block_trainable * BYTES_FP32) // group
     else:
         params, grads, optim = weights, trainable * BYTES_FP32, trainable * ADAM_BYTES
         buffers = trainable * BYTES_FP32 if world_size > 1 and t.strategy == "ddp" else 0  # DDP's buckets

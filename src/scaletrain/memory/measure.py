@@ -87,5 +87,14 @@ def memory_summary(cfg, spec, world_size: int, device: str, measured: list[float
             "memory/predicted_peak_bytes": predicted.peak,
             "memory/predicted_over_measured": comparable / peak if peak else None,
             "memory/predicted": predicted.as_dict(),
-            "memory/measured_as": "torch allocator peak" if device != "cpu" else
-                                  "peak resident set growth over the worker's start, file-backed pages excluded"}
+            "memory/measured_as": "torch allocator peak" if device != "cpu" else _cpu_measure(cfg)}
+
+
+def _cpu_measure(cfg) -> str:
+    from scaletrain.comm.env import MALLOC_MMAP_THRESHOLD
+
+    what = "peak resident set growth over the worker's start, file-backed pages excluded"
+    if MALLOC_MMAP_THRESHOLD in cfg.comm.env:
+        return what + f" ({MALLOC_MMAP_THRESHOLD}={cfg.comm.env[MALLOC_MMAP_THRESHOLD]}: freed tensors leave it)"
+    return what + (f"; freed memory glibc keeps counts too (an upper bound): comm.env.{MALLOC_MMAP_THRESHOLD}=65536 "
+                   f"measures the live peak, at a cost in speed")

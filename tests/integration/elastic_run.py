@@ -1,6 +1,7 @@
 """Run by test_fit_ray.py in its own process: an elastic run on a simulated 2-node Ray cluster (1 CPU each).
 A node is removed mid-run (the run goes on with 1 worker), then added back (it grows to 2 again). Prints the
-losses by step and the resize lines as JSON."""
+losses and worker counts by step (the last record of each step: a step trained again after a resize counts as
+its newer run), the resize lines and the events' times as JSON."""
 
 import json
 import sys
@@ -31,30 +32,45 @@ def steps_done() -> int:
         return 0
 
 
-def chaos():
-    global node
-    deadline = time.time() + 240
-    while steps_done() < 10 and time.time() < deadline:
-        time.sleep(0.2)
-    events["removed_at_step"] = steps_done()
-    events["removed_t"] = time.time()
-    cluster.remove_node(node)  # a lost node: its worker dies with it
-    while time.time() < deadline:
-        log = (run / "logs" / "main.log").read_text() if (run / "logs" / "main.log").exists() else ""
-        if "resize: from 2 to 1" in log:
-            break
-        time.sleep(0.2)
-    events["shrunk_t"] = time.time()
-    time.sleep(3)
-    node = cluster.add_node(num_cpus=1)  # room again: the run grows back
+def train():
+    try:
+        run_job(validate(cfg), "elastic.yaml", show_progress=False)
+        events["status"] = "finished"
+    except ScaletrainError as e:
+        events["status"] = f"error: {e}"
 
 
-threading.Thread(target=chaos, daemon=True).start()
+def main_log() -> str:
+    return (run / "logs" / "main.log").read_text() if (run / "logs" / "main.log").exists() else ""
+
+
+def wait_for(predicate, deadline: float) -> bool:
+    while not predicate():
+        if time.time() > deadline or not job.is_alive():
+            return False
+        time.sleep(0.2)
+    return True
+
+
+# The run in a thread; the cluster changes in the main thread (Ray's add_node installs a signal handler, which
+# only the main thread may do).
+job = threading.Thread(target=train, daemon=True)
+job.start()
+deadline = time.time() + 400
 try:
-    result = run_job(validate(cfg), "elastic.yaml", show_progress=False)
-    status = "finished"
-except ScaletrainError as e:
-    status = f"error: {e}"
+    if wait_for(lambda: steps_done() >= 10, deadline):
+        events["removed_at_step"] = steps_done()
+        events["removed_t"] = time.time()
+        cluster.remove_node(node)  # a lost node: its worker dies with it
+        if wait_for(lambda: "resize: from 2 to 1" in main_log(), deadline):
+            events["shrunk_t"] = time.time()
+            node = cluster.add_node(num_cpus=1)  # room again: the run grows back
+            events["added_t"] = time.time()
+            events["added_at_step"] = steps_done()
+            if wait_for(lambda: "resize: from 1 to 2" in main_log(), deadline):
+                events["grown_t"] = time.time()
+    job.join(timeout=max(1.0, deadline - time.time()))
+    events.setdefault("status", "still running at the deadline")
 finally:
     ray.shutdown()
     cluster.shutdown()
@@ -65,8 +81,12 @@ for r in read_jsonl(run / "metrics.jsonl"):
     if r.get("kind") == "train":
         losses[r["step"]] = r["train/loss"]
         workers[r["step"]] = r["scaling/workers"]
-        if "shrunk_t" in events and r["time"] > events["removed_t"] and "first_after_loss" not in first_after:
+        if ("shrunk_t" in events and r["time"] > events["removed_t"] and r["scaling/workers"] == 1
+                and "first_after_loss" not in first_after):
             first_after["first_after_loss"] = r["time"] - events["removed_t"]
+        if ("added_t" in events and r["time"] > events["added_t"] and r["scaling/workers"] == 2
+                and "first_after_add" not in first_after):
+            first_after["first_after_add"] = r["time"] - events["added_t"]
 log = (run / "logs" / "main.log").read_text()
-print("RESULT " + json.dumps({"status": status, "losses": losses, "workers": workers, **events, **first_after,
+print("RESULT " + json.dumps({"losses": losses, "workers": workers, **events, **first_after,
                               "resizes": [ln for ln in log.splitlines() if "resize:" in ln]}))

@@ -25,16 +25,16 @@ def _rows(n: int) -> list[dict]:
 
 
 def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2, max_length=64, save_steps=0,
-         async_save=False, elastic_resize_interval_s=60.0, comm_env=None, **train):
-    data = tmp_path / "sft.jsonl"
+         async_save=False, elastic_resize_interval_s=60.0, comm_env=None, rows=400, learning_rate=2e-3, **train):
+    data = tmp_path / f"sft-{rows}.jsonl"
     if not data.exists():
-        data.write_text("\n".join(json.dumps(r) for r in _rows(400)))
+        data.write_text("\n".join(json.dumps(r) for r in _rows(rows)))
     finetuning = train.pop("finetuning_type", "full")
     cfg = validate({
         "model": {"name_or_path": model, "task": "causal-lm", "dropout": 0.0, "finetuning_type": finetuning},
         "data": {"train_file": str(data), "eval_ratio": 0.02, "max_length": max_length, "template": "alpaca",
                  "packing": True},
-        "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch, "learning_rate": 2e-3,
+        "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch, "learning_rate": learning_rate,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
         "scaling": {"num_workers": workers, "elastic_resize_interval_s": elastic_resize_interval_s},
         "checkpoint": {"save_steps": save_steps, "async_save": async_save},
@@ -151,22 +151,25 @@ def test_async_save_writes_the_same_checkpoints_and_resumes_exactly(tmp_path, ra
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
-def test_elastic_run_shrinks_on_a_lost_node_with_the_same_curve(tmp_path, ray_local, no_orphans):
+def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(tmp_path, ray_local, no_orphans):
     """num_workers: [1, 2] on a simulated 2-node cluster: a node is lost mid-run and the run goes on with 1 worker
-    (accumulation doubled); every step's loss equals the fixed 2-worker run's: the same samples (each once),
-    global batch and LR schedule. (The node is added back, but Ray 2.60's elastic policy did not grow the group
-    again within 20 s of training here; growing is not asserted.)"""
+    (accumulation doubled); the node comes back and the run grows to 2 workers again (accumulation halved).
+    Every step's loss equals the fixed 2-worker run's: the same samples (each once), global batch and LR
+    schedule. Long enough (2500 short steps) that the grow-back, ~11 s after the node returns, happens well
+    before the end."""
     import subprocess
     import sys
 
-    steps = 200
-    common = dict(steps=steps, batch=2, save_steps=5)
+    steps = 2500
+    # enough data and a gentle LR that the run learns rather than memorises: memorising 400 examples for 30
+    # epochs amplifies float rounding (the order of a 2-term sum) into 1e-1 loss differences within 100 steps
+    common = dict(steps=steps, batch=2, save_steps=5, rows=4000, learning_rate=5e-4)
     fixed = _losses_by_step(_run(tmp_path, "fixed", workers=2, **common))
     cfg = {
         "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},
-        "data": {"train_file": str(tmp_path / "sft.jsonl"), "eval_ratio": 0.02, "max_length": 64,
+        "data": {"train_file": str(tmp_path / "sft-4000.jsonl"), "eval_ratio": 0.02, "max_length": 64,
                  "template": "alpaca", "packing": True},
-        "train": {"per_device_train_batch_size": 2, "per_device_eval_batch_size": 2, "learning_rate": 2e-3,
+        "train": {"per_device_train_batch_size": 2, "per_device_eval_batch_size": 2, "learning_rate": 5e-4,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0},
         "scaling": {"num_workers": [1, 2], "elastic_resize_interval_s": 2.0},
         "checkpoint": {"save_steps": 5}, "fault_tolerance": {"max_failures": -1},
@@ -182,9 +185,12 @@ def test_elastic_run_shrinks_on_a_lost_node_with_the_same_curve(tmp_path, ray_lo
     assert out["status"] == "finished", out
     resizes = " ".join(out["resizes"])
     assert "resize: from 2 to 1 worker(s)" in resizes and "gradient_accumulation_steps 1 -> 2" in resizes, resizes
-    assert set(out["workers"].values()) == {1, 2}  # records before the loss on 2, after it on 1
+    assert "resize: from 1 to 2 worker(s)" in resizes and "gradient_accumulation_steps 2 -> 1" in resizes, resizes
+    by_step = [out["workers"][str(s)] for s in range(1, steps + 1)]
+    phases = [w for i, w in enumerate(by_step) if i == 0 or by_step[i - 1] != w]
+    assert phases == [2, 1, 2], phases  # each record says the scale it trained at
     grown = {int(k): v for k, v in out["losses"].items()}
     print("ELASTIC", {k: out[k] for k in out if k not in ("losses", "workers")})
     assert sorted(grown) == sorted(fixed) == list(range(1, steps + 1))  # every step once, none skipped
     for step in fixed:  # identical before the resize; after it, float sums in another order
-        assert grown[step] == pytest.approx(fixed[step], rel=1e-5 if step <= 10 else 1e-3), step
+        assert grown[step] == pytest.approx(fixed[step], rel=1e-5 if step <= 10 else 1e-4), step

@@ -89,4 +89,5 @@ for r in read_jsonl(run / "metrics.jsonl"):
             first_after["first_after_add"] = r["time"] - events["added_t"]
 log = (run / "logs" / "main.log").read_text()
 print("RESULT " + json.dumps({"losses": losses, "workers": workers, **events, **first_after,
-                              "resizes": [ln for ln in log.splitlines() if "resize:" in ln]}))
+                              "resizes": [ln for ln in log.splitlines() if "resize:" in ln],
+                              "alerts": [ln.split("alert: ")[1].split(":")[0] for ln in log.splitlines() if "alert: " in ln]}))

@@ -186,6 +186,9 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     resizes = " ".join(out["resizes"])
     assert "resize: from 2 to 1 worker(s)" in resizes and "gradient_accumulation_steps 1 -> 2" in resizes, resizes
     assert "resize: from 1 to 2 worker(s)" in resizes and "gradient_accumulation_steps 2 -> 1" in resizes, resizes
+    assert "(elastic: fewer workers fit (a worker or its node was lost" in resizes, resizes  # why
+    assert "(elastic: more workers fit)" in resizes and " s since the last step" in resizes, resizes  # time lost
+    assert out["alerts"].count("throughput_drop") <= 2, out["alerts"]  # a resize changes the speed: no alert storm
     by_step = [out["workers"][str(s)] for s in range(1, steps + 1)]
     phases = [w for i, w in enumerate(by_step) if i == 0 or by_step[i - 1] != w]
     assert phases == [2, 1, 2], phases  # each record says the scale it trained at

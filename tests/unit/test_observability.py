@@ -62,8 +62,32 @@ def test_straggler_names_padding_imbalance_when_the_slow_rank_had_more_tokens():
 def test_throughput_drop():
     rule = ThroughputDrop(50)
     assert feed(rule, [train_rec(s, sps=100 + s % 3) for s in range(10)]) == []
-    alerts = feed(rule, [train_rec(11, sps=30.0), train_rec(12, sps=31.0)])
+    assert feed(rule, [train_rec(11, sps=30.0), train_rec(12, sps=31.0)]) == []  # two slow records: jitter
+    alerts = feed(rule, [train_rec(13 + s, sps=30.0) for s in range(3)])  # five: a drop
     assert len(alerts) == 1 and "below 50%" in alerts[0].message
+
+
+def test_a_value_hovering_at_the_threshold_alerts_once_and_a_resize_starts_a_new_baseline():
+    rule = ThroughputDrop(50)
+    steady = [train_rec(s, sps=100.0) for s in range(10)]
+    jitter = [train_rec(10 + s, sps=20.0 if s % 3 == 0 else 100.0) for s in range(30)]  # a slow step in three
+    assert feed(rule, steady + jitter) == []
+    hovering = [train_rec(40 + s, sps=45.0 if (s // 3) % 2 else 55.0) for s in range(30)]  # at the threshold
+    assert len(feed(rule, hovering)) == 1
+    # clear for REARM records, then low again: a new episode, a new alert
+    assert len(feed(rule, [train_rec(70 + s, sps=100.0) for s in range(8)] +
+                    [train_rec(80 + s, sps=10.0) for s in range(5)])) == 1
+    # elastic: 2 workers at 100 samples/s, then 1 worker at 40 (its normal speed): no alert; its own drop: one
+    elastic = ThroughputDrop(50)
+    two = [{**train_rec(s, sps=100.0), "scaling/workers": 2} for s in range(10)]
+    one = [{**train_rec(10 + s, sps=40.0 + s % 2), "scaling/workers": 1} for s in range(10)]
+    assert feed(elastic, two + one) == []
+    assert len(feed(elastic, [{**train_rec(30 + s, sps=10.0), "scaling/workers": 1} for s in range(5)])) == 1
+    wait = DataWait(30)
+    flapping = [train_rec(s, wait=0.035 if (s // 3) % 2 else 0.025, step_s=0.1) for s in range(30)]
+    assert len(feed(wait, flapping)) == 1
+    slow = Straggler(1.5)
+    assert len(feed(slow, [train_rec(s, ranks=(0.1, 0.1, 0.16 if s % 2 else 0.14)) for s in range(20)])) == 1
 
 
 def test_memory_growth_trend():
@@ -78,7 +102,8 @@ def test_memory_growth_trend():
 def test_data_wait_share():
     rule = DataWait(30)
     assert feed(rule, [train_rec(s, wait=0.01, step_s=0.1) for s in range(5)]) == []
-    alerts = feed(rule, [train_rec(6, wait=0.05, step_s=0.1)])
+    assert feed(rule, [train_rec(6, wait=0.05, step_s=0.1)]) == []  # one slow batch: 18% of the window
+    alerts = feed(rule, [train_rec(7 + s, wait=0.05, step_s=0.1) for s in range(3)])
     assert len(alerts) == 1 and "loader_workers" in alerts[0].message
 
 

@@ -1,7 +1,10 @@
 """Alert rules: small objects fed metric records, each returning the alerts it raises.
 
-A rule fires once when its condition starts and re-arms when the condition clears, so a slow rank
-produces one alert, not one per logging step. Thresholds come from ``monitor.alerts``; 0 disables a rule.
+A rule fires once when its condition starts and re-arms once the condition has been clear for ``REARM``
+records in a row, so a slow rank (or a value hovering at the threshold) produces one alert, not one per logging
+step. Rates are judged over the last ``WINDOW`` records (one slow step is jitter, five are a drop) and within
+one scale: an elastic resize (``scaling/workers``) starts a new baseline.
+Thresholds come from ``monitor.alerts``; 0 disables a rule.
 NaN/Inf loss is checked in the workers every step (it must stop the run before anything is saved).
 """
 
@@ -11,6 +14,7 @@ import json
 import math
 import statistics
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +31,28 @@ class Alert:
     rank: int | None = None
     severity: str = "warning"
     time: float = field(default_factory=time.time)
+
+
+REARM = 5  # clear records in a row before a rule that fired can fire again
+WINDOW = 5  # records a rate is judged over
+
+
+class Episode:
+    """One condition's state: ``starts(True)`` is True when an episode begins; it ends after REARM clear
+    records."""
+
+    def __init__(self):
+        self.active, self.clear = False, 0
+
+    def starts(self, condition: bool) -> bool:
+        if condition:
+            self.clear = 0
+            begun, self.active = not self.active, True
+            return begun
+        self.clear += 1
+        if self.clear >= REARM:
+            self.active = False
+        return False
 
 
 class Rule:
@@ -63,7 +89,7 @@ class Straggler(Rule):
 
     def __init__(self, factor: float):
         self.factor = factor
-        self.flagged: set[int] = set()
+        self.episodes: dict[int, Episode] = {}
 
     def observe(self, r: dict) -> list[Alert]:
         times = r.get("ranks/step_s")
@@ -73,11 +99,10 @@ class Straggler(Rule):
         out = []
         for rank, t in enumerate(times):
             slow = median > 0 and t > self.factor * median
-            if slow and rank not in self.flagged:
+            if self.episodes.setdefault(rank, Episode()).starts(slow):
                 out.append(Alert(self.name, f"rank {rank} is a straggler: {t:.3f} s/step vs the median "
                                             f"{median:.3f} s ({t / median:.1f}x, threshold {self.factor:g}x)"
                                             f"{self._cause(r, rank)}", step=r.get("step"), rank=rank))
-            (self.flagged.add if slow else self.flagged.discard)(rank)
         return out
 
 
@@ -101,20 +126,25 @@ class ThroughputDrop(Rule):
     def __init__(self, pct: float):
         self.pct = pct
         self.history: list[float] = []
-        self.active = False
+        self.recent: deque[float] = deque(maxlen=WINDOW)
+        self.episode = Episode()
+        self.scale = None
 
     def observe(self, r: dict) -> list[Alert]:
         value = r.get("throughput/samples_per_s")
         if not self.pct or r.get("kind") != "train" or value is None:
             return []
+        if r.get("scaling/workers") != self.scale:  # another number of workers: another normal speed
+            self.scale, self.history, self.episode = r.get("scaling/workers"), [], Episode()
+            self.recent.clear()
+        self.recent.append(value)
         out = []
-        if len(self.history) >= self.warmup:
-            median = statistics.median(self.history)
-            low = value < median * self.pct / 100
-            if low and not self.active:
-                out.append(Alert(self.name, f"throughput fell to {value:.1f} samples/s, below {self.pct:.0f}% of its "
-                                            f"running median {median:.1f}", step=r.get("step")))
-            self.active = low
+        if len(self.history) >= self.warmup and len(self.recent) == WINDOW:
+            median, now = statistics.median(self.history), statistics.median(self.recent)
+            if self.episode.starts(now < median * self.pct / 100):
+                out.append(Alert(self.name, f"throughput fell to {now:.1f} samples/s (median of the last {WINDOW} "
+                                            f"records), below {self.pct:.0f}% of its running median {median:.1f}",
+                                 step=r.get("step")))
         self.history.append(value)
         return out
 
@@ -158,20 +188,23 @@ class DataWait(Rule):
 
     def __init__(self, pct: float):
         self.pct = pct
-        self.active = False
+        self.episode = Episode()
+        self.recent: deque[tuple[float, float]] = deque(maxlen=WINDOW)
 
     def observe(self, r: dict) -> list[Alert]:
         wait, step = r.get("time/data_wait_s"), r.get("time/step_s")
         if not self.pct or r.get("kind") != "train" or wait is None or not step:
             return []
-        share = wait / step * 100
-        high = share > self.pct
+        self.recent.append((wait, step))
+        if len(self.recent) < WINDOW:
+            return []
+        share = sum(w for w, _ in self.recent) / sum(s for _, s in self.recent) * 100
         out = []
-        if high and not self.active:
-            out.append(Alert(self.name, f"data wait is {share:.0f}% of step time (threshold {self.pct:.0f}%): the input "
+        if self.episode.starts(share > self.pct):
+            out.append(Alert(self.name, f"data wait is {share:.0f}% of step time over the last {WINDOW} records "
+                                        f"(threshold {self.pct:.0f}%): the input "
                                         f"pipeline is the bottleneck; raise data.loader_workers or prefetch",
                              step=r.get("step")))
-        self.active = high
         return out
 
 

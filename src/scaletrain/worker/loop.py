@@ -167,19 +167,32 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
 
 
 def _say_resize(t: Trainer, events) -> None:
-    """A restart on another number of workers (elastic, or --resume with another size): when, from N to M, the
-    batch it keeps, and the steps trained again (after the checkpoint, before the restart)."""
+    """A restart on another number of workers (elastic, or --resume with another size): when, from N to M, why,
+    the batch it keeps, the steps trained again (after the checkpoint, before the restart) and, elastic, the
+    time since the last step before it."""
     old = t.restored_world_size
     if old is None or old == t.ctx.world_size or not t.ctx.is_main:
         return
+    import time
+
     from scaletrain.metrics.records import read_jsonl
 
-    done = max((r["step"] for r in read_jsonl(t.run_dir.metrics) if r.get("kind") == "train"), default=0)
-    tr = t.cfg.train
-    events("resize", f"from {old} to {t.ctx.world_size} worker(s) at step {t.progress.step}: "
+    trained = [r for r in read_jsonl(t.run_dir.metrics) if r.get("kind") == "train"]
+    done = max((r["step"] for r in trained), default=0)
+    tr, new = t.cfg.train, t.ctx.world_size
+    elastic = t.cfg.scaling.min_workers is not None  # (on its minimum, the config a worker gets is not a range)
+    if not elastic:
+        why = f"resumed with scaling.num_workers={new}"
+    elif new > old:
+        why = "elastic: more workers fit"
+    else:
+        why = "elastic: fewer workers fit (a worker or its node was lost: the failure above)"
+    lost = f", {time.time() - max(r['time'] for r in trained):.0f} s since the last step" if (
+        elastic and trained) else ""
+    events("resize", f"from {old} to {new} worker(s) at step {t.progress.step} ({why}): "
                      f"gradient_accumulation_steps {t.restored_accumulation} -> {tr.gradient_accumulation_steps}, "
-                     f"global batch {global_batch_size(tr, t.ctx.world_size)}; {max(0, done - t.progress.step)} "
-                     f"step(s) trained again")
+                     f"global batch {global_batch_size(tr, new)}; {max(0, done - t.progress.step)} "
+                     f"step(s) trained again{lost}")
 
 
 def _tokens(t: Trainer, window: list[dict]) -> int | None:

@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
                      f" ({r['note']})")
             console.print(f"{r['workers']} device(s): step {r['step_time_s']:.3f} s{extra}", soft_wrap=True)
         if compute is not None:
-            console.print(f"(compute at an assumed {ASSUMED_MFU:.0%} MFU of {device.key}'s peak {dtype})", soft_wrap=True)
+            console.print(f"(compute at an assumed {ASSUMED_MFU:.0%} MFU of {device.key}'s peak {dtype})",
+                          soft_wrap=True)
     if not any(ok for ok, _ in verdicts.values()):
         raise ConfigError(f"the job fits none of --gpus {args.gpus} on {device.key}: "
                           f"{verdicts[sizes[-1]][1].split('; ', 1)[1]}")

@@ -11,8 +11,9 @@ Peak = weights + optimizer state + (DDP) gradient buckets + (FSDP) gathered para
 and, on a CPU (the host is the device), the build: every rank builds the full fp32 model before it is sharded.
 The model is built in fp32: weights 4 bytes per parameter, AdamW 8 bytes per trainable parameter, gradients 4.
 FSDP shards weights, gradients and optimizer state over its shard group and gathers one block (and the next,
-prefetched) in the compute dtype, with the collectives' copy-in and reduce-scatter output buffers; ``fsdp_reshard_after_forward: false`` keeps every block gathered through
-backward; offload moves the shards to the host. On a GPU the runtime's own share (context, library workspaces,
+prefetched) in the compute dtype, with the collectives' copy-in and reduce-scatter output buffers;
+``fsdp_reshard_after_forward: false`` keeps every block gathered through backward; offload moves the shards to
+the host. On a GPU the runtime's own share (context, library workspaces,
 communicator buffers) is added as a fixed overhead.
 """
 

@@ -4,6 +4,7 @@ logs, stop one mid-run, list), and `down` stops exactly what `up` started."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -68,6 +69,12 @@ def test_up_train_twice_submit_follow_stop_list_down(tmp_path, demo_dir, warm_cl
     s1, s2 = (json.loads((runs / n / "summary.json").read_text()) for n in ("first", "second"))
     assert s1["steps"] == 4 and s2["steps"] == 6
     assert _pids(runs / "first") and _pids(runs / "first").isdisjoint(_pids(runs / "second"))
+    # ... forked by the warm cluster's fork server (pre-imported, each used once), none started the plain way
+    from scaletrain.launch.local_cluster import forkserver_log
+
+    served = forkserver_log().read_text()
+    assert _pids(runs / "first") | _pids(runs / "second") <= set(re.findall(r"^forked (\d+)$", served, re.M))
+    assert "exec:" not in served
 
     # a job through the Job Submission API: the project folder is its working_dir
     job = _project(tmp_path, demo_dir, "submitted")

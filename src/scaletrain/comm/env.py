@@ -7,6 +7,7 @@ config or the frozen worker context.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Mapping
 
@@ -124,6 +125,43 @@ def apply_defaults(values: Mapping[str, str]) -> None:
 def apply(values: Mapping[str, str]) -> None:
     """Set variables in this process (for values computed from what the user set, e.g. reconcile_rocr)."""
     os.environ.update(values)
+
+
+# The warm cluster's fork server (launch/forkserver.py) hands Ray a worker forked from a process that imported
+# torch, transformers and Ray once. Variables these libraries, the loader or the interpreter read when they load
+# must then have the server's values, or the worker is started the plain way. Exceptions: Ray's own per-worker
+# variables and Train V2's (read when used), and the thread counts, which the worker applies itself
+# (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).
+FORK_MATCHED_PREFIXES = ("LD_", "MALLOC_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "HF_",
+                         "TRANSFORMERS_", "TOKENIZERS_", "RAY_")
+FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "MKL_NUM_THREADS", "RAY_JOB_ID",
+                            "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS", "RAY_USAGE_STATS_ENABLED",
+                            "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"})
+FORK_UNMATCHED_PREFIXES = ("RAY_TRAIN_",)
+
+
+def fork_mismatch(requested: Mapping[str, str], server: Mapping[str, str]) -> str | None:
+    """Why a worker with environment ``requested`` cannot be forked from a server started with ``server``."""
+    for name in sorted(set(requested) | set(server)):
+        if (name.startswith(FORK_MATCHED_PREFIXES) and name not in FORK_UNMATCHED
+                and not name.startswith(FORK_UNMATCHED_PREFIXES) and requested.get(name) != server.get(name)):
+            return f"{name} differs from the fork server's"  # never the values: they may be secrets
+    return None
+
+
+def replace_all(values: Mapping[str, str]) -> None:
+    """Make this process's environment exactly ``values`` (a forked worker taking its caller's)."""
+    os.environ.clear()
+    os.environ.update(values)
+
+
+def apply_threads(environ: Mapping[str, str] | None = None) -> None:
+    """torch's CPU threads from OMP_NUM_THREADS, as a fresh process would have them: libgomp reads the variable
+    when torch loads, which in a forked worker was before Ray set it."""
+    value = read(OMP_NUM_THREADS, environ)
+    torch = sys.modules.get("torch")
+    if torch is not None and value and value.isdigit() and int(value) > 0:
+        torch.set_num_threads(int(value))
 
 
 def nccl_watchdog_env(flight_dir: str) -> dict[str, str]:

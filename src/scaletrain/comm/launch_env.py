@@ -40,6 +40,21 @@ def prepare_warm_cluster_driver() -> bool:
     return "ray" not in sys.modules
 
 
+def fork_server_env() -> dict[str, str]:
+    """The warm cluster's fork server imports as a worker would: scaletrain's worker defaults < this shell, and
+    Ray's token authentication (launch/forkserver.py)."""
+    env = {**envvars.WORKER_ENV_DEFAULTS, **envvars.snapshot()}
+    for k, v in envvars.WARM_CLUSTER_DRIVER_DEFAULTS.items():
+        env.setdefault(k, v)
+    return env
+
+
+def warm_job_env() -> dict[str, str]:
+    """Every process of a job on the warm cluster (Ray Train's controller and helpers too, not only its workers)
+    gets scaletrain's worker defaults, so that all of them match the fork server (fork_server_env)."""
+    return {k: envvars.read(k) or v for k, v in envvars.WORKER_ENV_DEFAULTS.items()}
+
+
 def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
     """Every worker's variables: scaletrain's defaults < the driver's shell < the comm profile < comm.env, plus
     the collective watchdog (nccl) and the ROCm device-view fix; a user's value wins over the last two."""
@@ -87,7 +102,9 @@ def private_env(env: dict[str, str], storage_dir: str) -> Iterator[dict[str, str
 
 
 def load_private_env() -> None:
-    """In a Ray worker, first thing: add the secret variables the driver left for it (``private_env``)."""
+    """In a Ray worker, first thing: add the secret variables the driver left for it (``private_env``), and take
+    the CPU threads Ray gave it (a worker forked from the warm cluster's server loaded torch before)."""
     path = envvars.read(envvars.SCALETRAIN_PRIVATE_ENV_FILE)
     if path:
         envvars.apply(json.loads(Path(path).read_text()))
+    envvars.apply_threads()

@@ -34,6 +34,8 @@ class Cluster:
     num_gpus: int
     started: float
     pgid: int = 0  # the process group of `ray start --block` and the Ray processes it started
+    forkserver: str = ""  # the socket of the fork server that starts its workers pre-imported (forkserver.py)
+    forkserver_pgid: int = 0  # its process group (the server and the workers it forked)
 
 
 def state_file() -> Path:
@@ -120,9 +122,37 @@ def up(num_cpus: int | None, num_gpus: int | None) -> tuple[Cluster, bool]:
             raise LaunchError(f"ray start --head did not come up ({tail[0][:300] if tail else 'no output'}); see "
                               f"{state_file().with_suffix('.log')}")
         time.sleep(0.5)
-    cluster = Cluster(address, f"http://127.0.0.1:{DASHBOARD_PORT}", cpus, num_gpus or 0, time.time(), proc.pid)
+    sock, server_pgid = _start_forkserver()
+    cluster = Cluster(address, f"http://127.0.0.1:{DASHBOARD_PORT}", cpus, num_gpus or 0, time.time(), proc.pid,
+                      sock, server_pgid)
     state_file().write_text(json.dumps(asdict(cluster)))
     return cluster, True
+
+
+def forkserver_log() -> Path:
+    return state_file().with_suffix(".forkserver.log")
+
+
+def _start_forkserver(timeout_s: float = 120.0) -> tuple[str, int]:
+    """Start the fork server in a session of its own, which `down` stops with the head: (its socket once it has
+    imported what workers import, its process group), or ("", 0) when it did not come up (workers then start
+    the plain way)."""
+    from scaletrain.comm.launch_env import fork_server_env
+    from scaletrain.launch import forkserver
+
+    sock = str(state_file().with_suffix(".sock"))
+    log = open(forkserver_log(), "wb")  # noqa: SIM115 - the server's own output: what it forked, and why not
+    proc = subprocess.Popen([sys.executable, "-m", "scaletrain.launch.forkserver", "--serve", sock], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fork_server_env(),
+                            start_new_session=True)
+    log.close()
+    deadline = time.time() + timeout_s
+    while not forkserver.answers(sock):
+        if proc.poll() is not None or time.time() > deadline:
+            _kill_group(proc.pid)
+            return "", 0
+        time.sleep(0.2)
+    return sock, proc.pid
 
 
 def _kill_group(pgid: int, grace_s: float = 20.0) -> None:
@@ -156,8 +186,11 @@ def down() -> Cluster | None:
             cluster = None
     if cluster is None:
         return None
-    if cluster.pgid:
-        _kill_group(cluster.pgid)
+    for pgid in (cluster.forkserver_pgid, cluster.pgid):
+        if pgid:
+            _kill_group(pgid)
+    if cluster.forkserver:
+        Path(cluster.forkserver).unlink(missing_ok=True)
     try:  # `ray start` left its address here; a later ray.init() without one would try to join the dead head
         if RAY_CURRENT_CLUSTER.read_text().strip() == cluster.address:
             RAY_CURRENT_CLUSTER.unlink()

@@ -13,7 +13,7 @@ from typing import Iterator
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform
 from scaletrain.comm.launch_env import (load_private_env, prepare_ray_driver, prepare_warm_cluster_driver, private_env,
-                                        worker_env)
+                                        warm_job_env, worker_env)
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
@@ -114,9 +114,17 @@ def ensure_ray(address: str | None) -> bool:
         if warm is not None:
             from scaletrain.console import console
 
+            from scaletrain.launch import forkserver
+
+            forked = bool(warm.forkserver) and forkserver.answers(warm.forkserver)
             console.print(f"[yellow]note:[/] using the local Ray cluster started by scaletrain up ({warm.address}, "
-                          f"{warm.num_cpus} CPUs); scaletrain down stops it", soft_wrap=True)
+                          f"{warm.num_cpus} CPUs{'; workers forked pre-imported' if forked else ''}); scaletrain "
+                          f"down stops it", soft_wrap=True)
             kwargs.pop("include_dashboard")
+            if forked:
+                kwargs["runtime_env"] = {"py_executable": forkserver.command(warm.forkserver),
+                                         "env_vars": warm_job_env()}
+            envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # one machine, as an embedded Ray
             ray.init(address=warm.address, **kwargs)
             return False
     if address:

@@ -1,0 +1,295 @@
+"""Fresh Ray worker processes without the import bill: a fork server for the warm local cluster.
+
+`scaletrain up` starts, beside the Ray head, one process that imports what every worker of a scaletrain job
+imports (Ray, Ray Train, torch, transformers, scaletrain's worker loop) and then waits on a Unix socket. The
+driver of a job on that cluster names this module as Ray's ``py_executable``; each worker process Ray starts
+then asks the server for a child: the server forks (a few milliseconds instead of seconds of imports on every
+worker), the child takes the worker's stdio, environment, working directory and command line and runs Ray's
+``default_worker.py`` as ``__main__``, and the caller relays the child's exit status to Ray.
+
+Every child serves one Ray worker and the server itself never runs job code, so a worker is still a fresh
+process per run: what it shares with an exec'd worker is only what imports leave behind. Where that could
+differ, the caller runs the plain interpreter instead (and the server's log says why): an environment whose
+import-time variables (``comm.env.FORK_MATCHED_PREFIXES``) differ from the server's, or a preloaded module whose
+source changed on disk since the server imported it (a stale import would run old code).
+
+The same pattern is Python's ``multiprocessing`` forkserver with preloaded modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+from scaletrain.comm import env as envvars
+
+# Not Ray: its C++ core reads its RAY_* configuration (the worker's job id among it) once, when first used, so
+# a worker must import Ray itself. The model families the docs and tests name are imported up front
+# (transformers imports a model's module when the model is first built).
+PRELOAD = ("torch", "transformers", "peft", "scaletrain.worker.loop", "scaletrain.model",
+           "transformers.models.auto.modeling_auto", "transformers.models.bert.modeling_bert",
+           "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
+           "transformers.models.mistral.modeling_mistral", "transformers.models.gemma.modeling_gemma")
+READY = "ready"
+
+
+def command(sock_path: str) -> str:
+    """The ``py_executable`` for Ray's runtime_env: Ray appends default_worker.py and its arguments."""
+    import shlex
+
+    return f"{shlex.quote(sys.executable)} -m scaletrain.launch.forkserver {shlex.quote(sock_path)}"
+
+
+def answers(sock_path: str, timeout_s: float = 0.5) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout_s)
+    try:
+        s.connect(sock_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+# --- the caller: the process Ray starts for a worker --------------------------------------------------------
+
+def _exec_plain(argv: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+def _readline(f) -> dict:
+    line = f.readline()
+    return json.loads(line) if line else {}
+
+
+def call(sock_path: str, argv: list[str]) -> int:
+    """Have the server fork a worker running ``argv`` with this process's stdio, environment and directory;
+    wait for it and return its exit status. Runs the plain interpreter (no return) when the server is gone or
+    says a fork would not be the same worker."""
+    import signal
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sock_path)
+    except OSError:
+        s.close()
+        _exec_plain(argv)
+    request = json.dumps({"argv": argv, "env": envvars.snapshot(), "cwd": os.getcwd()}).encode()
+    socket.send_fds(s, [len(request).to_bytes(8, "big")], [0, 1, 2])
+    s.sendall(request)
+    f = s.makefile("r")
+    reply = _readline(f)
+    if "pid" not in reply:
+        s.close()
+        _exec_plain(argv)
+    child = reply["pid"]
+
+    def forward(signum, _frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    status = _readline(f).get("exit", 1)  # EOF: the server died, and took the child with it
+    return status
+
+
+# --- the server ---------------------------------------------------------------------------------------------
+
+def _module_files() -> dict[str, float]:
+    files = {}
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if path and path.endswith(".py"):
+            try:
+                files[path] = os.stat(path).st_mtime
+            except OSError:
+                pass
+    return files
+
+
+def _stale(files: dict[str, float]) -> str | None:
+    for path, mtime in files.items():
+        try:
+            if os.stat(path).st_mtime != mtime:
+                return path
+        except OSError:
+            return path
+    return None
+
+
+def _run_child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become the worker Ray asked for, then exit with its status (never returns)."""
+    import atexit
+    import runpy
+    import signal
+    import traceback
+
+    code = 1
+    try:
+        os.setpgid(0, 0)  # Ray stops a worker by signalling its process group: one group per worker, as Ray makes
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(-1)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        envvars.replace_all(request["env"])
+        os.chdir(request["cwd"])
+        argv = request["argv"]
+        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[:0] = [os.path.dirname(os.path.abspath(argv[0])), *extra]
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Import ``preload``, then fork one child per caller until killed. Prints READY once it listens."""
+    import importlib
+    import selectors
+    import signal
+
+    base_env = envvars.snapshot()  # what an exec'd worker's environment would hold before its imports
+    for name in preload:
+        importlib.import_module(name)
+    files = _module_files()
+    # what the imports set in the environment (torch: TORCHINDUCTOR_CACHE_DIR), as they would in a worker
+    imported_env = {k: v for k, v in envvars.snapshot().items() if base_env.get(k) != v}
+    if os.path.exists(sock_path):
+        os.unlink(sock_path)
+    old_umask = os.umask(0o077)  # only this user may ask for workers
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    os.umask(old_umask)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, socket.socket] = {}  # pid -> its caller
+
+    def stop(_signum, _frame):  # `scaletrain down`: the workers this server forked go with it
+        for pid in children:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    print(READY, flush=True)
+
+    def refuse(conn: socket.socket, why: str) -> None:
+        print(f"exec: {why}", flush=True)
+        conn.sendall(json.dumps({"exec": why}).encode() + b"\n")
+        conn.close()
+
+    while True:
+        for key, _ in sel.select():
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                try:
+                    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+                    size = int.from_bytes(head, "big")
+                    body = b""
+                    while len(body) < size:
+                        chunk = conn.recv(size - len(body))
+                        if not chunk:
+                            raise OSError("caller hung up")
+                        body += chunk
+                    request = json.loads(body)
+                except (OSError, ValueError):
+                    conn.close()
+                    continue
+                stale = _stale(files)
+                why = envvars.fork_mismatch(request["env"], base_env) or (
+                    f"{stale} changed since the fork server imported it" if stale else None)
+                if why or len(fds) != 3:
+                    for fd in fds:
+                        os.close(fd)
+                    refuse(conn, why or "the caller's stdio did not arrive")
+                    if stale and not children:  # start over with the new code (meanwhile workers start plain)
+                        print("restarting to import the changed modules", flush=True)
+                        listener.close()
+                        os.execve(sys.executable, [sys.executable, "-m", "scaletrain.launch.forkserver", "--serve",
+                                                   sock_path], base_env)
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for other in children.values():
+                        other.close()
+                    conn.close()
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    _run_child({**request, "env": {**imported_env, **request["env"]}}, fds)
+                for fd in fds:
+                    os.close(fd)
+                print(f"forked {pid}", flush=True)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                children[pid] = conn
+                sel.register(conn, selectors.EVENT_READ, pid)
+            elif key.data == "child":
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        pid, status = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if pid == 0:
+                        break
+                    conn = children.pop(pid, None)
+                    if conn is not None:
+                        sel.unregister(conn)
+                        try:
+                            conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                        except OSError:
+                            pass
+                        conn.close()
+            else:  # a caller hung up (Ray killed the process it started): its worker goes with it
+                pid = key.data
+                conn = children.pop(pid, None)
+                if conn is not None:
+                    sel.unregister(conn)
+                    conn.close()
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+def main(args: list[str]) -> int:
+    if args[:1] == ["--serve"]:
+        serve(args[1])
+        return 0
+    code = call(args[0], args[1:])
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,181 @@
+"""The warm cluster's fork server (launch/forkserver.py), without Ray: a caller gets a forked child that runs its
+script with the caller's stdio, environment, directory and arguments, and the child's exit status; the child
+is its own process group and dies with its caller; an environment or code the preloaded modules would not match
+makes the caller run the plain interpreter instead."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaletrain.comm import env as envvars
+from scaletrain.launch import forkserver
+
+SCRIPT = """import json, os, sys, time
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
+                  "foo": os.environ.get("FOO"), "argv": sys.argv[1:], "main": __name__,
+                  "preloaded": "preloaded_mod" in sys.modules}), flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A fork server that preloads a module of tmp_path; yields (socket, its process, its log)."""
+    (tmp_path / "preloaded_mod.py").write_text("VALUE = 1\n")
+    sock, log = str(tmp_path / "fs.sock"), tmp_path / "fs.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "FOO"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; from scaletrain.launch.forkserver import serve; "
+                                 f"serve({sock!r}, ('preloaded_mod', 'json'))"], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    deadline = time.time() + 60
+    while not forkserver.answers(sock):
+        assert proc.poll() is None and time.time() < deadline, log.read_text()
+        time.sleep(0.05)
+    yield sock, proc, log, env
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def _call(sock, script, *args, env, cwd, **kw):
+    return subprocess.Popen([sys.executable, "-m", "scaletrain.launch.forkserver", sock, str(script), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, **kw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_caller_gets_a_forked_child_with_its_stdio_env_cwd_args_and_exit_status(server, tmp_path):
+    sock, proc, log, env = server
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    work = tmp_path / "work"
+    work.mkdir()
+    caller = _call(sock, script, "7", "x", env={**env, "FOO": "bar"}, cwd=work)
+    out, err = caller.communicate(timeout=60)
+    assert caller.returncode == 7, err
+    seen = json.loads(out)
+    assert seen["ppid"] == proc.pid and seen["pid"] != caller.pid  # forked by the server, not the caller itself
+    assert seen["pgid"] == seen["pid"]  # its own process group: Ray stops a worker by signalling its group
+    assert seen["cwd"] == str(work) and seen["foo"] == "bar" and seen["argv"] == ["7", "x"]
+    assert seen["main"] == "__main__" and seen["preloaded"]
+    assert f"forked {seen['pid']}" in log.read_text()
+
+    again = _call(sock, script, "0", env={**env, "FOO": "baz"}, cwd=work)
+    out, _ = again.communicate(timeout=60)
+    second = json.loads(out)
+    assert again.returncode == 0 and second["foo"] == "baz" and second["pid"] != seen["pid"]  # a fresh child
+
+
+def test_an_environment_the_preloaded_imports_would_not_match_runs_the_plain_interpreter(server, tmp_path):
+    sock, proc, log, env = server
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    caller = _call(sock, script, "3", env={**env, "MALLOC_ARENA_MAX": "2", "FOO": "secret-value"}, cwd=tmp_path)
+    out, err = caller.communicate(timeout=60)
+    assert caller.returncode == 3, err
+    seen = json.loads(out)
+    assert seen["pid"] == caller.pid and seen["ppid"] == os.getpid()  # the caller exec'd the script itself
+    assert not seen["preloaded"] and seen["foo"] == "secret-value"
+    text = log.read_text()
+    assert "exec: MALLOC_ARENA_MAX differs from the fork server's" in text and "secret-value" not in text
+
+
+def test_the_child_dies_with_its_caller_and_a_sigterm_reaches_it(server, tmp_path):
+    sock, proc, log, env = server
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    for how in (signal.SIGKILL, signal.SIGTERM):
+        caller = _call(sock, script, "sleep", env=env, cwd=tmp_path)
+        child = json.loads(caller.stdout.readline())["pid"]
+        assert _alive(child)
+        caller.send_signal(how)
+        caller.wait(timeout=30)
+        if how == signal.SIGTERM:  # forwarded: the child died of it, and the caller says so
+            assert caller.returncode == 128 + signal.SIGTERM
+        deadline = time.time() + 30
+        while _alive(child):
+            assert time.time() < deadline, f"the child outlived its caller ({how!r})"
+            time.sleep(0.05)
+
+
+def test_a_changed_preloaded_module_is_not_forked_and_the_server_starts_over(server, tmp_path):
+    sock, proc, log, env = server
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    mod = tmp_path / "preloaded_mod.py"
+    mod.write_text("VALUE = 2\n")
+    os.utime(mod, (time.time() + 5, time.time() + 5))
+    caller = _call(sock, script, "0", env=env, cwd=tmp_path)
+    out, _ = caller.communicate(timeout=60)
+    assert caller.returncode == 0 and json.loads(out)["pid"] == caller.pid  # old code is never run
+    deadline = time.time() + 60
+    while "restarting" not in log.read_text() or not forkserver.answers(sock):
+        assert time.time() < deadline, log.read_text()
+        time.sleep(0.1)
+    time.sleep(0.5)
+    while True:  # the restarted server imports the new module, then forks again
+        caller = _call(sock, script, "0", env=env, cwd=tmp_path)
+        out, _ = caller.communicate(timeout=60)
+        if json.loads(out)["pid"] != caller.pid:
+            break
+        assert time.time() < deadline, log.read_text()
+        time.sleep(0.2)
+    assert "preloaded_mod.py changed since the fork server imported it" in log.read_text()
+
+
+def test_no_server_means_the_plain_interpreter(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    caller = _call(str(tmp_path / "none.sock"), script, "5", env=dict(os.environ), cwd=tmp_path)
+    out, _ = caller.communicate(timeout=60)
+    assert caller.returncode == 5 and json.loads(out)["pid"] == caller.pid
+
+
+def test_fork_mismatch_names_import_time_variables_only():
+    base = {"HF_HUB_OFFLINE": "1", "PATH": "/bin", "RAY_AUTH_MODE": "token"}
+    worker = {**base, "PATH": "/usr/bin", "RAY_JOB_ID": "01000000", "RAY_TRAIN_V2_ENABLED": "1",
+              "OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO", "PYTHONPATH": "/x"}
+    assert envvars.fork_mismatch(worker, base) is None  # Ray's per-worker and Train's variables, threads, NCCL
+    assert envvars.fork_mismatch({**worker, "HF_HUB_OFFLINE": "0"}, base) == "HF_HUB_OFFLINE differs from the " \
+        "fork server's"
+    assert envvars.fork_mismatch({k: v for k, v in worker.items() if k != "RAY_AUTH_MODE"}, base).startswith(
+        "RAY_AUTH_MODE")
+    assert envvars.fork_mismatch({**worker, "LD_PRELOAD": "/lib/x.so"}, base).startswith("LD_PRELOAD")
+
+
+def test_apply_threads_sets_torch_threads_from_omp_num_threads():
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        envvars.apply_threads({"OMP_NUM_THREADS": "1"})
+        assert torch.get_num_threads() == 1
+        envvars.apply_threads({"OMP_NUM_THREADS": "2"})
+        assert torch.get_num_threads() == 2
+        envvars.apply_threads({})  # unset: left as it is
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_py_executable_names_this_interpreter_and_the_socket():
+    cmd = forkserver.command("/tmp/a b.sock")
+    assert cmd == f"{sys.executable} -m scaletrain.launch.forkserver '/tmp/a b.sock'"

@@ -39,8 +39,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# Commands that join the warm cluster `scaletrain up` started: their driver is forked pre-imported there too.
+WARM_COMMANDS = ("train", "scale", "commbench", "doctor")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if argv is None and args.command in WARM_COMMANDS:  # a command line, not a call from Python
+        from scaletrain.launch.local_cluster import run_forked_driver
+
+        if (code := run_forked_driver(sys.argv)) is not None:
+            return code
     try:
         return int(args.func(args) or 0)
     except ScaletrainError as e:

@@ -140,6 +140,10 @@ FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "
 FORK_UNMATCHED_PREFIXES = ("RAY_TRAIN_",)
 
 
+# Set in a driver that the fork server started (`scaletrain train` on the warm cluster): it runs the command itself.
+SCALETRAIN_FORKED_DRIVER = "SCALETRAIN_FORKED_DRIVER"
+
+
 def fork_mismatch(requested: Mapping[str, str], server: Mapping[str, str]) -> str | None:
     """Why a worker with environment ``requested`` cannot be forked from a server started with ``server``."""
     for name in sorted(set(requested) | set(server)):

@@ -49,6 +49,15 @@ def fork_server_env() -> dict[str, str]:
     return env
 
 
+def forked_driver_env() -> dict[str, str] | None:
+    """The environment for this command's driver forked from the warm cluster's server: this one with what the
+    server imported under (scaletrain's offline defaults, which a driver that never downloads does not notice,
+    and Ray's token authentication). None in a driver that is such a fork already."""
+    if envvars.read(envvars.SCALETRAIN_FORKED_DRIVER):
+        return None
+    return {**fork_server_env(), envvars.SCALETRAIN_FORKED_DRIVER: "1"}
+
+
 def warm_job_env() -> dict[str, str]:
     """Every process of a job on the warm cluster (Ray Train's controller and helpers too, not only its workers)
     gets scaletrain's worker defaults, so that all of them match the fork server (fork_server_env)."""

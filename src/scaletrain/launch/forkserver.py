@@ -65,10 +65,11 @@ def _readline(f) -> dict:
     return json.loads(line) if line else {}
 
 
-def call(sock_path: str, argv: list[str]) -> int:
-    """Have the server fork a worker running ``argv`` with this process's stdio, environment and directory;
-    wait for it and return its exit status. Runs the plain interpreter (no return) when the server is gone or
-    says a fork would not be the same worker."""
+def run_forked(sock_path: str, argv: list[str], env: dict[str, str], module: str | None = None) -> int | None:
+    """Have the server fork a child running ``argv`` (a script, or ``module`` as ``__main__``) with this process's
+    stdio and directory and environment ``env``; wait for it and return its exit status, passing it the
+    signals this process gets. None (nothing started) when no server answers or it says a fork would not be
+    the same process."""
     import signal
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -76,15 +77,15 @@ def call(sock_path: str, argv: list[str]) -> int:
         s.connect(sock_path)
     except OSError:
         s.close()
-        _exec_plain(argv)
-    request = json.dumps({"argv": argv, "env": envvars.snapshot(), "cwd": os.getcwd()}).encode()
+        return None
+    request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "module": module}).encode()
     socket.send_fds(s, [len(request).to_bytes(8, "big")], [0, 1, 2])
     s.sendall(request)
     f = s.makefile("r")
     reply = _readline(f)
     if "pid" not in reply:
         s.close()
-        _exec_plain(argv)
+        return None
     child = reply["pid"]
 
     def forward(signum, _frame):
@@ -95,8 +96,16 @@ def call(sock_path: str, argv: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    status = _readline(f).get("exit", 1)  # EOF: the server died, and took the child with it
-    return status
+    code = _readline(f).get("exit", 1)  # EOF: the server died, and took the child with it
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+
+def call(sock_path: str, argv: list[str]) -> int:
+    """The process Ray starts for a worker: a forked one, or (no return) the plain interpreter."""
+    code = run_forked(sock_path, argv, envvars.snapshot())
+    if code is None:
+        _exec_plain(argv)
+    return code
 
 
 # --- the server ---------------------------------------------------------------------------------------------
@@ -144,9 +153,15 @@ def _run_child(request: dict, fds: list[int]) -> None:
         os.chdir(request["cwd"])
         argv = request["argv"]
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-        sys.path[:0] = [os.path.dirname(os.path.abspath(argv[0])), *extra]
         sys.argv = list(argv)
-        runpy.run_path(argv[0], run_name="__main__")
+        # buffered as a fresh interpreter would buffer these descriptors (line by line on a terminal)
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))
+        if request.get("module"):
+            sys.path[:0] = [os.getcwd(), *extra]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            sys.path[:0] = [os.path.dirname(os.path.abspath(argv[0])), *extra]
+            runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -264,16 +279,19 @@ def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
                     if pid == 0:
                         break
                     conn = children.pop(pid, None)
+                    code = os.waitstatus_to_exitcode(status)
+                    print(f"exited {pid} {code}", flush=True)
                     if conn is not None:
                         sel.unregister(conn)
                         try:
-                            conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                            conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
                         except OSError:
                             pass
                         conn.close()
             else:  # a caller hung up (Ray killed the process it started): its worker goes with it
                 pid = key.data
                 conn = children.pop(pid, None)
+                print(f"caller of {pid} hung up", flush=True)
                 if conn is not None:
                     sel.unregister(conn)
                     conn.close()
@@ -287,8 +305,7 @@ def main(args: list[str]) -> int:
     if args[:1] == ["--serve"]:
         serve(args[1])
         return 0
-    code = call(args[0], args[1:])
-    return code if code >= 0 else 128 - code
+    return call(args[0], args[1:])
 
 
 if __name__ == "__main__":

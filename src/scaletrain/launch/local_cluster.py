@@ -155,6 +155,20 @@ def _start_forkserver(timeout_s: float = 120.0) -> tuple[str, int]:
     return sock, proc.pid
 
 
+def run_forked_driver(argv: list[str]) -> int | None:
+    """Run this scaletrain command in a driver the warm cluster's fork server forks (its imports done), and
+    return its exit status; None when there is no such server or it would not fork this environment (the
+    command then runs in this process, as without `up`)."""
+    from scaletrain.comm.launch_env import forked_driver_env
+    from scaletrain.launch import forkserver
+
+    cluster = current()
+    env = forked_driver_env()
+    if cluster is None or not cluster.forkserver or env is None:
+        return None
+    return forkserver.run_forked(cluster.forkserver, argv, env, module="scaletrain")
+
+
 def _kill_group(pgid: int, grace_s: float = 20.0) -> None:
     import signal
 

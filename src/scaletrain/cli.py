@@ -39,8 +39,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# Commands that join the warm cluster `scaletrain up` started: their driver is forked pre-imported there too.
-WARM_COMMANDS = ("train", "scale", "commbench", "doctor")
+# Commands whose driver the warm cluster's fork server starts pre-imported when `scaletrain up` runs (doctor joins
+# that cluster too, but reports this process's own environment, so it runs here).
+WARM_COMMANDS = ("train", "scale", "commbench")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -179,3 +179,16 @@ def test_apply_threads_sets_torch_threads_from_omp_num_threads():
 def test_the_py_executable_names_this_interpreter_and_the_socket():
     cmd = forkserver.command("/tmp/a b.sock")
     assert cmd == f"{sys.executable} -m scaletrain.launch.forkserver '/tmp/a b.sock'"
+
+
+def test_a_module_runs_as_main_in_the_fork_with_the_callers_arguments(server, tmp_path):
+    """How a scaletrain command's driver runs forked (cli.main -> local_cluster.run_forked_driver)."""
+    sock, proc, log, env = server
+    (tmp_path / "cmdmod.py").write_text(SCRIPT)
+    caller = subprocess.run(
+        [sys.executable, "-c", "import os, sys; from scaletrain.launch.forkserver import run_forked; "
+         f"sys.exit(run_forked({sock!r}, ['prog', '4', 'y'], dict(os.environ), module='cmdmod'))"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert caller.returncode == 4, caller.stderr
+    seen = json.loads(caller.stdout)
+    assert seen["ppid"] == proc.pid and seen["main"] == "__main__" and seen["argv"] == ["4", "y"]

@@ -58,6 +58,12 @@ def forked_driver_env() -> dict[str, str] | None:
     return {**fork_server_env(), envvars.SCALETRAIN_FORKED_DRIVER: "1"}
 
 
+def forked_note() -> str:
+    """How this job's processes start on the warm cluster: what its driver says."""
+    who = "driver and workers" if envvars.read(envvars.SCALETRAIN_FORKED_DRIVER) else "workers"
+    return f"; {who} forked pre-imported"
+
+
 def warm_job_env() -> dict[str, str]:
     """Every process of a job on the warm cluster (Ray Train's controller and helpers too, not only its workers)
     gets scaletrain's worker defaults, so that all of them match the fork server (fork_server_env)."""

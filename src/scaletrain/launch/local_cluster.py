@@ -1,7 +1,10 @@
 """A warm local cluster: `scaletrain up` starts a persistent Ray head on this machine (`ray start --head`), `down`
 stops it. While it is up, `train`, `scale`, `commbench` and `doctor` join it instead of starting an embedded Ray
-(and say so), so a run skips Ray's start-up. Workers are still fresh processes per run: Ray Train starts new
-worker actors for every run, so nothing of one run's process state reaches the next.
+(and say so), so a run skips Ray's start-up. Beside the head, `up` starts a fork server (forkserver.py) that has
+imported torch, transformers and scaletrain's worker loop once: the driver of `train`/`scale`/`commbench` and
+every worker process of their jobs are forked from it instead of importing all of that again. Workers are still
+fresh processes per run: Ray Train starts new worker actors for every run, each forked child serves one of
+them, and the server itself never runs job code, so nothing of one run's process state reaches the next.
 
 What scaletrain started is recorded in a state file; `down` stops only that, and `up` refuses to start a second
 Ray beside one it did not start.

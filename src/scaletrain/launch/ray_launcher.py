@@ -12,8 +12,8 @@ from typing import Iterator
 
 from scaletrain.comm import env as envvars
 from scaletrain.comm.device import Platform
-from scaletrain.comm.launch_env import (load_private_env, prepare_ray_driver, prepare_warm_cluster_driver, private_env,
-                                        warm_job_env, worker_env)
+from scaletrain.comm.launch_env import (forked_note, load_private_env, prepare_ray_driver, prepare_warm_cluster_driver,
+                                        private_env, warm_job_env, worker_env)
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
@@ -118,8 +118,8 @@ def ensure_ray(address: str | None) -> bool:
 
             forked = bool(warm.forkserver) and forkserver.answers(warm.forkserver)
             console.print(f"[yellow]note:[/] using the local Ray cluster started by scaletrain up ({warm.address}, "
-                          f"{warm.num_cpus} CPUs{'; workers forked pre-imported' if forked else ''}); scaletrain "
-                          f"down stops it", soft_wrap=True)
+                          f"{warm.num_cpus} CPUs{forked_note() if forked else ''}); scaletrain down stops it",
+                          soft_wrap=True)
             kwargs.pop("include_dashboard")
             if forked:
                 kwargs["runtime_env"] = {"py_executable": forkserver.command(warm.forkserver),

@@ -66,7 +66,7 @@ def test_up_train_twice_submit_follow_stop_list_down(tmp_path, demo_dir, warm_cl
         assert out.returncode == 0, out.stderr[-2000:]
         assert "using the local Ray cluster started by scaletrain up (" in out.stderr + out.stdout
         assert "driver and workers forked pre-imported" in out.stderr + out.stdout
-        assert "run directory" in out.stdout  # the forked driver's output reached this command's stdout
+        assert "run directory" in out.stderr  # the forked driver's console reached this command's stderr
     runs = tmp_path / "runs"
     s1, s2 = (json.loads((runs / n / "summary.json").read_text()) for n in ("first", "second"))
     assert s1["steps"] == 4 and s2["steps"] == 6

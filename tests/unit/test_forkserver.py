@@ -192,3 +192,14 @@ def test_a_module_runs_as_main_in_the_fork_with_the_callers_arguments(server, tm
     assert caller.returncode == 4, caller.stderr
     seen = json.loads(caller.stdout)
     assert seen["ppid"] == proc.pid and seen["main"] == "__main__" and seen["argv"] == ["4", "y"]
+
+
+def test_a_caller_of_another_python_environment_is_not_forked(server, tmp_path):
+    sock, proc, log, env = server
+    (tmp_path / "cmdmod.py").write_text(SCRIPT)
+    caller = subprocess.run(
+        [sys.executable, "-c", "import os, sys; from scaletrain.launch.forkserver import run_forked; "
+         f"sys.prefix = '/another/venv'; print(run_forked({sock!r}, ['prog', '0'], dict(os.environ), "
+         "module='cmdmod'))"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert caller.stdout.strip() == "None", caller.stderr  # nothing forked: the command runs in its own process
+    assert "exec: the caller runs another Python (interpreter or environment)" in log.read_text()

@@ -23,11 +23,16 @@ def run_up(args: argparse.Namespace) -> int:
     for flag, value in (("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus)):
         if value is not None and value < (1 if flag == "--num-cpus" else 0):
             raise ConfigError(f"{flag} {value}: must be >= {1 if flag == '--num-cpus' else 0}")
+    from scaletrain.launch.local_cluster import forkserver_log
+
     cluster, started = up(args.num_cpus, args.num_gpus)
     if started:
         console.print(f"up: a local Ray cluster at {cluster.address} ({cluster.num_cpus} CPUs, dashboard "
                       f"{cluster.dashboard}); train, scale, commbench and doctor use it until scaletrain down",
                       soft_wrap=True)
+        if not cluster.forkserver:
+            console.print(f"[yellow]note:[/] its fork server did not start (see {forkserver_log()}): drivers and "
+                          f"workers start the plain way, importing everything each time", soft_wrap=True)
     else:
         console.print(f"already up: the local Ray cluster at {cluster.address} ({cluster.num_cpus} CPUs, dashboard "
                       f"{cluster.dashboard}), started by scaletrain up; nothing started", soft_wrap=True)

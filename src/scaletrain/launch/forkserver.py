@@ -78,7 +78,8 @@ def run_forked(sock_path: str, argv: list[str], env: dict[str, str], module: str
     except OSError:
         s.close()
         return None
-    request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "module": module}).encode()
+    request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "module": module,
+                          "python": [sys.executable, sys.prefix]}).encode()
     socket.send_fds(s, [len(request).to_bytes(8, "big")], [0, 1, 2])
     s.sendall(request)
     f = s.makefile("r")
@@ -237,7 +238,9 @@ def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
                     conn.close()
                     continue
                 stale = _stale(files)
-                why = envvars.fork_mismatch(request["env"], base_env) or (
+                other_python = request.get("python") != [sys.executable, sys.prefix]
+                why = ("the caller runs another Python (interpreter or environment)" if other_python else None) or \
+                    envvars.fork_mismatch(request["env"], base_env) or (
                     f"{stale} changed since the fork server imported it" if stale else None)
                 if why or len(fds) != 3:
                     for fd in fds:

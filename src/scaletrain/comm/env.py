@@ -133,7 +133,7 @@ def apply(values: Mapping[str, str]) -> None:
 # variables and Train V2's (read when used), and the thread counts, which the worker applies itself
 # (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).
 FORK_MATCHED_PREFIXES = ("LD_", "MALLOC_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "HF_",
-                         "TRANSFORMERS_", "TOKENIZERS_", "RAY_")
+                         "TRANSFORMERS_", "ARROW_", "RAY_")
 FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "MKL_NUM_THREADS", "RAY_JOB_ID",
                             "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS", "RAY_USAGE_STATS_ENABLED",
                             "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"})

@@ -1,11 +1,13 @@
 """Fresh Ray worker processes without the import bill: a fork server for the warm local cluster.
 
-`scaletrain up` starts, beside the Ray head, one process that imports what every worker of a scaletrain job
-imports (Ray, Ray Train, torch, transformers, scaletrain's worker loop) and then waits on a Unix socket. The
-driver of a job on that cluster names this module as Ray's ``py_executable``; each worker process Ray starts
-then asks the server for a child: the server forks (a few milliseconds instead of seconds of imports on every
-worker), the child takes the worker's stdio, environment, working directory and command line and runs Ray's
-``default_worker.py`` as ``__main__``, and the caller relays the child's exit status to Ray.
+`scaletrain up` starts, beside the Ray head, one process that imports what the processes of a scaletrain job
+import (torch, transformers, scaletrain's worker loop, Ray Train's third-party dependencies; not Ray itself, see
+PRELOAD) and then waits on a Unix socket. The driver of a job on that cluster names this module as Ray's
+``py_executable``; each worker process Ray starts then asks the server for a child: the server forks (a few
+milliseconds instead of seconds of imports on every worker), the child takes the worker's stdio, environment,
+working directory and command line and runs Ray's ``default_worker.py`` as ``__main__``, and the caller relays
+the child's exit status to Ray. The driver of `train`/`scale`/`commbench` is itself forked the same way
+(``run_forked`` with ``module="scaletrain"``).
 
 Every child serves one Ray worker and the server itself never runs job code, so a worker is still a fresh
 process per run: what it shares with an exec'd worker is only what imports leave behind. Where that could
@@ -179,6 +181,17 @@ def _run_child(request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def _kill(pid: int) -> None:
+    """A child and its process group (not made yet by a child that has only just been forked)."""
+    import signal
+
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
     """Import ``preload``, then fork one child per caller until killed. Prints READY once it listens."""
     import importlib
@@ -206,10 +219,7 @@ def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
 
     def stop(_signum, _frame):  # `scaletrain down`: the workers this server forked go with it
         for pid in children:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill(pid)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -218,9 +228,16 @@ def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
     sel.register(wake_r, selectors.EVENT_READ, "child")
     print(READY, flush=True)
 
+    def send(conn: socket.socket, reply: dict) -> bool:
+        try:
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+            return True
+        except OSError:  # the caller is gone already: the server carries on
+            return False
+
     def refuse(conn: socket.socket, why: str) -> None:
         print(f"exec: {why}", flush=True)
-        conn.sendall(json.dumps({"exec": why}).encode() + b"\n")
+        send(conn, {"exec": why})
         conn.close()
 
     while True:
@@ -269,9 +286,10 @@ def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
                 for fd in fds:
                     os.close(fd)
                 print(f"forked {pid}", flush=True)
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 children[pid] = conn
                 sel.register(conn, selectors.EVENT_READ, pid)
+                if not send(conn, {"pid": pid}):
+                    _kill(pid)  # reaped, and its connection closed, with the other exits
             elif key.data == "child":
                 try:
                     os.read(wake_r, 4096)
@@ -289,10 +307,7 @@ def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
                     print(f"exited {pid} {code}", flush=True)
                     if conn is not None:
                         sel.unregister(conn)
-                        try:
-                            conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
-                        except OSError:
-                            pass
+                        send(conn, {"exit": code})
                         conn.close()
             else:  # a caller hung up (Ray killed the process it started): its worker goes with it
                 pid = key.data
@@ -301,10 +316,7 @@ def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
                 if conn is not None:
                     sel.unregister(conn)
                     conn.close()
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    _kill(pid)
 
 
 def main(args: list[str]) -> int:

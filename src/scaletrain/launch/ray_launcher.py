@@ -113,7 +113,6 @@ def ensure_ray(address: str | None) -> bool:
     if not address:
         if warm is not None:
             from scaletrain.console import console
-
             from scaletrain.launch import forkserver
 
             forked = bool(warm.forkserver) and forkserver.answers(warm.forkserver)

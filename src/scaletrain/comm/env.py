@@ -128,7 +128,7 @@ def apply(values: Mapping[str, str]) -> None:
 
 
 # The warm cluster's fork server (launch/forkserver.py) hands Ray a worker forked from a process that imported
-# torch, transformers and Ray once. Variables these libraries, the loader or the interpreter read when they load
+# torch, transformers and Ray Train's dependencies once (not Ray itself). Variables these libraries, the loader or the interpreter read when they load
 # must then have the server's values, or the worker is started the plain way. Exceptions: Ray's own per-worker
 # variables and Train V2's (read when used), and the thread counts, which the worker applies itself
 # (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).

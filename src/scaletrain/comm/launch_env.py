@@ -67,7 +67,8 @@ def forked_note() -> str:
 def warm_job_env() -> dict[str, str]:
     """Every process of a job on the warm cluster (Ray Train's controller and helpers too, not only its workers)
     gets scaletrain's worker defaults, so that all of them match the fork server (fork_server_env)."""
-    return {k: envvars.read(k) or v for k, v in envvars.WORKER_ENV_DEFAULTS.items()}
+    server = fork_server_env()
+    return {k: server[k] for k in envvars.WORKER_ENV_DEFAULTS}
 
 
 def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:

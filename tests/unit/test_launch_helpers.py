@@ -76,6 +76,55 @@ def test_torchrun_failures_are_grouped_across_ranks_and_worded_like_ray_ones(tmp
     assert "torchrun exited with code 1 before any rank reported an error" in str(error)
 
 
+def test_a_rank_the_agent_saw_die_is_named_first_with_its_signal(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "worker-0.log").write_text(  # the peer of the killed rank reports the broken connection
+        "2026-01-01 00:00:09,0 [rank 0] ERROR scaletrain.worker: rank 0 failed at step 6 (phase sync): "
+        "RuntimeError: Connection closed by peer\n")
+    (logs / "worker-1.log").write_text("2026-01-01 00:00:01,0 [rank 1] INFO scaletrain.worker: step 5\n")
+    (logs / "worker-2.log").write_text("")
+    failures = failures_from_logs(tmp_path, 1, logs / "torchrun-node0.log", {1: -9, 2: 3})
+    assert failures.groups == [([1], "worker process died (killed by SIGKILL (exit code -9)) before reporting an error"),
+                               ([2], "worker process died (exit code 3) before reporting an error"),
+                               ([0], "RuntimeError: Connection closed by peer")]
+    # a rank that exited with an error code after reporting its error keeps its own words
+    assert failures_from_logs(tmp_path, 1, logs / "t.log", {0: 1}).groups == [
+        ([0], "RuntimeError: Connection closed by peer")]
+    # without the agent's word the killed rank is not guessed at
+    assert failures_from_logs(tmp_path, 1, logs / "t.log").groups == [([0], "RuntimeError: Connection closed by peer")]
+
+
+def test_the_agent_says_the_first_failed_workers_exit_code_by_global_rank(monkeypatch, capsys):
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from scaletrain.launch import torchrun_agent
+
+    def failure(local_rank, code, timestamp):
+        f = ProcessFailure(local_rank=local_rank, pid=10 + local_rank, exitcode=code, error_file="/nonexistent")
+        f.timestamp = timestamp
+        return f
+
+    # found first (before torchrun stopped the others), same second as the one it stopped; then an earlier one
+    failed = RunResult(state=WorkerState.FAILED, failures={3: failure(1, -9, 100), 2: failure(0, -15, 100)})
+    earlier = RunResult(state=WorkerState.FAILED, failures={3: failure(1, -15, 101), 2: failure(0, 1, 100)})
+    results = iter([RunResult(state=WorkerState.HEALTHY), failed, earlier])
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, group: next(results))
+    torchrun_agent._say_exits()
+    assert LocalElasticAgent._monitor_workers(None, None).state == WorkerState.HEALTHY
+    assert capsys.readouterr().err == ""  # a healthy poll says nothing
+    assert LocalElasticAgent._monitor_workers(None, None) is failed  # torchrun still gets its result
+    assert [torchrun_agent.parse_exit(line) for line in capsys.readouterr().err.splitlines()] == [(3, -9)]
+    assert LocalElasticAgent._monitor_workers(None, None) is earlier
+    assert [torchrun_agent.parse_exit(line) for line in capsys.readouterr().err.splitlines()] == [(2, 1)]
+    assert torchrun_agent.describe_exit(-9) == "killed by SIGKILL (exit code -9)"
+    assert torchrun_agent.describe_exit(-200) == "killed by signal 200 (exit code -200)"
+    assert torchrun_agent.describe_exit(2) == "exit code 2"
+    assert torchrun_agent.parse_exit("[default0]: rank 1 exited with code 9") is None
+
+
 def test_watch_once(tmp_path, capsys):
     (tmp_path / "config.resolved.yaml").write_text("x: 1\n")
     (tmp_path / "logs").mkdir()

@@ -4,16 +4,61 @@
 SIGTERM when the driver dies (prctl PR_SET_PDEATHSIG), and torchrun stops its workers on SIGTERM, so a
 killed driver leaves no agent or worker behind. The agent runs in its own session (the driver's Ctrl-C
 is the driver's to handle), so it cannot rely on the terminal's signals.
+
+The agent also says how the first of its workers to fail ended (``EXIT_LINE``, before torchrun restarts or
+gives up): a rank killed by a signal writes no error of its own, and its peers may be stopped before they
+report theirs, so the exit status is the one fact the driver always has about the rank that died. Only the
+first: the others' exits (SIGTERM) are torchrun stopping them because of it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+EXIT_LINE = "scaletrain-agent: rank {rank} exited with code {code}"
+_EXIT_LINE = re.compile(r"scaletrain-agent: rank (\d+) exited with code (-?\d+)")
+
+
+def parse_exit(line: str) -> tuple[int, int] | None:
+    """(global rank, exit code) from a line ``EXIT_LINE`` wrote, else None (a negative code: -signal)."""
+    m = _EXIT_LINE.search(line)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def describe_exit(code: int) -> str:
+    """How a worker ended, from its exit code: "killed by SIGKILL (exit code -9)", "exit code 1"."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            return f"killed by signal {-code} (exit code {code})"
+    return f"exit code {code}"
+
+
+def _say_exits() -> None:
+    """Print ``EXIT_LINE`` for the first failed worker torchrun's agent sees.
+
+    The agent's failures are keyed by global rank, in the order it found them: those it saw fail first, then
+    those it stopped. The first is torchrun's own choice (its "failed (exitcode ...)" line): the earliest
+    timestamp, the first found on a tie (``min`` keeps the first of equals).
+    """
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    monitor = LocalElasticAgent._monitor_workers
+
+    def monitor_and_say(self, worker_group):
+        result = monitor(self, worker_group)
+        if result.failures:
+            rank, failure = min(result.failures.items(), key=lambda kv: kv[1].timestamp)
+            print(EXIT_LINE.format(rank=rank, code=failure.exitcode), file=sys.stderr, flush=True)
+        return result
+
+    LocalElasticAgent._monitor_workers = monitor_and_say
 
 
 def main(argv: list[str]) -> int:
@@ -29,6 +74,7 @@ def main(argv: list[str]) -> int:
     # The agent's restart decisions ("Worker group FAILED. 1/1 attempts left; will restart worker group") are
     # INFO lines: the driver reads them to say each restart in main.log and on the console.
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.INFO)
+    _say_exits()
     torchrun(argv[1:])
     return 0
 

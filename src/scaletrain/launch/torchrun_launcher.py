@@ -29,8 +29,9 @@ from scaletrain.comm.launch_env import torchrun_agent_env
 from scaletrain.comm.ports import free_port, port_free
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError
-from scaletrain.launch.failures import RankFailures, failures_by_rank, format_groups
+from scaletrain.launch.failures import DEAD_PROCESS, RankFailures, failures_by_rank, format_groups
 from scaletrain.launch.plan import ClusterPlan, plan_node
+from scaletrain.launch.torchrun_agent import describe_exit, parse_exit
 from scaletrain.metrics.logs import parse_failure
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RunDir
@@ -148,6 +149,7 @@ class TorchrunNode:
         self._handed_over = False
         self._out = _Pump()
         self._restarts = 0
+        self._exits: dict[int, int] = {}  # rank -> exit code of the failure torchrun is handling now
 
     def start(self) -> TorchrunNode:
         if self.proc is None:
@@ -180,7 +182,7 @@ class TorchrunNode:
             write_spec(spec, self.handoff)
             self._handed_over = True
         self.start()
-        self._out.attach(log, on_line=lambda line: self._restart_said(line, run_dir))
+        self._out.attach(log, on_line=lambda line: self._on_agent_line(line, run_dir))
         try:
             while self.proc.poll() is None:
                 time.sleep(0.2)
@@ -190,20 +192,25 @@ class TorchrunNode:
         code, self.proc = self.proc.returncode, None
         self._out.drain()
         if code != 0:  # training_error words it, with the hang diagnosis, as for the Ray launcher
-            raise failures_from_logs(run_dir, code, log)
+            raise failures_from_logs(run_dir, code, log, self._exits)
 
-    def _restart_said(self, line: str, run_dir: Path) -> None:
-        """torchrun restarting its worker group: said in main.log and on the console, as Ray's restarts are."""
+    def _on_agent_line(self, line: str, run_dir: Path) -> None:
+        """A worker's exit is noted; torchrun restarting its worker group is said in main.log and on the
+        console, as Ray's restarts are, with the causes of this failure (then forgotten for the next one)."""
+        if exit_ := parse_exit(line):
+            self._exits[exit_[0]] = exit_[1]
+            return
         found = RESTART_LINE.search(line)
         if not found:
             return
         self._restarts += 1
+        exits, self._exits = self._exits, {}
         from rich.markup import escape
 
         from scaletrain.console import console
         from scaletrain.metrics.logs import EventLog
 
-        causes = format_groups(last_failures(run_dir)) or "no rank reported an error"
+        causes = format_groups(last_failures(run_dir, exits)) or "no rank reported an error"
         allowed = self.cfg.fault_tolerance.max_failures
         text = (f"failure {self._restarts} (max_failures={'unlimited' if allowed < 0 else allowed}): {causes}; "
                 f"torchrun restarts the worker group from the newest checkpoint ({found.group(2)} of "
@@ -293,17 +300,25 @@ class _Pump:
             self._thread = None
 
 
-def last_failures(run_dir: Path) -> list[tuple[list[int], str]]:
-    """Each rank's last failure from the worker logs, grouped across ranks."""
+def last_failures(run_dir: Path, exits: dict[int, int] | None = None) -> list[tuple[list[int], str]]:
+    """Each rank's last failure from the worker logs, grouped across ranks, with the ranks the agent saw die.
+
+    ``exits`` (rank -> exit code, from the agent): a rank killed by a signal is a dead process (listed
+    first: its peers' errors follow from it) whatever its log says; one that exited with an error code
+    without reporting one is said by its code.
+    """
     last: dict[int, str] = {}
     for path in RunDir(run_dir).worker_logs():
         for line in path.read_text(errors="replace").splitlines():
             if found := parse_failure(line):
                 last[found[0]] = found[1]
+    for rank, code in (exits or {}).items():
+        if code < 0 or rank not in last:
+            last[rank] = f"{DEAD_PROCESS} ({describe_exit(code)}) before reporting an error"
     return failures_by_rank(last)
 
 
-def failures_from_logs(run_dir: Path, code: int, log: Path) -> RankFailures:
+def failures_from_logs(run_dir: Path, code: int, log: Path, exits: dict[int, int] | None = None) -> RankFailures:
     """The ranks' last failures (the message says the rest)."""
-    return RankFailures(last_failures(run_dir),
+    return RankFailures(last_failures(run_dir, exits),
                         f"torchrun exited with code {code} before any rank reported an error (see {log})")

@@ -42,6 +42,11 @@ def write_config(path: Path, cfg: dict) -> Path:
 
 @pytest.fixture
 def classify_cfg(demo_dir, tmp_path) -> dict:
+    return classify_dict(demo_dir, tmp_path)
+
+
+def classify_dict(demo_dir: Path, tmp_path: Path) -> dict:
+    """The small classification job most tests start from (tiny BERT on the demo sentiment data)."""
     return {
         "model": {"name_or_path": "builtin:tiny-bert", "task": "sequence-classification", "num_labels": 2},
         "data": {"train_file": str(demo_dir / "sentiment.jsonl"), "eval_ratio": 0.2, "max_length": 32},

@@ -11,7 +11,7 @@ from scaletrain.config import validate
 from scaletrain.launch.job import run_job
 from scaletrain.launch.launcher import launcher_for
 from scaletrain.comm.ports import free_port
-from tests.conftest import train_losses
+from tests.conftest import classify_dict, train_losses
 
 pytestmark = pytest.mark.ray
 
@@ -25,9 +25,12 @@ def _cfg(classify_cfg, tmp_path, name, launcher, **scaling):
     return cfg
 
 
-@pytest.fixture
-def ray_curve(classify_cfg, tmp_path, ray_local):
-    result = run_job(validate(_cfg(classify_cfg, tmp_path, "ray", "ray")), tmp_path / "c.yaml", show_progress=False)
+@pytest.fixture(scope="module")
+def ray_curve(demo_dir, tmp_path_factory, ray_local):
+    """The Ray launcher's curve of the same job, run once for the module's comparisons."""
+    tmp_path = tmp_path_factory.mktemp("ray-curve")
+    cfg = _cfg(classify_dict(demo_dir, tmp_path), tmp_path, "ray", "ray")
+    result = run_job(validate(cfg), tmp_path / "c.yaml", show_progress=False)
     return train_losses(result.run_dir)
 
 

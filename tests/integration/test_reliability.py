@@ -18,6 +18,7 @@ from scaletrain.errors import TrainingError
 from scaletrain.errors import Interrupted
 from scaletrain.launch.job import run_job
 from scaletrain.metrics.records import read_jsonl
+from tests.conftest import classify_dict
 
 pytestmark = pytest.mark.ray
 
@@ -58,10 +59,11 @@ def _when_step(run_dir: Path, step: int, action, timeout=240):
     return t
 
 
-@pytest.fixture
-def reference(classify_cfg, tmp_path, ray_local):
-    """An uninterrupted 2-worker run to compare final weights with."""
-    cfg = _cfg(classify_cfg, tmp_path, "ref", train={"max_steps": 24, "logging_steps": 1},
+@pytest.fixture(scope="module")
+def reference(demo_dir, tmp_path_factory, ray_local):
+    """An uninterrupted 2-worker run to compare final weights with (run once for the module)."""
+    tmp_path = tmp_path_factory.mktemp("reference")
+    cfg = _cfg(classify_dict(demo_dir, tmp_path), tmp_path, "ref", train={"max_steps": 24, "logging_steps": 1},
                checkpoint={"save_steps": 4, "save_total_limit": 2})
     return _weights(_run(cfg, tmp_path).run_dir)
 

@@ -128,10 +128,10 @@ def apply(values: Mapping[str, str]) -> None:
 
 
 # The warm cluster's fork server (launch/forkserver.py) hands Ray a worker forked from a process that imported
-# torch, transformers and Ray Train's dependencies once (not Ray itself). Variables these libraries, the loader or the interpreter read when they load
-# must then have the server's values, or the worker is started the plain way. Exceptions: Ray's own per-worker
-# variables and Train V2's (read when used), and the thread counts, which the worker applies itself
-# (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).
+# torch, transformers and Ray Train's dependencies once (not Ray itself). Variables these libraries, the loader
+# or the interpreter read when they load must then have the server's values, or the worker is started the plain
+# way. Exceptions: Ray's own per-worker variables and Train V2's (read when used), and the thread counts, which
+# the worker applies itself (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).
 FORK_MATCHED_PREFIXES = ("LD_", "MALLOC_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "HF_",
                          "TRANSFORMERS_", "ARROW_", "RAY_")
 FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "MKL_NUM_THREADS", "RAY_JOB_ID",

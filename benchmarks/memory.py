@@ -5,7 +5,7 @@ time (the time the step waits) and size, sync vs async (DCP async_save).
     .venv/bin/python benchmarks/memory.py --rounds 1 --steps 4
 
 Each run's summary.json holds its measured peak (the worker's resident-set high-water mark over its start, with
-glibc's mmap threshold fixed by comm.env, so that freed tensors leave it: comm/env.py) and the plan's prediction with its breakdown. Variants alternate
+glibc's mmap threshold fixed by comm.env, so that freed tensors leave it: envvars.py) and the plan's prediction with its breakdown. Variants alternate
 within a round; medians. Targets (issue: fitting big models): FSDP's weights+gradients+optimizer share per rank
 <= 0.55x DDP's; checkpointing cuts activation memory by >= 50% for <= 40% more step time.
 """
@@ -30,7 +30,7 @@ VARIANTS = {"ddp": {"strategy": "ddp"}, "fsdp": {"strategy": "fsdp"},
             "fsdp+async-save": {"strategy": "fsdp", "async_save": True}}
 
 
-from scaletrain.comm.env import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD  # noqa: E402
+from scaletrain.envvars import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD  # noqa: E402
 
 
 def config(data: Path, out: Path, name: str, steps: int, async_save: bool = False, **train) -> dict:

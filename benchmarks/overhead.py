@@ -67,12 +67,12 @@ def _bare_worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warm
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     from scaletrain.data import Collator, load_split
-    from scaletrain.model import build_model
+    from scaletrain.model import Vocab, build_model
 
     cfg = Config.model_validate(cfg_json)
     t = cfg.train
     torch.manual_seed(t.seed)
-    model = build_model(cfg.model, vocab, pad)
+    model = build_model(cfg.model, Vocab(vocab, pad))
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
     model.train()  # from_pretrained returns eval mode: dropout off would make this loop do less work

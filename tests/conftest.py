@@ -60,17 +60,14 @@ def classify_dict(demo_dir: Path, tmp_path: Path) -> dict:
 def local_spec(cfg_dict: dict, run_dir: Path):
     """Prepare a job exactly as the driver does, for the in-process launcher."""
     from scaletrain.config import validate
-    from scaletrain.data import prepare_data
     from scaletrain.launch.job import build_spec
-    from scaletrain.model import load_tokenizer
+    from scaletrain.launch.preflight import preflight
 
     cfg_dict = {**cfg_dict, "output": {"output_dir": str(run_dir.parent / "runs"), **cfg_dict.get("output", {})}}
     cfg = validate(cfg_dict)  # the tokenized-data cache lives under output_dir: the test's, not the checkout's
-    tok = load_tokenizer(cfg.model.name_or_path)
     run_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(cfg, tok)
-    cfg = data.resolve(cfg)  # as the driver: num_labels and label names from the data
-    return cfg, tok, build_spec(cfg, data, tok, run_dir, "gloo")
+    pre = preflight(cfg)  # as the driver: num_labels and label names from the data
+    return pre.cfg, pre.tokenizer, build_spec(pre, run_dir, "gloo")
 
 
 def train_losses(run_dir: Path) -> list[float]:

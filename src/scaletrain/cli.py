@@ -47,7 +47,7 @@ WARM_COMMANDS = ("train", "scale", "commbench")
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if argv is None and args.command in WARM_COMMANDS:  # a command line, not a call from Python
-        from scaletrain.launch.local_cluster import run_forked_driver
+        from scaletrain.launch.warm.cluster import run_forked_driver
 
         if (code := run_forked_driver(sys.argv)) is not None:
             return code

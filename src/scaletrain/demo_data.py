@@ -98,5 +98,13 @@ def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int 
     return out
 
 
+def tokenizer_corpus() -> list[str]:
+    """The fixed text builtin:tiny-llama's byte-level BPE is trained on (model.py): the demo tasks' words and
+    the built-in templates' markers, so the same vocabulary comes out every time."""
+    return ([r["text"] for r in sentiment_rows(400, seed=3)]
+            + [f"{r['instruction']}\n{r['input']}\n{r['output']}" for r in alpaca_rows(400, seed=3)]
+            + ["### Instruction:\n### Input:\n### Response:\nuser\nassistant\nsystem\n"])
+
+
 if __name__ == "__main__":
     print(write_demo_data(sys.argv[1] if len(sys.argv) > 1 else "examples/data"))

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple
 
-from scaletrain.comm.env import (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, HSA_FORCE_FINE_GRAIN_PCIE, MASTER_PORT,
+from scaletrain.envvars import (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, HSA_FORCE_FINE_GRAIN_PCIE, MASTER_PORT,
                                  ROCR_VISIBLE_DEVICES)
 from scaletrain.config.schema import Config
 
@@ -196,10 +196,10 @@ def check_data(f: Facts) -> CheckResult | None:
 def check_batch_lr(f: Facts) -> CheckResult | None:
     if f.config is None:
         return None
-    from scaletrain.worker.optim import global_batch_size, scaled_learning_rate
+    from scaletrain.config.batch import global_batch, scaled_learning_rate
 
     t, n = f.config.train, f.config.scaling.num_workers
-    gb1, gbn = global_batch_size(t, 1), global_batch_size(t, n)
+    gb1, gbn = global_batch(t, 1), global_batch(t, n)
     lr = scaled_learning_rate(t, n)
     detail = f"global batch {gbn} ({gb1} on 1 worker), lr {lr:g} ({t.lr_scaling} scaling)"
     if n > 1 and t.lr_scaling == "none":

@@ -7,6 +7,7 @@ package; ``builtin:tiny-bert`` and ``builtin:tiny-llama`` are small random-init 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain.config.schema import ModelConfig
@@ -23,6 +24,18 @@ MINILM_VOCAB_SIZE = 30522
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
                   "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """What the model needs to know of its tokenizer, in one object (driver, planner and workers alike)."""
+
+    size: int
+    pad_id: int
+
+    @classmethod
+    def of(cls, tokenizer) -> "Vocab":
+        return cls(len(tokenizer), tokenizer.pad_token_id or 0)
 
 
 def minilm_dir() -> Path:
@@ -83,11 +96,9 @@ def tiny_llama_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     from scaletrain.data.templates import BUILTIN_TEMPLATES
-    from scaletrain.demo_data import alpaca_rows, sentiment_rows
+    from scaletrain.demo_data import tokenizer_corpus
 
-    corpus = ([r["text"] for r in sentiment_rows(400, seed=3)]
-              + [f"{r['instruction']}\n{r['input']}\n{r['output']}" for r in alpaca_rows(400, seed=3)]
-              + ["### Instruction:\n### Input:\n### Response:\nuser\nassistant\nsystem\n"])
+    corpus = tokenizer_corpus()
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -100,8 +111,10 @@ def tiny_llama_tokenizer():
                                    chat_template=BUILTIN_TEMPLATES["chatml"])
 
 
-def _tiny_config(name: str, vocab_size: int, pad_id: int):
+def _tiny_config(name: str, vocab: Vocab):
     from transformers import BertConfig, LlamaConfig
+
+    vocab_size, pad_id = vocab.size, vocab.pad_id
 
     if name == TINY_BERT:
         return BertConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -132,7 +145,7 @@ def preload(lora: bool = False) -> None:
         import peft.tuners.lora  # noqa: F401
 
 
-def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_names: list[str] | None = None):
+def auto_and_config(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = None):
     """The transformers Auto class for the task and the model's config with the task's and the run's settings
     (``label_names``: the classes' names, kept as the config's id2label/label2id)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -149,7 +162,7 @@ def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label
     else:
         auto = AutoModelForCausalLM
     if path is None:
-        config = _tiny_config(cfg.name_or_path, vocab_size, pad_token_id)
+        config = _tiny_config(cfg.name_or_path, vocab)
     else:
         from transformers import AutoConfig
 
@@ -163,18 +176,17 @@ def _auto_and_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label
     return auto, config
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, pad_token_id: int, label_names: list[str] | None = None,
-                packed: bool = False):
+def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = None, packed: bool = False):
     """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks.
     ``packed``: it trains on packed rows, and SDPA attends per example (``attention.py``)."""
-    auto, config = _auto_and_config(cfg, vocab_size, pad_token_id, label_names)
+    auto, config = auto_and_config(cfg, vocab, label_names)
     path = model_dir(cfg.name_or_path)
     if path is None:
         model = auto.from_config(config)
     else:
         model = auto.from_pretrained(str(path), config=config, local_files_only=True)
     if model.config.pad_token_id is None:
-        model.config.pad_token_id = pad_token_id
+        model.config.pad_token_id = vocab.pad_id
     if packed:
         from scaletrain.attention import isolate_examples
 
@@ -208,7 +220,7 @@ def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:
     path = model_dir(cfg.name_or_path)
     if path is not None:
         check_weights(path, cfg.name_or_path)
-    _, config = _auto_and_config(cfg, len(tokenizer), tokenizer.pad_token_id or 0)
+    _, config = auto_and_config(cfg, Vocab.of(tokenizer))
     positions = getattr(config, "max_position_embeddings", None)
     if positions and max_length > positions:
         raise ConfigError(f"data.max_length={max_length} is beyond the {positions} positions of "
@@ -260,7 +272,7 @@ def check_weights(path: Path, name: str) -> None:
                               f"stopped early?); download the model again")
 
 
-def check_lora_target(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> None:
+def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> None:
     """Every name in ``model.lora_target`` must name a module of the model, checked in the driver on an empty
     (meta-device) copy: PEFT fails only when no name matches, inside the workers, and drops a misspelt name
     among good ones without a word (LoRA then trains fewer layers than asked)."""
@@ -268,7 +280,7 @@ def check_lora_target(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> N
 
     if cfg.finetuning_type != "lora" or cfg.lora_target == "all-linear":
         return
-    auto, config = _auto_and_config(cfg, vocab_size, pad_token_id)
+    auto, config = auto_and_config(cfg, vocab)
     with torch.device("meta"):
         model = auto.from_config(config)
     names = [name for name, _ in model.named_modules() if name]
@@ -296,3 +308,32 @@ def count_parameters(model) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, total
+
+
+def transformer_blocks(model) -> list:
+    """The repeated layers of an HF model: children of the largest ModuleList (FSDP's units, checkpointing's
+    and the memory estimate's blocks)."""
+    import torch.nn as nn
+
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        return []
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+
+
+def packing_support_error(cfg: ModelConfig, vocab: Vocab) -> str | None:
+    """Why this model cannot keep packed examples apart, or None. Checked in the driver, before anything starts:
+    the model's attention mask must be built by transformers' masking_utils (which reads packed position ids)."""
+    import importlib
+    import inspect
+
+    auto, config = auto_and_config(cfg, vocab)
+    model_class = auto._model_mapping[type(config)]
+    source = inspect.getsource(importlib.import_module(model_class.__module__))
+    if "create_causal_mask" not in source:
+        return (f"{cfg.name_or_path} ({config.model_type}) builds its own attention mask, which cannot keep "
+                f"packed examples apart; set data.packing=false")
+    implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+    if implementation not in ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):
+        return f"attention implementation {implementation} cannot isolate packed examples; set data.packing=false"
+    return None

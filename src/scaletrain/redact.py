@@ -12,7 +12,7 @@ import logging
 import re
 from typing import Any, Iterable, Mapping
 
-from scaletrain.comm.env import secret_values
+from scaletrain.envvars import secret_values
 from scaletrain.credentials import SHAPES, URL_CREDENTIALS, is_secret_name, looks_like_secret
 
 MASK = "***"

@@ -72,7 +72,7 @@ def test_up_train_twice_submit_follow_stop_list_down(tmp_path, demo_dir, warm_cl
     assert s1["steps"] == 4 and s2["steps"] == 6
     assert _pids(runs / "first") and _pids(runs / "first").isdisjoint(_pids(runs / "second"))
     # ... forked by the warm cluster's fork server (pre-imported, each used once), none started the plain way
-    from scaletrain.launch.local_cluster import forkserver_log
+    from scaletrain.launch.warm.cluster import forkserver_log
 
     served = forkserver_log().read_text()
     assert _pids(runs / "first") | _pids(runs / "second") <= set(re.findall(r"^forked (\d+)$", served, re.M))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.comm.env import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD
+from scaletrain.envvars import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
 from scaletrain.scaling.parity import compare
@@ -67,7 +67,7 @@ def test_fsdp_levers_and_checkpointing_keep_the_curve(tmp_path, ray_local, no_or
 ])
 def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, ray_local, no_orphans, name,
                                                                       workers, train):
-    # freed tensors leave the resident set (glibc's mmap threshold fixed, comm/env.py): it measures live memory
+    # freed tensors leave the resident set (glibc's mmap threshold fixed, envvars.py): it measures live memory
     run = _run(tmp_path, name, model="builtin:llama-100m", workers=workers, steps=2, batch=2, max_length=256,
                comm_env={MALLOC_MMAP_THRESHOLD: CPU_MMAP_THRESHOLD_BYTES}, **train)
     summary = json.loads((run / "summary.json").read_text())

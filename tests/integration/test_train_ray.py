@@ -44,7 +44,7 @@ def _check_run_dir(run_dir: Path, world: int, total_steps: int):
     for key in ("train/loss", "train/lr", "throughput/samples_per_s", "throughput/tokens_per_s", "time/step_s",
                 "time/data_wait_s", "memory/rss_gib", "system/cpu_pct", "epoch"):
         assert all(key in r for r in train), key
-    assert all(r["throughput/samples_per_s"] > 0 and r["world_size"] == world for r in train)
+    assert all(r["throughput/samples_per_s"] > 0 and r["scaling/workers"] == world for r in train)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == world and summary["steps"] == total_steps
     assert summary["train_time_s"] > 0 and summary["eval_time_s"] > 0 and summary["final"]["eval/loss"] > 0

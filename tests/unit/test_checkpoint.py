@@ -16,7 +16,7 @@ def _weights(run_dir):
     return load_file(run_dir / "final" / "model.safetensors")
 
 
-def test_corrupt_latest_falls_back_and_resume_is_bit_identical(classify_cfg, tmp_path, caplog):
+def test_corrupt_latest_falls_back_and_resume_is_bit_identical(classify_cfg, tmp_path):
     classify_cfg["train"].update(max_steps=12, logging_steps=4)
     classify_cfg["checkpoint"] = {"save_steps": 4, "save_total_limit": 3}
     _, _, ref = local_spec(classify_cfg, tmp_path / "ref")
@@ -38,9 +38,8 @@ def test_corrupt_latest_falls_back_and_resume_is_bit_identical(classify_cfg, tmp
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     assert "state/__0_0.distcp fails its checksum" in checkpoint.verify(shard.parent.parent)
-    with caplog.at_level("WARNING"):
-        assert checkpoint.latest_valid(tmp_path / "b").name == "step-4"
-    assert "step-8 is unusable" in caplog.text
+    found, unusable = checkpoint.resume_point(tmp_path / "b" / "checkpoints")
+    assert found.name == "step-4" and unusable == [("step-8", "state/__0_0.distcp fails its checksum")]
 
     run_in_process(spec)  # resumes from step-4 and runs steps 5..12 again
     main_log = (tmp_path / "b" / "logs" / "main.log").read_text()
@@ -53,7 +52,7 @@ def test_partial_checkpoint_is_ignored(tmp_path):
     root = tmp_path / "checkpoints"
     (root / ".tmp-step-9").mkdir(parents=True)  # a crash before the rename
     (root / "step-5").mkdir()  # no manifest: not a finished checkpoint
-    assert checkpoint.latest_valid(tmp_path) is None
+    assert checkpoint.resume_point(root) == (None, [("step-5", "no manifest (partial write)")])
     assert checkpoint.verify(root / "step-5") == "no manifest (partial write)"
 
 

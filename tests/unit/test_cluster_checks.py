@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from scaletrain.comm.env import RAY_TRAIN_ENABLE_PREEMPTION_WATCHER as WATCHER
+from scaletrain.envvars import RAY_TRAIN_ENABLE_PREEMPTION_WATCHER as WATCHER
 from scaletrain.errors import LaunchError
 from scaletrain.launch.plan import check_placement
 from scaletrain.launch.ray_launcher import _probe_address

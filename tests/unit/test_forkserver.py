@@ -1,4 +1,4 @@
-"""The warm cluster's fork server (launch/forkserver.py), without Ray: a caller gets a forked child that runs its
+"""The warm cluster's fork server (launch/warm/forkserver.py), without Ray: a caller gets a forked child that runs its
 script with the caller's stdio, environment, directory and arguments, and the child's exit status; the child
 is its own process group and dies with its caller; an environment or code the preloaded modules would not match
 makes the caller run the plain interpreter instead."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.comm import env as envvars
-from scaletrain.launch import forkserver
+from scaletrain import envvars
+from scaletrain.launch.warm import forkserver
 
 SCRIPT = """import json, os, sys, time
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
@@ -34,7 +34,7 @@ def server(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "FOO"))}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; from scaletrain.launch.forkserver import serve; "
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; from scaletrain.launch.warm.forkserver import serve; "
                                  f"serve({sock!r}, ('preloaded_mod', 'json'))"], stdout=out, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
     deadline = time.time() + 60
@@ -47,7 +47,7 @@ def server(tmp_path):
 
 
 def _call(sock, script, *args, env, cwd, **kw):
-    return subprocess.Popen([sys.executable, "-m", "scaletrain.launch.forkserver", sock, str(script), *args],
+    return subprocess.Popen([sys.executable, "-m", forkserver.MODULE, sock, str(script), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, **kw)
 
 
@@ -153,12 +153,12 @@ def test_fork_mismatch_names_import_time_variables_only():
     base = {"HF_HUB_OFFLINE": "1", "PATH": "/bin", "RAY_AUTH_MODE": "token"}
     worker = {**base, "PATH": "/usr/bin", "RAY_JOB_ID": "01000000", "RAY_TRAIN_V2_ENABLED": "1",
               "OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO", "PYTHONPATH": "/x"}
-    assert envvars.fork_mismatch(worker, base) is None  # Ray's per-worker and Train's variables, threads, NCCL
-    assert envvars.fork_mismatch({**worker, "HF_HUB_OFFLINE": "0"}, base) == "HF_HUB_OFFLINE differs from the " \
+    assert forkserver.fork_mismatch(worker, base) is None  # Ray's per-worker and Train's variables, threads, NCCL
+    assert forkserver.fork_mismatch({**worker, "HF_HUB_OFFLINE": "0"}, base) == "HF_HUB_OFFLINE differs from the " \
         "fork server's"
-    assert envvars.fork_mismatch({k: v for k, v in worker.items() if k != "RAY_AUTH_MODE"}, base).startswith(
+    assert forkserver.fork_mismatch({k: v for k, v in worker.items() if k != "RAY_AUTH_MODE"}, base).startswith(
         "RAY_AUTH_MODE")
-    assert envvars.fork_mismatch({**worker, "LD_PRELOAD": "/lib/x.so"}, base).startswith("LD_PRELOAD")
+    assert forkserver.fork_mismatch({**worker, "LD_PRELOAD": "/lib/x.so"}, base).startswith("LD_PRELOAD")
 
 
 def test_apply_threads_sets_torch_threads_from_omp_num_threads():
@@ -178,7 +178,7 @@ def test_apply_threads_sets_torch_threads_from_omp_num_threads():
 
 def test_the_py_executable_names_this_interpreter_and_the_socket():
     cmd = forkserver.command("/tmp/a b.sock")
-    assert cmd == f"{sys.executable} -m scaletrain.launch.forkserver '/tmp/a b.sock'"
+    assert cmd == f"{sys.executable} -m scaletrain.launch.warm.forkserver '/tmp/a b.sock'"
 
 
 def test_a_module_runs_as_main_in_the_fork_with_the_callers_arguments(server, tmp_path):
@@ -186,7 +186,7 @@ def test_a_module_runs_as_main_in_the_fork_with_the_callers_arguments(server, tm
     sock, proc, log, env = server
     (tmp_path / "cmdmod.py").write_text(SCRIPT)
     caller = subprocess.run(
-        [sys.executable, "-c", "import os, sys; from scaletrain.launch.forkserver import run_forked; "
+        [sys.executable, "-c", "import os, sys; from scaletrain.launch.warm.forkserver import run_forked; "
          f"sys.exit(run_forked({sock!r}, ['prog', '4', 'y'], dict(os.environ), module='cmdmod'))"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert caller.returncode == 4, caller.stderr
@@ -198,7 +198,7 @@ def test_a_caller_of_another_python_environment_is_not_forked(server, tmp_path):
     sock, proc, log, env = server
     (tmp_path / "cmdmod.py").write_text(SCRIPT)
     caller = subprocess.run(
-        [sys.executable, "-c", "import os, sys; from scaletrain.launch.forkserver import run_forked; "
+        [sys.executable, "-c", "import os, sys; from scaletrain.launch.warm.forkserver import run_forked; "
          f"sys.prefix = '/another/venv'; print(run_forked({sock!r}, ['prog', '0'], dict(os.environ), "
          "module='cmdmod'))"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert caller.stdout.strip() == "None", caller.stderr  # nothing forked: the command runs in its own process

@@ -188,7 +188,7 @@ def test_corrupted_checkpoint_files_are_found_unusable(tmp_path, saved_checkpoin
     problem = checkpoint.verify(ckpt)
     if changed:
         assert problem, f"{name} changed but the checkpoint verified"
-    found, unusable = checkpoint.resume_point(tmp_path)
+    found, unusable = checkpoint.resume_point(tmp_path / "checkpoints")
     assert (found is None) == bool(problem) and (not unusable) == (not problem)
     if not problem:  # the bytes are unchanged: it loads
         from torch.distributed.checkpoint import FileSystemReader

@@ -28,18 +28,33 @@ def test_run_directory_names_are_spelled_only_in_rundir(name):
     assert offenders == [], f"{name!r} spelled outside rundir.py: {offenders}"
 
 
-def test_only_comm_reads_or_changes_the_environment():
+def test_only_the_registry_reads_or_changes_the_environment():
     pattern = re.compile(r"\bos\.(environ|getenv|putenv|unsetenv)\b")
-    offenders = [f"{rel}:{n}" for rel, text in _sources(exclude=("comm/",))
+    offenders = [f"{rel}:{n}" for rel, text in _sources(exclude=("envvars.py",))
                  for n, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
     assert offenders == []
 
 
-def test_nothing_outside_comm_names_a_communication_variable():
-    # NCCL_*, RCCL_*, HSA_*, MASTER_PORT ... are named in comm/env.py and used through its constants.
+def test_nothing_outside_the_registry_names_a_communication_variable():
+    # NCCL_*, RCCL_*, HSA_*, MASTER_PORT ... are named in envvars.py and used through its constants.
     pattern = re.compile(r"[\"'](?:NCCL|RCCL|TORCH_NCCL|HSA|GLOO|MASTER|RAY)_[A-Z_]+[\"']")
-    offenders = [f"{rel}:{n}" for rel, text in _sources(exclude=("comm/",))
+    offenders = [f"{rel}:{n}" for rel, text in _sources(exclude=("envvars.py",))
                  for n, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+def test_the_registry_is_the_ground_floor():
+    """envvars.py imports no scaletrain module but credentials.py (itself importing none): config/ and every
+    other layer may use it without importing comm/."""
+    tree = ast.parse((SRC / "envvars.py").read_text())
+    own = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scaletrain")}
+    assert own == {"scaletrain.credentials"}
+    cred = ast.parse((SRC / "credentials.py").read_text())
+    assert not [n for n in ast.walk(cred) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scaletrain")]
+
+
+def test_no_import_circle_between_checkpointing_and_the_trainer():
+    offenders = [rel for rel, text in _sources() if rel.startswith("checkpoint/") and "scaletrain.worker" in text]
     assert offenders == []
 
 

@@ -11,7 +11,7 @@ import pytest
 from pathlib import Path
 
 from scaletrain import cli
-from scaletrain.comm.env import worker_env
+from scaletrain.envvars import worker_env
 from scaletrain.config import validate
 from scaletrain.comm import launch_env
 from scaletrain.comm.ports import free_port

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from scaletrain.data import Collator, load_split
 from scaletrain.launch.job import finish_final
 from scaletrain.launch.local import run_in_process
-from scaletrain.worker.evaluate import evaluate
+from scaletrain.worker.evaluate import evaluate_model
 from tests.conftest import local_spec, train_losses
 from scaletrain.comm.context import DistContext
 
@@ -20,7 +20,7 @@ def _eval_loss(model, spec, task, num_labels):
     data = load_split(spec.eval_path)
     import contextlib
 
-    return evaluate(model, data, Collator(spec.pad_token_id), CTX1, 16, task, num_labels, contextlib.nullcontext)
+    return evaluate_model(model, data, Collator(spec.pad_token_id), CTX1, 16, task, num_labels, contextlib.nullcontext)
 
 
 def test_same_config_same_loss_curve_and_weights(classify_cfg, tmp_path):

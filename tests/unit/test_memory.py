@@ -12,7 +12,7 @@ from scaletrain.config import validate
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, estimate, model_shape
 from scaletrain.memory.plan import device_named, variants, verdict
-from scaletrain.model import load_tokenizer
+from scaletrain.model import Vocab, load_tokenizer
 
 
 def _cfg(**train):
@@ -30,7 +30,7 @@ def vocab():
 
 
 def _shape(cfg, vocab):
-    return model_shape(cfg, vocab, 0, 4, 512, 4)
+    return model_shape(cfg, Vocab(vocab, 0), 4, 512, 4)
 
 
 def test_the_estimate_counts_what_each_strategy_keeps(vocab):
@@ -61,7 +61,7 @@ def test_the_estimate_counts_what_each_strategy_keeps(vocab):
 
 def test_the_meta_pass_counts_fused_attention_not_the_seq_by_seq_weights(vocab):
     cfg = _cfg()
-    short, long = model_shape(cfg, vocab, 0, 1, 256, 1), model_shape(cfg, vocab, 0, 1, 1024, 1)
+    short, long = model_shape(cfg, Vocab(vocab, 0), 1, 256, 1), model_shape(cfg, Vocab(vocab, 0), 1, 1024, 1)
     assert long.act_blocks == pytest.approx(4 * short.act_blocks, rel=0.01)  # linear in the sequence
 
 
@@ -148,7 +148,7 @@ def test_gradient_checkpointing_keeps_the_loss_and_gradients_with_lora(vocab):
                                   "finetuning_type": "lora"}, "data": {"train_file": "x"},
                         "train": {"gradient_checkpointing": ckpt}})
         torch.manual_seed(0)
-        model = build_model(cfg.model, 2048, 0)
+        model = build_model(cfg.model, Vocab(2048, 0))
         if ckpt:
             from scaletrain.model import enable_checkpointing
 
@@ -169,7 +169,7 @@ def test_gradient_checkpointing_keeps_the_loss_and_gradients_with_lora(vocab):
 
 
 def test_elastic_ranges_and_their_bad_input():
-    from scaletrain.worker.optim import for_world_size
+    from scaletrain.config.batch import for_world_size
 
     base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"}, "data": {"train_file": "x"},
             "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3}}
@@ -193,7 +193,8 @@ def test_elastic_ranges_and_their_bad_input():
 
 
 def test_a_resume_on_a_size_that_cannot_keep_the_global_batch_is_an_error():
-    from scaletrain.launch.resume import resized, resume_conflicts
+    from scaletrain.config.batch import resized
+    from scaletrain.launch.resume import resume_conflicts
 
     base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"}, "data": {"train_file": "x"},
             "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3}}
@@ -201,8 +202,9 @@ def test_a_resume_on_a_size_that_cannot_keep_the_global_batch_is_an_error():
     four, note = resized(saved, validate({**base, "scaling": {"num_workers": 3}}))
     assert four.train.gradient_accumulation_steps == 2 and "gradient_accumulation_steps 3 -> 2" in note
     assert resume_conflicts(saved, four) == []  # the same global batch: no exact-resume conflict
-    with pytest.raises(ConfigError, match=r"global batch 12 = 2 per device x 3 accumulation x 2 workers cannot be "
-                                          r"split into 2 per device x 4 workers; use a worker count that divides 6"):
+    with pytest.raises(ConfigError, match=r"num_workers=4: the global batch 12 \(2 per device x 3 accumulation x 2 "
+                                          r"workers\) cannot be split over 4 worker\(s\) at 2 per device; use a worker "
+                                          r"count that divides 6"):
         resized(saved, validate({**base, "scaling": {"num_workers": 4}}))
 
 

@@ -8,9 +8,9 @@ import torch
 
 from scaletrain.config import validate
 from scaletrain.data import Collator, IGNORE_INDEX, model_inputs, prepare_data
-from scaletrain.data.packing import pack, packing_support_error
+from scaletrain.data.packing import pack
 from scaletrain.errors import ConfigError
-from scaletrain.model import build_model, load_tokenizer
+from scaletrain.model import Vocab, build_model, load_tokenizer, packing_support_error
 from scaletrain.worker.step import token_loss_sum
 
 
@@ -55,7 +55,7 @@ def test_packed_and_padded_batches_give_the_same_loss_and_gradients(tmp_path, to
     cfg, plain = _data(tmp_path, tok)
     examples = [plain.train[i] for i in range(6)]
     torch.manual_seed(0)
-    model = build_model(cfg.model, len(tok), tok.pad_token_id)
+    model = build_model(cfg.model, Vocab.of(tok))
     twin = copy.deepcopy(model)
     if attention == "by-example":
         assert by_example.isolate_examples(twin) == by_example.NAME
@@ -83,8 +83,8 @@ def test_by_example_attention_leaves_plain_batches_and_saved_configs_as_they_wer
 
     cfg, plain = _data(tmp_path, tok)
     torch.manual_seed(0)
-    model = build_model(cfg.model, len(tok), tok.pad_token_id)
-    twin = build_model(cfg.model, len(tok), tok.pad_token_id, packed=True)
+    model = build_model(cfg.model, Vocab.of(tok))
+    twin = build_model(cfg.model, Vocab.of(tok), packed=True)
     twin.load_state_dict(model.state_dict())
     assert twin.config._attn_implementation == NAME and model.config._attn_implementation == "sdpa"
     batch = Collator(tok.pad_token_id)([plain.train[i] for i in range(4)])  # padded, with an attention mask
@@ -102,4 +102,4 @@ def test_packing_needs_a_causal_lm_and_a_model_that_isolates_examples():
         v({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x", "packing": True}})
     llama = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
                       "data": {"train_file": "x", "packing": True}})
-    assert packing_support_error(llama.model, 100, 0) is None
+    assert packing_support_error(llama.model, Vocab(100, 0)) is None

@@ -9,7 +9,7 @@ from scaletrain.errors import ConfigError, LaunchError, TrainingError
 from scaletrain.launch.failures import group_failures
 from scaletrain.launch.plan import plan_scaling
 from scaletrain.rundir import create_run_dir, default_run_name
-from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, steps_per_epoch, total_steps
+from scaletrain.config.batch import global_batch, scaled_learning_rate, steps_per_epoch, total_steps
 
 
 def cfg_with(**train):
@@ -19,7 +19,7 @@ def cfg_with(**train):
 
 def test_global_batch():
     c = cfg_with(gradient_accumulation_steps=4)
-    assert global_batch_size(c.train, 1) == 32 and global_batch_size(c.train, 8) == 256
+    assert global_batch(c.train, 1) == 32 and global_batch(c.train, 8) == 256
 
 
 @pytest.mark.parametrize("rule,workers,expected", [

@@ -1,6 +1,6 @@
 import logging
 
-from scaletrain.comm.env import secret_values
+from scaletrain.envvars import secret_values
 from scaletrain.comm.profiles import check_names
 from scaletrain.redact import MASK, Redactor, RedactingFilter
 
@@ -109,7 +109,7 @@ def test_split_and_mapping_use_the_shape_as_well_as_the_name():
 
 
 def test_private_env_file_is_0600_read_by_the_worker_and_removed(tmp_path, monkeypatch):
-    from scaletrain.comm.env import SCALETRAIN_PRIVATE_ENV_FILE
+    from scaletrain.envvars import SCALETRAIN_PRIVATE_ENV_FILE
     from scaletrain.comm.launch_env import load_private_env, private_env
 
     env = {"AUTH_HEADER": "Bearer sk-live-0123456789abcdefXYZ", "NCCL_DEBUG": "INFO"}
@@ -130,7 +130,7 @@ def test_private_env_file_is_0600_read_by_the_worker_and_removed(tmp_path, monke
 
 
 def test_the_override_warning_names_secrets_without_their_values():
-    from scaletrain.comm.env import worker_env
+    from scaletrain.envvars import worker_env
 
     with pytest.warns(UserWarning) as caught:
         worker_env({"WANDB_API_KEY": "config-secret-123456"}, {"WANDB_API_KEY": "shell-secret-654321"})

@@ -76,7 +76,7 @@ def test_up_leaves_a_ray_it_did_not_start_alone(tmp_path, monkeypatch):
     import socket
 
     from scaletrain.errors import LaunchError
-    from scaletrain.launch import local_cluster
+    from scaletrain.launch.warm import cluster as local_cluster
 
     with socket.socket() as s:  # "a Ray" answering at an address scaletrain did not record
         s.bind(("127.0.0.1", 0))

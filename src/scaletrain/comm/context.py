@@ -5,12 +5,12 @@ The worker loop, model and data code never read ranks from the environment: they
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from scaletrain.comm.device import Platform, local_device_index
+from scaletrain import envvars
 from scaletrain.rundir import RunDir
-from scaletrain.comm.env import (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE,
+from scaletrain.envvars import (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE,
                                  TORCHRUN_LOCAL_RANK, TORCHRUN_LOCAL_WORLD_SIZE, TORCHRUN_NODE_RANK, TORCHRUN_RANK,
                                  TORCHRUN_WORLD_SIZE, apply_defaults, nccl_watchdog_env)
 
@@ -42,7 +42,7 @@ def context_from_ray(backend: str) -> DistContext:
     if backend == "nccl":
         platform = Platform.detect()
         index = local_device_index(
-            platform.vendor, os.environ, local_rank, platform.device_count,
+            platform.vendor, envvars.snapshot(), local_rank, platform.device_count,
             [str(i) for i in ray.get_gpu_ids()],
         )
         import torch
@@ -69,7 +69,7 @@ def context_from_torchrun(backend: str, timeout_s: int, run_dir: str) -> DistCon
     import torch
     import torch.distributed as dist
 
-    env = os.environ
+    env = envvars.snapshot()
     local_rank = int(env[TORCHRUN_LOCAL_RANK])
     device = "cpu"
     if backend == "nccl":

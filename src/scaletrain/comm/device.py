@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
-from scaletrain.comm.env import (
+from scaletrain.envvars import (
     CUDA_VISIBLE_DEVICES,
     HIP_VISIBLE_DEVICES,
     ROCR_VISIBLE_DEVICES,

@@ -1,6 +1,6 @@
 """The environment a launch needs: the driver's, before Ray starts, and every worker's.
 
-Here (and in ``comm/env.py``, which names every variable) is the only place scaletrain changes its own
+Here (and in ``envvars.py``, which names every variable) is the only place scaletrain changes its own
 process environment or composes a worker's.
 """
 
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
-from scaletrain.comm import env as envvars
+from scaletrain import envvars
 from scaletrain.credentials import split_secrets
 from scaletrain.comm.device import reconcile_rocr
 from scaletrain.comm.profiles import effective_env
@@ -29,46 +29,6 @@ def prepare_ray_driver() -> list[str]:
     changes, note = reconcile_rocr(envvars.snapshot())
     envvars.apply(changes)
     return [note] if note else []
-
-
-def prepare_warm_cluster_driver() -> bool:
-    """Before ray is imported: a driver of the cluster `scaletrain up` started authenticates with Ray's token.
-    False when ray was imported already (the setting would not take; the caller says so)."""
-    import sys
-
-    envvars.apply_defaults(envvars.WARM_CLUSTER_DRIVER_DEFAULTS)
-    return "ray" not in sys.modules
-
-
-def fork_server_env() -> dict[str, str]:
-    """The warm cluster's fork server imports as a worker would: scaletrain's worker defaults < this shell, and
-    Ray's token authentication (launch/forkserver.py)."""
-    env = {**envvars.WORKER_ENV_DEFAULTS, **envvars.snapshot()}
-    for k, v in envvars.WARM_CLUSTER_DRIVER_DEFAULTS.items():
-        env.setdefault(k, v)
-    return env
-
-
-def forked_driver_env() -> dict[str, str] | None:
-    """The environment for this command's driver forked from the warm cluster's server: this one with what the
-    server imported under (scaletrain's offline defaults, which a driver that never downloads does not notice,
-    and Ray's token authentication). None in a driver that is such a fork already."""
-    if envvars.read(envvars.SCALETRAIN_FORKED_DRIVER):
-        return None
-    return {**fork_server_env(), envvars.SCALETRAIN_FORKED_DRIVER: "1"}
-
-
-def forked_note() -> str:
-    """How this job's processes start on the warm cluster: what its driver says."""
-    who = "driver and workers" if envvars.read(envvars.SCALETRAIN_FORKED_DRIVER) else "workers"
-    return f"; {who} forked pre-imported"
-
-
-def warm_job_env() -> dict[str, str]:
-    """Every process of a job on the warm cluster (Ray Train's controller and helpers too, not only its workers)
-    gets scaletrain's worker defaults, so that all of them match the fork server (fork_server_env)."""
-    server = fork_server_env()
-    return {k: server[k] for k in envvars.WORKER_ENV_DEFAULTS}
 
 
 def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:

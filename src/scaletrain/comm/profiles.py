@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from scaletrain.comm.env import COMM_PREFIXES, MISQUOTED_ENV
+from scaletrain.envvars import COMM_PREFIXES, MISQUOTED_ENV
 from scaletrain.errors import ConfigError
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"

@@ -1,4 +1,4 @@
-"""`scaletrain up [--num-cpus N] [--num-gpus N]` and `scaletrain down`: a warm local Ray cluster (launch/local_cluster.py)."""
+"""`scaletrain up [--num-cpus N] [--num-gpus N]` and `scaletrain down`: a warm local Ray cluster (launch/warm/cluster.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 def run_up(args: argparse.Namespace) -> int:
     from scaletrain.console import console
     from scaletrain.errors import ConfigError
-    from scaletrain.launch.local_cluster import up
+    from scaletrain.launch.warm.cluster import up
 
     for flag, value in (("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus)):
         if value is not None and value < (1 if flag == "--num-cpus" else 0):
             raise ConfigError(f"{flag} {value}: must be >= {1 if flag == '--num-cpus' else 0}")
-    from scaletrain.launch.local_cluster import forkserver_log
+    from scaletrain.launch.warm.cluster import forkserver_log
 
     cluster, started = up(args.num_cpus, args.num_gpus)
     if started:
@@ -41,7 +41,7 @@ def run_up(args: argparse.Namespace) -> int:
 
 def run_down(args: argparse.Namespace) -> int:
     from scaletrain.console import console
-    from scaletrain.launch.local_cluster import down
+    from scaletrain.launch.warm.cluster import down
 
     cluster = down()
     if cluster is None:

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 def gather_facts(cfg, smoke: bool):
     from scaletrain.comm.device import Platform
-    from scaletrain.comm.env import MASTER_PORT, snapshot
+    from scaletrain.envvars import MASTER_PORT, snapshot
     from scaletrain.comm.ports import port_free
     from scaletrain.comm.topo import detect
     from scaletrain.doctor import Facts
@@ -65,29 +65,23 @@ def _path_errors(cfg) -> list[str]:
 
 
 def _data_check(cfg) -> tuple[bool, str, list[str]]:
-    """The data checks of `train`, run the same way (the tokenized result is cached: train reuses it):
-    (ok, what was found or the error, warnings)."""
-    from scaletrain.data import prepare_data
+    """`train`'s own preflight (the tokenized result is cached: train reuses it): (ok, what was found or the
+    error, warnings)."""
+    from scaletrain.comm.device import Platform
     from scaletrain.errors import ScaletrainError
-    from scaletrain.model import check_lora_target, check_model, load_tokenizer
+    from scaletrain.launch.preflight import preflight
 
     try:
-        tokenizer = load_tokenizer(cfg.model.name_or_path)
-        check_model(cfg.model, tokenizer, cfg.data.max_length)
-        check_lora_target(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0)
-        data = prepare_data(cfg, tokenizer)
+        pre = preflight(cfg)
     except ScaletrainError as e:
         return False, str(e), []
+    data = pre.data
     skipped = sum(data.skipped.values())
     detail = f"{len(data.train)} train / {len(data.eval)} eval examples"
     if data.labels is not None and data.labels.names:
         detail += f"; classes {', '.join(data.labels.names)}"
     warnings = [n.removeprefix("data: ") for n in data.notes if "warning:" in n]
-    from scaletrain.comm.device import Platform
-    from scaletrain.memory.plan import fit_notes
-
-    cfg = data.resolve(cfg)
-    warnings += fit_notes(cfg, len(tokenizer), tokenizer.pad_token_id or 0, Platform.detect().has_gpu)
+    warnings += pre.fit_notes(Platform.detect().has_gpu)
     if skipped:  # the notes name the first lines of each reason
         warnings += [n.removeprefix("data: ") for n in data.notes if "skipped" in n]
     return True, detail, warnings

@@ -7,7 +7,7 @@ import platform
 import sys
 from importlib import metadata
 
-from scaletrain.comm.env import COMM_PREFIXES, VISIBLE_DEVICE_VARS, snapshot
+from scaletrain.envvars import COMM_PREFIXES, VISIBLE_DEVICE_VARS, snapshot
 from scaletrain.redact import Redactor
 PACKAGES = ("scaletrain", "torch", "ray", "transformers", "peft", "accelerate", "amdsmi", "nvidia-ml-py")
 

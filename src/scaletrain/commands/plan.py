@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.console import console
     from scaletrain.memory.estimate import GIB, estimate
     from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
-    from scaletrain.model import load_tokenizer, model_dir
+    from scaletrain.model import Vocab, load_tokenizer, model_dir
     from scaletrain.scaling.predict import PROFILES, Inputs, table
 
     cfg = load_config(args.config, args.overrides)
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     device = device_named(args.device) if args.device else _this_device()
     model_dir(cfg.model.name_or_path)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
-    shape = shape_for(cfg, len(tokenizer), tokenizer.pad_token_id or 0)
+    shape = shape_for(cfg, Vocab.of(tokenizer))
     kind = "cpu" if device.key == "cpu" else "gpu"
     rows = []
     for name, c in variants(cfg):

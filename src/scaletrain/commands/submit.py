@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 
 def _address(args) -> str:
-    from scaletrain.comm import env as envvars
+    from scaletrain import envvars
 
     address = args.address or envvars.read(envvars.RAY_ADDRESS)
     if not address:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 
 from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
-from scaletrain.launch.resume import resized, resume_conflicts
-from scaletrain.rundir import RunDir
+from scaletrain.launch.resume import resume_config
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -24,39 +22,21 @@ def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentPar
 
 
 def run(args: argparse.Namespace) -> int:
-    resume = Path(args.resume).expanduser().resolve() if args.resume else None
-    if resume is not None:
-        saved = RunDir(resume).resolved_config
-        if not saved.is_file():
-            raise ConfigError(f"--resume {resume}: no {RunDir.RESOLVED_CONFIG} there; pass the directory of an earlier run")
-        if RunDir(resume).finished():
-            raise ConfigError(f"--resume {resume}: this run finished ({RunDir.SUMMARY} exists); start a new run instead")
+    if args.resume:
         if args.config and "=" in args.config:  # `train --resume DIR key=value`
             args.overrides.insert(0, args.config)
             args.config = None
-        cfg = load_config(args.config or saved, args.overrides)
-        cfg, resize_note = resized(load_config(saved), cfg)
-        if resize_note:
-            from scaletrain.console import console
-
-            console.print(f"[yellow]note:[/] {resize_note}", soft_wrap=True)
-        conflicts = resume_conflicts(load_config(saved), cfg)
-        if conflicts and not args.force_resume:
-            raise ConfigError(f"--resume {resume}: the config changes {'; '.join(conflicts)}, which breaks an exact "
-                              f"resume; undo the change or pass --force-resume")
-        config_path = saved
+        resume = Path(args.resume).expanduser().resolve()
+        cfg, config_path, notes = resume_config(resume, args.config, args.overrides, args.force_resume)
+    elif not args.config:
+        raise ConfigError("scaletrain train needs a config file: scaletrain train CONFIG.yaml [section.key=value ...]")
     else:
-        if not args.config:
-            raise ConfigError("scaletrain train needs a config file: scaletrain train CONFIG.yaml [section.key=value ...]")
-        cfg = load_config(args.config, args.overrides)
-        config_path = Path(args.config)
-    from scaletrain.launch.launcher import joins_torchrun, launcher_for
+        resume, cfg, config_path, notes = None, load_config(args.config, args.overrides), Path(args.config), []
+    from scaletrain.console import console, summary_table
+    from scaletrain.launch.job import run_job
 
-    # A torchrun agent starts now: its start-up overlaps the driver's imports below and its data preparation.
-    with contextlib.nullcontext() if joins_torchrun(cfg) else launcher_for(cfg) as launcher:
-        from scaletrain.console import console, summary_table
-        from scaletrain.launch.job import run_job
-
-        result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress, launcher=launcher)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress)
     console.print(summary_table(result.summary, result.run_dir))
     return 0

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from scaletrain.comm import env as envvars
+from scaletrain import envvars
 from scaletrain.config.importers import looks_like_llamafactory
 from scaletrain.config.schema import Config
 from scaletrain.credentials import looks_like_secret

@@ -11,6 +11,8 @@ from typing import Literal, Optional
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scaletrain.config import batch
+
 MIN_COMM_TIMEOUT_S = 10  # seconds a collective may take before it counts as hung, at least
 
 
@@ -238,6 +240,11 @@ class ScalingConfig(_Section):
     def elastic(self) -> bool:
         return self.min_workers is not None and self.min_workers < self.num_workers
 
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run uses (Ray's ScalingConfig name); its global batch is the run's."""
+        return self.num_workers
+
     @model_validator(mode="after")
     def _torchrun(self) -> "ScalingConfig":
         if self.min_workers is not None and self.min_workers > self.num_workers:
@@ -352,16 +359,14 @@ class Config(_Section):
         if self.scaling.launcher == "torchrun" and self.scaling.nnodes > 1 and not self.output.run_name:
             raise ValueError("a torchrun job over several nodes needs output.run_name (all nodes share the run "
                              "directory on a shared filesystem); set it")
-        s = self.scaling
+        s, t = self.scaling, self.train
         if s.elastic and s.elastic_batch == "exact":
-            b, a = self.train.per_device_train_batch_size, self.train.gradient_accumulation_steps
-            global_batch = b * a * s.num_workers
-            bad = [n for n in range(s.min_workers, s.num_workers) if global_batch % (b * n)]
+            b, a = t.per_device_train_batch_size, t.gradient_accumulation_steps
+            bad = batch.unsplittable_sizes(b, a, s.min_workers, s.max_workers)
             if bad:
-                raise ValueError(f"scaling.num_workers=[{s.min_workers}, {s.num_workers}] with elastic_batch=exact: "
-                                 f"the global batch {global_batch} ({b} per device x {a} x {s.num_workers} workers) "
-                                 f"cannot be split over {', '.join(map(str, bad))} worker(s); use a range whose sizes "
-                                 f"divide {global_batch // b}, or scaling.elastic_batch=nearest")
+                raise ValueError(f"scaling.num_workers=[{s.min_workers}, {s.max_workers}] with elastic_batch=exact: "
+                                 f"{batch.cannot_keep(batch.global_batch(t, s.max_workers), b, a, s.max_workers, bad)}"
+                                 f", or set scaling.elastic_batch=nearest")
         shard = self.train.fsdp_shard_size
         if shard and self.scaling.num_workers % shard:
             raise ValueError(f"train.fsdp_shard_size={shard} does not divide scaling.num_workers="

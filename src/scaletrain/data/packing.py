@@ -50,23 +50,3 @@ def pack(split, max_length: int, seed: int):
             rows["position_ids"].append(row_pos)
             rows["examples"].append(len(members))
     return datasets.Dataset.from_dict(rows)
-
-
-def packing_support_error(model_cfg, vocab_size: int, pad_token_id: int) -> str | None:
-    """Why this model cannot keep packed examples apart, or None. Checked in the driver, before anything starts:
-    the model's attention mask must be built by transformers' masking_utils (which reads packed position ids)."""
-    import importlib
-    import inspect
-
-    from scaletrain.model import _auto_and_config
-
-    auto, config = _auto_and_config(model_cfg, vocab_size, pad_token_id)
-    model_class = auto._model_mapping[type(config)]
-    source = inspect.getsource(importlib.import_module(model_class.__module__))
-    if "create_causal_mask" not in source:
-        return (f"{model_cfg.name_or_path} ({config.model_type}) builds its own attention mask, which cannot keep "
-                f"packed examples apart; set data.packing=false")
-    implementation = getattr(config, "_attn_implementation", None) or "sdpa"
-    if implementation not in ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):
-        return f"attention implementation {implementation} cannot isolate packed examples; set data.packing=false"
-    return None

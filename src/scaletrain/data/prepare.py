@@ -192,7 +192,7 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     fn = _encoder(ds, src, cfg, tokenizer, template, labels)
     workers = d.preprocessing_num_workers if d.preprocessing_num_workers and len(ds) >= 1000 else None
     if workers:
-        from scaletrain.comm import env as envvars
+        from scaletrain import envvars
 
         # The fast tokenizer's own thread pool must not be live across the fork of datasets' worker processes.
         envvars.apply_defaults({envvars.TOKENIZERS_PARALLELISM: "false"})

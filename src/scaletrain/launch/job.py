@@ -16,25 +16,24 @@ from pathlib import Path
 import yaml
 from rich.markup import escape
 
-from scaletrain.comm import env as envvars
+from scaletrain import envvars
 from scaletrain.comm.device import Platform
 from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
 from scaletrain.console import ProgressView, console
-from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ConfigError, Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
-from scaletrain.memory.plan import fit_notes
 from scaletrain.metrics.logs import EventLog
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, create_run_dir
 from scaletrain.worker.faults import parse_faults
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers
-from scaletrain.model import check_lora_target, check_model, load_tokenizer, model_dir
-from scaletrain.worker.optim import global_batch_size, scaled_learning_rate, total_steps
+from scaletrain.launch.preflight import Preflight, preflight
+from scaletrain.model import Vocab, model_dir
+from scaletrain.config.batch import global_batch, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
 
 
@@ -60,23 +59,13 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     _quiet_libraries()
     resumed_from = _resume_notes(resume_dir) if resume_dir is not None else []  # in seconds, before anything
     platform = Platform.detect()
-    model_dir(cfg.model.name_or_path)  # a missing model is an error before anything starts
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    check_model(cfg.model, tokenizer, cfg.data.max_length)
-    check_lora_target(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0)
-    if cfg.data.packing:
-        from scaletrain.data.packing import packing_support_error
-
-        if why := packing_support_error(cfg.model, len(tokenizer), tokenizer.pad_token_id or 0):
-            raise ConfigError(f"data.packing: {why}")
-    data = prepare_data(cfg, tokenizer)
-    cfg = data.resolve(cfg)  # model.num_labels and data.label_names from the training data
-    total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
+    pre = preflight(cfg)
+    cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
     check_sinks(cfg.monitor)
     notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
-    notes += fit_notes(cfg, len(tokenizer), tokenizer.pad_token_id or 0, plan.use_gpu)
+    notes += pre.fit_notes(plan.use_gpu)
     if cfg.train.fsdp_offload and not plan.use_gpu:
         notes.append("train.fsdp_offload: CPU workers keep everything on the host already; nothing to offload")
     run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
@@ -86,7 +75,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     if resume_dir is None:
         rd.resolved_config.write_text(yaml.safe_dump(resolved, sort_keys=False))
     rd.stop.unlink(missing_ok=True)  # a stop request of the previous session is done
-    spec = replace(build_spec(cfg, data, tokenizer, run_dir, plan.backend), faults=faults)
+    spec = replace(build_spec(pre, run_dir, plan.backend), faults=faults)
     _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
     trackers = start_trackers(cfg.monitor, run_dir, cfg.output.output_dir, Path(config_path).stem, resolved,
@@ -113,7 +102,7 @@ def _resume_notes(run_dir: Path) -> list[str]:
     its steps again to the run's metrics), a note when it falls back past broken newer ones."""
     from scaletrain.checkpoint import resume_point
 
-    found, unusable = resume_point(run_dir)
+    found, unusable = resume_point(RunDir(run_dir).checkpoints)
     broken = "; ".join(f"{name}: {problem}" for name, problem in unusable)
     if found is None and unusable:
         raise LaunchError(f"--resume {run_dir}: no checkpoint can be resumed from ({broken}); the run cannot "
@@ -197,7 +186,7 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
         events("note", note)
     n = cfg.scaling.num_workers
-    gb = global_batch_size(cfg.train, n)
+    gb = global_batch(cfg.train, n)
     console.print(f"run directory {spec.run_dir}", soft_wrap=True)
     elastic = (f" (elastic: {cfg.scaling.min_workers}..{n} workers, the accumulation follows the size)"
                if cfg.scaling.elastic else "")
@@ -210,13 +199,14 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
            f"{spec.total_steps} steps, {n_train} train / {n_eval} eval examples")
 
 
-def build_spec(cfg: Config, data: PreparedData, tokenizer, run_dir: Path, backend: str) -> JobSpec:
+def build_spec(pre: Preflight, run_dir: Path, backend: str) -> JobSpec:
     """Save the tokenized splits into the run directory and describe the job for the workers."""
-    n = cfg.scaling.num_workers
+    cfg, data, n = pre.cfg, pre.data, pre.cfg.scaling.num_workers
     train_path, eval_path = data.save(RunDir(run_dir).data)
     return JobSpec(config=cfg.model_dump(mode="json"), run_dir=str(run_dir), train_path=train_path,
-                   eval_path=eval_path, pad_token_id=data.pad_token_id, vocab_size=len(tokenizer), backend=backend,
-                   total_steps=total_steps(len(data.train), cfg, n), learning_rate=scaled_learning_rate(cfg.train, n))
+                   eval_path=eval_path, pad_token_id=data.pad_token_id, vocab_size=pre.vocab.size, backend=backend,
+                   total_steps=total_steps(len(data.train), cfg, n), learning_rate=scaled_learning_rate(cfg.train, n),
+                   memory_shape=pre.memory_shape())
 
 
 def finish_final(cfg: Config, run_dir: Path, tokenizer) -> None:
@@ -231,8 +221,8 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer) -> None:
 
     # The same seed as the workers rebuilds the same base weights.
     torch.manual_seed(cfg.train.seed)
-    base = build_model(cfg.model.model_copy(update={"finetuning_type": "full"}), len(tokenizer),
-                       tokenizer.pad_token_id or 0, cfg.data.label_names)
+    base = build_model(cfg.model.model_copy(update={"finetuning_type": "full"}), Vocab.of(tokenizer),
+                       cfg.data.label_names)
     if model_dir(cfg.model.name_or_path) is None:
         # A random-init built-in has no directory to load the base from: keep it beside the adapter, with the
         # tokenizer, and name it in the adapter's config so AutoPeftModelForCausalLM.from_pretrained(final) loads

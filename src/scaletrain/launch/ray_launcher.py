@@ -10,10 +10,9 @@ import threading
 from dataclasses import replace
 from typing import Iterator
 
-from scaletrain.comm import env as envvars
+from scaletrain import envvars
 from scaletrain.comm.device import Platform
-from scaletrain.comm.launch_env import (forked_note, load_private_env, prepare_ray_driver, prepare_warm_cluster_driver,
-                                        private_env, warm_job_env, worker_env)
+from scaletrain.comm.launch_env import load_private_env, prepare_ray_driver, private_env, worker_env
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.errors import LaunchError
@@ -94,54 +93,69 @@ def ensure_ray(address: str | None) -> bool:
     embedded local Ray. True if we started it."""
     import sys
 
-    from scaletrain.launch.local_cluster import current
+    from scaletrain.launch.warm.cluster import current
+    from scaletrain.launch.warm.env import prepare_warm_cluster_driver
 
     address = address or envvars.read(envvars.RAY_ADDRESS)
     joined = sys.modules.get("ray")
-    warm = None
-    if not address and not (joined is not None and joined.is_initialized()):
-        warm = current()
-        if warm is not None and not prepare_warm_cluster_driver():
-            warm = None  # ray was imported before the driver could authenticate: an embedded Ray instead
+    if joined is not None and joined.is_initialized():
+        return False
+    if address:
+        _join_address(address)
+        return False
+    warm = current()
+    if warm is not None and prepare_warm_cluster_driver():  # else ray was imported before it could authenticate
+        _join_warm(warm)
+        return False
+    _start_embedded()
+    return True
+
+
+def _init_kwargs() -> dict:
+    prepare_ray_driver()
+    return dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
+
+
+def _join_address(address: str) -> None:
     import ray
 
-    if ray.is_initialized():
-        return False
-    prepare_ray_driver()
-    kwargs = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False,
-                  configure_logging=True)
-    if not address:
-        if warm is not None:
-            from scaletrain.console import console
-            from scaletrain.launch import forkserver
+    _probe_address(address)
+    try:
+        ray.init(address=address, include_dashboard=False, **_init_kwargs())
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise LaunchError(f"scaling.address={address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]}); "
+                          f"start a head node with `ray start --head` or unset scaling.address/RAY_ADDRESS "
+                          f"to train on this machine") from None
 
-            forked = bool(warm.forkserver) and forkserver.answers(warm.forkserver)
-            console.print(f"[yellow]note:[/] using the local Ray cluster started by scaletrain up ({warm.address}, "
-                          f"{warm.num_cpus} CPUs{forked_note() if forked else ''}); scaletrain down stops it",
-                          soft_wrap=True)
-            kwargs.pop("include_dashboard")
-            if forked:
-                kwargs["runtime_env"] = {"py_executable": forkserver.command(warm.forkserver),
-                                         "env_vars": warm_job_env()}
-            envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # one machine, as an embedded Ray
-            ray.init(address=warm.address, **kwargs)
-            return False
-    if address:
-        _probe_address(address)
-        try:
-            ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise LaunchError(f"scaling.address={address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]}); "
-                              f"start a head node with `ray start --head` or unset scaling.address/RAY_ADDRESS "
-                              f"to train on this machine") from None
-        return False
+
+def _join_warm(warm) -> None:
+    """The cluster `scaletrain up` started; its workers forked pre-imported when its fork server answers."""
+    import ray
+
+    from scaletrain.console import console
+    from scaletrain.launch.warm import forkserver
+    from scaletrain.launch.warm.env import forked_note, warm_job_env
+
+    kwargs = _init_kwargs()
+    forked = bool(warm.forkserver) and forkserver.answers(warm.forkserver)
+    console.print(f"[yellow]note:[/] using the local Ray cluster started by scaletrain up ({warm.address}, "
+                  f"{warm.num_cpus} CPUs{forked_note() if forked else ''}); scaletrain down stops it", soft_wrap=True)
+    if forked:
+        kwargs["runtime_env"] = {"py_executable": forkserver.command(warm.forkserver), "env_vars": warm_job_env()}
+    envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # one machine, as an embedded Ray
+    ray.init(address=warm.address, **kwargs)
+
+
+def _start_embedded() -> None:
+    import ray
+
+    kwargs = _init_kwargs()
     envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # Ray Train reads them when the trainer starts
     # A new local Ray turns on token authentication and logs a notice about it on every start; here
     # scaletrain starts that Ray for the user, so the notice is noise in every run's output. Ray's default
     # (token authentication on) is kept: setting RAY_AUTH_MODE after ray is imported breaks the driver.
     logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
-    ray.init(**kwargs)
-    return True
+    ray.init(include_dashboard=False, **kwargs)
 
 
 def _probe_address(address: str, timeout_s: float = 5.0) -> None:

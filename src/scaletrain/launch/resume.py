@@ -1,9 +1,14 @@
-"""`--resume`: which config changes would make a resumed run differ from the one it continues."""
+"""`--resume`: the config a resumed run continues with, and which changes would make it differ."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from scaletrain.config.batch import global_batch, resized
+from scaletrain.config.load import load_config
 from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
+from scaletrain.rundir import RunDir
 
 # Changing any of these changes the model, the task or the order samples are seen in
 # (the per-rank data order depends on world size, batch size and seed).
@@ -31,35 +36,26 @@ RESIZABLE = ("scaling.num_workers", "train.gradient_accumulation_steps")
 
 
 def resume_conflicts(saved: Config, new: Config) -> list[str]:
-    same_batch = _global_batch(saved) == _global_batch(new)
+    same_batch = global_batch(saved.train, saved.scaling.num_workers) == global_batch(new.train, new.scaling.num_workers)
     return [f"{k}: {_get(saved, k)!r} -> {_get(new, k)!r}" for k in RESUME_BREAKING
             if _get(saved, k) != _get(new, k) and not (k in FROM_DATA and _get(new, k) is None)
             and not (k in RESIZABLE and same_batch)]
 
 
-def _global_batch(cfg: Config) -> int:
-    t = cfg.train
-    return t.per_device_train_batch_size * t.gradient_accumulation_steps * cfg.scaling.num_workers
-
-
-def resized(saved: Config, new: Config) -> tuple[Config, str | None]:
-    """A resume on another number of workers keeps the run's global batch: gradient_accumulation_steps is
-    recomputed (global = per-device batch x accumulation x workers), so the steps, the LR schedule and the samples
-    of every step stay those of the run it continues. A global batch the new size cannot divide is an error."""
-    n_old, n_new = saved.scaling.num_workers, new.scaling.num_workers
-    if n_old == n_new or new.train.per_device_train_batch_size != saved.train.per_device_train_batch_size:
-        return new, None
-    from scaletrain.worker.optim import accumulation_for
-
-    b = saved.train.per_device_train_batch_size
-    global_batch = b * saved.train.gradient_accumulation_steps * n_old
-    accum = accumulation_for(global_batch, b, n_new)
-    if accum is None:
-        raise ConfigError(f"--resume with scaling.num_workers={n_new}: the run's global batch {global_batch} = {b} "
-                          f"per device x {saved.train.gradient_accumulation_steps} accumulation x {n_old} workers "
-                          f"cannot be split into {b} per device x {n_new} workers; use a worker count that divides "
-                          f"{global_batch // b}")
-    out = new.model_copy(update={"train": new.train.model_copy(update={"gradient_accumulation_steps": accum})})
-    return out, (f"resuming on {n_new} worker(s) instead of {n_old}: gradient_accumulation_steps "
-                 f"{saved.train.gradient_accumulation_steps} -> {accum} keeps the global batch at {global_batch} "
-                 f"(the same steps, LR schedule and samples per step); the checkpoint reshards")
+def resume_config(run_dir: Path, config: str | None, overrides: list[str], force: bool) -> tuple[Config, Path, list[str]]:
+    """The config ``--resume RUN_DIR [CONFIG] [key=value ...]`` continues with: the run's saved config, or
+    ``config``, with the overrides; a new world size keeps the global batch (``resized``). Returns it, the
+    config file the run keeps naming, and notes for the console. Refuses a finished run and a change that
+    breaks an exact resume (unless ``force``)."""
+    rd = RunDir(run_dir)
+    if not rd.resolved_config.is_file():
+        raise ConfigError(f"--resume {run_dir}: no {RunDir.RESOLVED_CONFIG} there; pass the directory of an earlier run")
+    if rd.finished():
+        raise ConfigError(f"--resume {run_dir}: this run finished ({RunDir.SUMMARY} exists); start a new run instead")
+    saved = load_config(rd.resolved_config)
+    cfg, note = resized(saved, load_config(config or rd.resolved_config, overrides))
+    conflicts = resume_conflicts(saved, cfg)
+    if conflicts and not force:
+        raise ConfigError(f"--resume {run_dir}: the config changes {'; '.join(conflicts)}, which breaks an exact "
+                          f"resume; undo the change or pass --force-resume")
+    return cfg, rd.resolved_config, [note] if note else []

@@ -19,7 +19,7 @@ import yaml
 
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError
-from scaletrain.launch.local_cluster import DASHBOARD_PORT
+from scaletrain.launch.warm.cluster import DASHBOARD_PORT
 
 PROBE_TIMEOUT_S = 3.0
 EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.safetensors", "*.pt", "*.bin", ".cache"]
@@ -47,11 +47,11 @@ def probe_dashboard(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
 def client(address: str):
     probe_dashboard(address)
-    from scaletrain.launch.local_cluster import current, require_dashboard
+    from scaletrain.launch.warm.cluster import current, require_dashboard
 
     warm = current()
     if warm is not None and address.rstrip("/").endswith(warm.dashboard.rpartition(":")[2]):
-        from scaletrain.comm.launch_env import prepare_warm_cluster_driver
+        from scaletrain.launch.warm.env import prepare_warm_cluster_driver
 
         prepare_warm_cluster_driver()  # our own head: Ray's token authentication
     require_dashboard()

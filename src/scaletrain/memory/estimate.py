@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.config.schema import Config
+from scaletrain.model import Vocab
 
 GIB = 2**30
 GPU_OVERHEAD_BYTES = 1.0 * GIB  # CUDA/HIP context, cuBLAS/hipBLASLt workspaces, NCCL/RCCL buffers
@@ -81,10 +82,10 @@ class Breakdown:
         return {**asdict(self), "peak": self.peak, "peak_phase": self.peak_phase}
 
 
-def _model_on_meta(cfg: Config, vocab_size: int, pad_token_id: int):
-    from scaletrain.model import _auto_and_config, apply_lora, enable_checkpointing
+def _model_on_meta(cfg: Config, vocab: Vocab):
+    from scaletrain.model import apply_lora, auto_and_config, enable_checkpointing
 
-    auto, config = _auto_and_config(cfg.model, vocab_size, pad_token_id, cfg.data.label_names)
+    auto, config = auto_and_config(cfg.model, vocab, cfg.data.label_names)
     with torch.device("meta"):
         model = auto.from_config(config)
         if cfg.model.finetuning_type == "lora":
@@ -94,13 +95,7 @@ def _model_on_meta(cfg: Config, vocab_size: int, pad_token_id: int):
     return model
 
 
-def _blocks(model) -> list:
-    from scaletrain.worker.parallel import _transformer_blocks
-
-    return _transformer_blocks(model)
-
-
-def model_shape(cfg: Config, vocab_size: int, pad_token_id: int, batch: int, seq: int, eval_batch: int) -> Shape:
+def model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: int) -> Shape:
     """One forward pass on the meta device, counting what autograd saves (activation checkpointing off: the
     counts per block give both cases)."""
     import warnings
@@ -108,14 +103,16 @@ def model_shape(cfg: Config, vocab_size: int, pad_token_id: int, batch: int, seq
     plain = cfg.model_copy(update={"train": cfg.train.model_copy(update={"gradient_checkpointing": False})})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # transformers' renamed checkpointing switches
-        return _model_shape(plain, vocab_size, pad_token_id, batch, seq, eval_batch)
+        return _model_shape(plain, vocab, batch, seq, eval_batch)
 
 
-def _model_shape(cfg: Config, vocab_size: int, pad_token_id: int, batch: int, seq: int, eval_batch: int) -> Shape:
-    model = _model_on_meta(cfg, vocab_size, pad_token_id)
+def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: int) -> Shape:
+    from scaletrain.model import transformer_blocks
+
+    model = _model_on_meta(cfg, vocab)
     model.train()
     params = list(model.parameters())
-    blocks = _blocks(model)
+    blocks = transformer_blocks(model)
     param_ids = {id(p) for p in params}
     seen: dict[int, torch.Tensor] = {}  # kept alive so that ids stay unique during the pass
     where = {"block": None}

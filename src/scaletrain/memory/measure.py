@@ -68,19 +68,17 @@ def _high_water_mark() -> int | None:
     return None
 
 
-def memory_summary(cfg, spec, world_size: int, device: str, measured: list[float]) -> dict:
+def memory_summary(cfg, shape: dict | None, world_size: int, device: str, measured: list[float]) -> dict:
     """summary.json's memory record: the peak measured on each rank (the largest one), and the plan's
-    prediction for this job beside it."""
-    from scaletrain.memory.estimate import estimate, model_shape
+    prediction for this job at this world size beside it. ``shape``: the model's memory shape, which the driver
+    measured once (JobSpec.memory_shape; None when the meta-device pass could not run the model)."""
+    from scaletrain.memory.estimate import Shape, estimate
 
     peak = max(measured)
-    try:
-        shape = model_shape(cfg, spec.vocab_size, spec.pad_token_id, cfg.train.per_device_train_batch_size,
-                            cfg.data.max_length, cfg.train.per_device_eval_batch_size)
-    except Exception as e:  # noqa: BLE001 - a model the meta pass cannot run: the measurement stands alone
+    if shape is None:  # the measurement stands alone
         return {"memory/peak_bytes": int(peak), "memory/peak_bytes_per_rank": [int(m) for m in measured],
-                "memory/predicted_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-    predicted = estimate(cfg, shape, world_size, "cpu" if device == "cpu" else "gpu")
+                "memory/predicted_error": "the driver could not estimate this model (see main.log's memory note)"}
+    predicted = estimate(cfg, Shape(**shape), world_size, "cpu" if device == "cpu" else "gpu")
     # the allocator does not see the runtime's own share (context, workspaces): compare without the overhead
     comparable = predicted.peak - predicted.overhead
     return {"memory/peak_bytes": int(peak), "memory/peak_bytes_per_rank": [int(m) for m in measured],
@@ -91,7 +89,7 @@ def memory_summary(cfg, spec, world_size: int, device: str, measured: list[float
 
 
 def _cpu_measure(cfg) -> str:
-    from scaletrain.comm.env import MALLOC_MMAP_THRESHOLD
+    from scaletrain.envvars import MALLOC_MMAP_THRESHOLD
 
     what = "peak resident set growth over the worker's start, file-backed pages excluded"
     if MALLOC_MMAP_THRESHOLD in cfg.comm.env:

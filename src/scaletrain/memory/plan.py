@@ -13,6 +13,7 @@ from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, Shape, estimate, model_shape
 from scaletrain.metrics.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
+from scaletrain.model import Vocab
 
 ASSUMED_MFU = 0.4  # compute time = FLOPs / (peak x this): a typical dense bf16 fine-tune on one device
 
@@ -62,8 +63,8 @@ CONFIGURED, CKPT, ZERO3, ZERO2, OFFLOAD_CKPT = "configured", "+checkpointing", "
     "fsdp+offload+ckpt"
 
 
-def shape_for(cfg: Config, vocab_size: int, pad_token_id: int) -> Shape:
-    return model_shape(cfg, vocab_size, pad_token_id, cfg.train.per_device_train_batch_size, cfg.data.max_length,
+def shape_for(cfg: Config, vocab: Vocab) -> Shape:
+    return model_shape(cfg, vocab, cfg.train.per_device_train_batch_size, cfg.data.max_length,
                        cfg.train.per_device_eval_batch_size)
 
 
@@ -153,13 +154,9 @@ def local_device(use_gpu: bool, workers_here: int) -> Device | None:
     return Device("cpu", psutil.virtual_memory().available // max(1, workers_here))
 
 
-def fit_notes(cfg: Config, vocab_size: int, pad_token_id: int, use_gpu: bool) -> list[str]:
+def fit_notes(cfg: Config, shape: Shape, use_gpu: bool) -> list[str]:
     """What `train` says before it starts: the job will not fit the devices it found, the checkpoints will not fit
-    the disk. An estimate that cannot be made is said, never a reason not to train."""
-    try:
-        shape = shape_for(cfg, vocab_size, pad_token_id)
-    except Exception as e:  # noqa: BLE001 - a model the meta pass cannot run
-        return [f"memory: no estimate for this model ({type(e).__name__}); scaletrain plan cannot size it"]
+    the disk."""
     notes = []
     n = cfg.scaling.num_workers
     device = local_device(use_gpu, n if cfg.scaling.launcher == "torchrun" or not cfg.scaling.address else 1)

@@ -264,7 +264,7 @@ def start_trackers(monitor_cfg, run_dir: Path, output_dir: str, name: str, confi
                    console=None, task: str = "causal-lm") -> list[TrackerSink]:
     """A started sink per tracker of ``monitor.report_to`` (none when it names no tracker). ``config`` is the
     resolved config, redacted; ``name`` the W&B project / MLflow experiment unless the config gives one."""
-    from scaletrain.comm import env as envvars
+    from scaletrain import envvars
 
     sinks = []
     if "wandb" in monitor_cfg.report_to:

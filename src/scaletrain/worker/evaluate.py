@@ -7,6 +7,7 @@ on the world size beyond float summation order.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,10 +16,20 @@ from scaletrain.comm.context import DistContext
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs
 from scaletrain.worker.parallel import all_reduce_sum
 
+if TYPE_CHECKING:
+    from scaletrain.worker.trainer import Trainer
+
+
+def evaluate(t: Trainer, data, collate: Collator) -> dict[str, float]:
+    """The trainer's model on ``data`` (every rank its shard), in the trainer's precision."""
+    cfg = t.cfg
+    return evaluate_model(t.model, data, collate, t.ctx, cfg.train.per_device_eval_batch_size, cfg.model.task,
+                          cfg.model.num_labels, t.precision.autocast)
+
 
 @torch.no_grad()
-def evaluate(model, data, collate: Collator, ctx: DistContext, batch_size: int,
-             task: str, num_labels: int, autocast) -> dict[str, float]:
+def evaluate_model(model, data, collate: Collator, ctx: DistContext, batch_size: int,
+                   task: str, num_labels: int, autocast) -> dict[str, float]:
     if len(data) == 0:
         return {}
     was_training = model.training

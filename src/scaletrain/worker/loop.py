@@ -10,7 +10,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from scaletrain import checkpoint
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.device import Platform
 from scaletrain.comm.watchdog import Heartbeat
@@ -26,11 +25,12 @@ from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.faults import maybe_fire
+from scaletrain.worker.resize import resize_note
 from scaletrain.worker.meter import Meter
 from scaletrain.worker.parallel import all_gather_floats, full_model_state, unwrap
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
-from scaletrain.worker.optim import for_world_size, global_batch_size
+from scaletrain.config.batch import for_world_size
 from scaletrain.worker.step import target_tokens, train_step
 from scaletrain.worker.step_check import StepCheck, due, non_finite_loss, writes_at
 from scaletrain.worker.trainer import Trainer, build_trainer
@@ -65,11 +65,12 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbe
     log.info("worker up: %s", ctx)
     log.info("comm.env: %s", cfg.comm.env)
     t = build_trainer(ctx, spec, cfg, beat)
-    if ckpt := checkpoint.latest_valid(spec.run_dir):
-        p = checkpoint.restore(ckpt, t)
-        events("resume", f"from {ckpt.name}: step {p.step}, epoch {p.epoch}, "
+    if restored := t.resume():
+        p = t.progress
+        events("resume", f"from {restored.path.name}: step {p.step}, epoch {p.epoch}, "
                          f"{p.micro_batches_in_epoch} micro-batches into the epoch")
-        _say_resize(t, events)
+        if note := resize_note(t):
+            events("resize", note)
     beat.finished_step(t.progress.step)
     events("placement", placement(ctx))
     events("workers up", t.describe())
@@ -155,7 +156,7 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
             saved = save_checkpoint(t, metrics, events) if due(cfg.checkpoint.save_steps, step) else None
             if stop:
                 path = saved or save_checkpoint(t, metrics, events, announce=False, must=True)
-                checkpoint.flush(t)  # an async save is complete before the run stops
+                t.checkpointer.flush()  # an async save is complete before the run stops
                 events("stopped", f"on request at step {step}; {path.name} saved")
                 return False
         if progress.step >= spec.total_steps:
@@ -166,35 +167,6 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
     return True
 
 
-def _say_resize(t: Trainer, events) -> None:
-    """A restart on another number of workers (elastic, or --resume with another size): when, from N to M, why,
-    the batch it keeps, the steps trained again (after the checkpoint, before the restart) and, elastic, the
-    time since the last step before it."""
-    old = t.restored_world_size
-    if old is None or old == t.ctx.world_size or not t.ctx.is_main:
-        return
-    import time
-
-    from scaletrain.metrics.records import read_jsonl
-
-    trained = [r for r in read_jsonl(t.run_dir.metrics) if r.get("kind") == "train"]
-    done = max((r["step"] for r in trained), default=0)
-    tr, new = t.cfg.train, t.ctx.world_size
-    elastic = t.cfg.scaling.min_workers is not None  # (on its minimum, the config a worker gets is not a range)
-    if not elastic:
-        why = f"resumed with scaling.num_workers={new}"
-    elif new > old:
-        why = "elastic: more workers fit"
-    else:
-        why = "elastic: fewer workers fit (a worker or its node was lost: the failure above)"
-    lost = f", {time.time() - max(r['time'] for r in trained):.0f} s since the last step" if (
-        elastic and trained) else ""
-    events("resize", f"from {old} to {new} worker(s) at step {t.progress.step} ({why}): "
-                     f"gradient_accumulation_steps {t.restored_accumulation} -> {tr.gradient_accumulation_steps}, "
-                     f"global batch {global_batch_size(tr, new)}; {max(0, done - t.progress.step)} "
-                     f"step(s) trained again{lost}")
-
-
 def _tokens(t: Trainer, window: list[dict]) -> int | None:
     return sum(map(target_tokens, window)) if t.cfg.model.task == "causal-lm" else None
 
@@ -202,14 +174,14 @@ def _tokens(t: Trainer, window: list[dict]) -> int | None:
 def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict:
     """The final evaluation, ``final/`` and (rank 0) ``summary.json``."""
     train_time = clock.train_s()
-    checkpoint.flush(t)  # an async save still being written
+    t.checkpointer.flush()  # an async save still being written
     final_eval = run_eval(t, data, metrics, events, clock, final=True)
     t.beat.enter("final", t.progress.step)
     save_final(t)
     summary = metrics.summary(train_time, clock.eval_s, final_eval)
     peaks = [r[0] for r in all_gather_floats([float(t.memory.peak_bytes())], t.ctx.device)]
     if t.ctx.is_main:
-        summary.update(memory_summary(t.cfg, t.spec, t.ctx.world_size, t.ctx.device, peaks))
+        summary.update(memory_summary(t.cfg, t.spec.memory_shape, t.ctx.world_size, t.ctx.device, peaks))
         t.run_dir.summary.write_text(json.dumps(summary, indent=1))
         events("finish", f"train {train_time:.1f}s, eval {clock.eval_s:.1f}s, {_fmt(final_eval)}")
     return summary
@@ -219,9 +191,7 @@ def run_eval(t: Trainer, data: Data, metrics: Meter, events, clock: Clock, final
     """Evaluate on every rank's shard, record it (a mid-run eval with its time) and log it."""
     t.beat.enter("eval", t.progress.step)
     out = {}
-    seconds = clock.timed_eval(lambda: out.update(evaluate(
-        t.model, data.eval, data.collate, t.ctx, t.cfg.train.per_device_eval_batch_size, t.cfg.model.task,
-        t.cfg.model.num_labels, t.precision.autocast)))
+    seconds = clock.timed_eval(lambda: out.update(evaluate(t, data.eval, data.collate)))
     step = t.progress.step
     metrics.exclude(seconds)
     metrics.write({"kind": "eval", "step": step, **out, **({} if final else {"time/eval_s": seconds})})
@@ -237,7 +207,7 @@ def save_checkpoint(t: Trainer, metrics: Meter, events, announce: bool = True, m
     t.beat.enter("checkpoint", t.progress.step)
     t0 = time.perf_counter()
     try:
-        path = checkpoint.save(t, t.cfg.checkpoint.save_total_limit)
+        path = t.save()
     except StorageError as e:
         if must or t.cfg.checkpoint.on_write_error == "fail":
             raise

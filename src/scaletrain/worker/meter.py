@@ -11,7 +11,7 @@ from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
 from scaletrain.worker.breakdown import shares
-from scaletrain.worker.optim import global_batch_size
+from scaletrain.config.batch import global_batch
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum
 from scaletrain.worker.step_check import due
 from scaletrain.worker.trainer import Trainer
@@ -93,7 +93,7 @@ class Meter:
             "train/grad_norm": self.t.grad_norm,
             "throughput/samples_per_s": samples / slowest, "throughput/tokens_per_s": tokens / slowest,
             "time/step_s": slowest / self.steps, "time/data_wait_s": wait / self.steps,
-            "world_size": self.ctx.world_size, **system,
+            **system,
             "ranks/step_s": [r[0] for r in per_rank], "ranks/data_wait_s": [r[1] for r in per_rank],
             "ranks/rss_gib": [r[2] for r in per_rank], "ranks/tokens": rank_tokens,
             # the share of computed positions that are padding, and how unevenly the ranks' tokens were dealt
@@ -121,7 +121,7 @@ class Meter:
             "world_size": self.ctx.world_size, "backend": self.ctx.backend, "device": self.ctx.device,
             "strategy": cfg.train.strategy, "task": cfg.model.task, "model": cfg.model.name_or_path,
             "finetuning_type": cfg.model.finetuning_type,
-            "global_batch_size": global_batch_size(cfg.train, self.ctx.world_size),
+            "global_batch_size": global_batch(cfg.train, self.ctx.world_size),
             "learning_rate": self.spec.learning_rate, "steps": progress.step, "epochs": progress.epoch,
             "train_time_s": train_time, "eval_time_s": eval_time,
             "throughput/samples_per_s": self.samples_total / train_time if train_time > 0 else 0.0,

@@ -11,7 +11,7 @@ from torch import nn
 
 from scaletrain.comm.context import DistContext
 from scaletrain.config.schema import TrainConfig
-from scaletrain.model import enable_checkpointing
+from scaletrain.model import enable_checkpointing, transformer_blocks
 
 
 def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig) -> nn.Module:
@@ -29,7 +29,7 @@ def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig) -> nn.Mod
 
     kwargs = {"mesh": device_mesh(ctx, train.fsdp_shard_size), **fsdp_policies(train, ctx.device)}
     # Shard each transformer block separately so only one block is gathered at a time, then the rest.
-    for block in _transformer_blocks(model):
+    for block in transformer_blocks(model):
         fully_shard(block, reshard_after_forward=train.fsdp_reshard_after_forward, **kwargs)
     fully_shard(model, **kwargs)  # the root: kept gathered after forward (backward needs it first)
     return model
@@ -70,14 +70,6 @@ def no_forward_buffer_sync() -> dict[str, bool]:
     """
     params = inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters
     return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
-
-
-def _transformer_blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated layers of an HF model: children of the largest ModuleList."""
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    if not lists:
-        return []
-    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
 
 
 def grad_sync(model: nn.Module, strategy: str, enabled: bool):

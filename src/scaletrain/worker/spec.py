@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.model import Vocab
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -17,3 +19,10 @@ class JobSpec:
     total_steps: int
     learning_rate: float  # after lr_scaling
     faults: tuple = ()  # injected faults (tests and drills), see worker/faults.py
+    # The model's memory shape (memory/estimate.py Shape), measured once by the driver on the meta device; each
+    # worker's summary sets the plan for its own world size beside the measured peak. None: no estimate.
+    memory_shape: dict | None = None
+
+    @property
+    def vocab(self) -> Vocab:
+        return Vocab(self.vocab_size, self.pad_token_id)

@@ -8,11 +8,12 @@ trainer, instead of a dozen loose arguments.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint import TrainState
+from scaletrain.checkpoint import Checkpointer, Restored
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.schema import Config
@@ -20,10 +21,33 @@ from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.model import build_model, count_parameters, preload
 from scaletrain.rundir import RunDir
-from scaletrain.worker.optim import build_optimizer, global_batch_size
+from scaletrain.config.batch import global_batch
+from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
 from scaletrain.worker.spec import JobSpec
+
+
+@dataclass
+class TrainState:
+    """Where training is: what a step advances and a checkpoint keeps (a Stateful for the Checkpointer)."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    micro_batches_in_epoch: int = 0  # data position inside `epoch`
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.micro_batches_in_epoch = state["micro_batches_in_epoch"]
+
+    def reaccumulate(self, saved_accum: int, accum: int) -> None:
+        """The data position saved with another accumulation (another world size), in this one's micro-batches:
+        a step's samples depend on the global batch only (worker/sampler.py), so counting it in optimizer steps
+        into the epoch repeats and skips nothing."""
+        self.micro_batches_in_epoch = self.micro_batches_in_epoch // saved_accum * accum
 
 
 @dataclass(frozen=True)
@@ -46,13 +70,10 @@ class Trainer:
     precision: Precision
     beat: Heartbeat
     facts: ModelFacts
+    progress: TrainState
+    checkpointer: Checkpointer
     memory: PeakMemory | None = None  # started before the model was built
-    progress: TrainState = field(default_factory=TrainState)
     grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
-    pending_save: object = None  # checkpoint.async_save: the save in flight (checkpoint.flush completes it)
-    checkpoint_group: object = None  # its gloo process group
-    restored_world_size: int | None = None  # the size the restored checkpoint was saved with
-    restored_accumulation: int | None = None
 
     @property
     def run_dir(self) -> RunDir:
@@ -63,6 +84,20 @@ class Trainer:
         """Only the adapter is trainable: checkpoints hold trainable parameters only."""
         return self.cfg.model.finetuning_type == "lora"
 
+    def resume(self) -> Restored | None:
+        """Continue from the newest whole checkpoint, if there is one (collective); the data position is
+        carried into this run's accumulation."""
+        restored = self.checkpointer.restore_latest()
+        if restored is not None and restored.accumulation:
+            self.progress.reaccumulate(restored.accumulation, self.cfg.train.gradient_accumulation_steps)
+        return restored
+
+    def save(self) -> Path:
+        """A checkpoint of this step (collective); with its world size and accumulation, so that a resume on
+        another size keeps the data position."""
+        return self.checkpointer.save(self.progress.step, {"world_size": self.ctx.world_size,
+                                                           "accumulation": self.cfg.train.gradient_accumulation_steps})
+
     @property
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
@@ -70,7 +105,7 @@ class Trainer:
     def describe(self) -> str:
         ctx, f = self.ctx, self.facts
         return (f"{ctx.world_size} x {ctx.device} ({ctx.backend}); {f.trainable:,} of {f.total:,} parameters "
-                f"trainable; global batch {global_batch_size(self.cfg.train, ctx.world_size)}; "
+                f"trainable; global batch {global_batch(self.cfg.train, ctx.world_size)}; "
                 f"{self.spec.total_steps} steps; lr {self.spec.learning_rate:g}; {self.precision.note}")
 
 
@@ -78,13 +113,18 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
     preload(lora=cfg.model.finetuning_type == "lora")  # imports before the memory baseline: no training memory
     memory = PeakMemory(ctx.device)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
-    model = build_model(cfg.model, spec.vocab_size, spec.pad_token_id, cfg.data.label_names,
+    model = build_model(cfg.model, spec.vocab, cfg.data.label_names,
                         packed=cfg.data.packing)
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
     model = wrap_model(model, ctx, cfg.train)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
-    return Trainer(ctx, cfg, spec, model, optimizer, scheduler, Precision(cfg, ctx.device), beat, facts, memory)
+    precision, progress = Precision(cfg, ctx.device), TrainState()
+    checkpointer = Checkpointer(RunDir(spec.run_dir).checkpoints, ctx, cfg.checkpoint, model, optimizer,
+                                trainable_only=cfg.model.finetuning_type == "lora",
+                                states={"train_state": progress, "scheduler": scheduler, "scaler": precision.scaler})
+    return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
+                   memory)
 
 
 def seed_everything(seed: int) -> None:

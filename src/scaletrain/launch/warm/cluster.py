@@ -140,12 +140,12 @@ def _start_forkserver(timeout_s: float = 120.0) -> tuple[str, int]:
     """Start the fork server in a session of its own, which `down` stops with the head: (its socket once it has
     imported what workers import, its process group), or ("", 0) when it did not come up (workers then start
     the plain way)."""
-    from scaletrain.comm.launch_env import fork_server_env
-    from scaletrain.launch import forkserver
+    from scaletrain.launch.warm.env import fork_server_env
+    from scaletrain.launch.warm import forkserver
 
     sock = str(state_file().with_suffix(".sock"))
     log = open(forkserver_log(), "wb")  # noqa: SIM115 - the server's own output: what it forked, and why not
-    proc = subprocess.Popen([sys.executable, "-m", "scaletrain.launch.forkserver", "--serve", sock], stdout=log,
+    proc = subprocess.Popen([sys.executable, "-m", forkserver.MODULE, "--serve", sock], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fork_server_env(),
                             start_new_session=True)
     log.close()
@@ -162,8 +162,8 @@ def run_forked_driver(argv: list[str]) -> int | None:
     """Run this scaletrain command in a driver the warm cluster's fork server forks (its imports done), and
     return its exit status; None when there is no such server or it would not fork this environment (the
     command then runs in this process, as without `up`)."""
-    from scaletrain.comm.launch_env import forked_driver_env
-    from scaletrain.launch import forkserver
+    from scaletrain.launch.warm.env import forked_driver_env
+    from scaletrain.launch.warm import forkserver
 
     cluster = current()
     env = forked_driver_env()

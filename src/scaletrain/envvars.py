@@ -1,7 +1,8 @@
-"""Every environment variable scaletrain reads or sets, named once, with its default.
+"""Every environment variable scaletrain reads or sets, named once, with its default: the ground floor.
 
-Only modules under ``comm/`` read the environment; everything else receives values through the
-config or the frozen worker context.
+Only this module touches ``os.environ`` (``read``, ``snapshot``, ``apply``, ...); everything else names a
+variable through its constant here and receives values through the config or the frozen worker context. It
+imports nothing of scaletrain's but ``credentials`` (what looks like a secret), so any layer may use it.
 """
 
 from __future__ import annotations
@@ -127,30 +128,20 @@ def apply(values: Mapping[str, str]) -> None:
     os.environ.update(values)
 
 
-# The warm cluster's fork server (launch/forkserver.py) hands Ray a worker forked from a process that imported
-# torch, transformers and Ray Train's dependencies once (not Ray itself). Variables these libraries, the loader
-# or the interpreter read when they load must then have the server's values, or the worker is started the plain
+# The warm cluster's fork server (launch/warm/forkserver.py) hands Ray a worker forked from a process that
+# imported torch, transformers and Ray Train's dependencies once (not Ray itself). Variables these libraries, the
+# loader or the interpreter read when they load must have the server's values, or the worker is started the plain
 # way. Exceptions: Ray's own per-worker variables and Train V2's (read when used), and the thread counts, which
 # the worker applies itself (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).
 FORK_MATCHED_PREFIXES = ("LD_", "MALLOC_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "HF_",
                          "TRANSFORMERS_", "ARROW_", "RAY_")
-FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "MKL_NUM_THREADS", "RAY_JOB_ID",
-                            "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS", "RAY_USAGE_STATS_ENABLED",
-                            "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"})
+FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "MKL_NUM_THREADS",
+                            "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS",
+                            "RAY_USAGE_STATS_ENABLED", "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"})
 FORK_UNMATCHED_PREFIXES = ("RAY_TRAIN_",)
-
 
 # Set in a driver that the fork server started (`scaletrain train` on the warm cluster): it runs the command itself.
 SCALETRAIN_FORKED_DRIVER = "SCALETRAIN_FORKED_DRIVER"
-
-
-def fork_mismatch(requested: Mapping[str, str], server: Mapping[str, str]) -> str | None:
-    """Why a worker with environment ``requested`` cannot be forked from a server started with ``server``."""
-    for name in sorted(set(requested) | set(server)):
-        if (name.startswith(FORK_MATCHED_PREFIXES) and name not in FORK_UNMATCHED
-                and not name.startswith(FORK_UNMATCHED_PREFIXES) and requested.get(name) != server.get(name)):
-            return f"{name} differs from the fork server's"  # never the values: they may be secrets
-    return None
 
 
 def replace_all(values: Mapping[str, str]) -> None:

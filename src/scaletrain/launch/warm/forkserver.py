@@ -12,10 +12,13 @@ the child's exit status to Ray. The driver of `train`/`scale`/`commbench` is its
 Every child serves one Ray worker and the server itself never runs job code, so a worker is still a fresh
 process per run: what it shares with an exec'd worker is only what imports leave behind. Where that could
 differ, the caller runs the plain interpreter instead (and the server's log says why): an environment whose
-import-time variables (``comm.env.FORK_MATCHED_PREFIXES``) differ from the server's, or a preloaded module whose
-source changed on disk since the server imported it (a stale import would run old code).
+import-time variables (``envvars.FORK_MATCHED_PREFIXES``) differ from the server's, or a preloaded module whose source
+changed on disk since the server imported it (a stale import would run old code).
 
-The same pattern is Python's ``multiprocessing`` forkserver with preloaded modules.
+The same pattern is Python's ``multiprocessing`` forkserver with preloaded modules, which cannot serve here:
+it forks only the ``Process`` objects of a Python parent that asks it, and Ray's raylet starts its worker
+processes itself, by exec'ing an interpreter command line (``py_executable``), so the server must answer a
+command line, with the caller's stdio, environment and directory handed over.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import socket
 import sys
 
-from scaletrain.comm import env as envvars
+from scaletrain import envvars
 
 # Not Ray: its C++ core reads its RAY_* configuration (the worker's job id among it) once, when first used, so
 # a worker must import Ray itself; Ray Train's own dependencies are imported here (they halve what is left of
@@ -38,13 +41,22 @@ PRELOAD = ("torch", "transformers", "peft", "scaletrain.worker.loop", "scaletrai
            "pandas", "pyarrow", "requests", "google.protobuf", "jsonschema", "click", "colorful", "msgpack",
            "pydantic", "aiohttp", "attr", "dateutil")
 READY = "ready"
+MODULE = "scaletrain.launch.warm.forkserver"  # what `python -m` runs: the server, or a caller Ray started
+
+def fork_mismatch(requested: dict[str, str], server: dict[str, str]) -> str | None:
+    """Why a worker with environment ``requested`` cannot be forked from a server started with ``server``."""
+    for name in sorted(set(requested) | set(server)):
+        if (name.startswith(envvars.FORK_MATCHED_PREFIXES) and name not in envvars.FORK_UNMATCHED
+                and not name.startswith(envvars.FORK_UNMATCHED_PREFIXES) and requested.get(name) != server.get(name)):
+            return f"{name} differs from the fork server's"  # never the values: they may be secrets
+    return None
 
 
 def command(sock_path: str) -> str:
     """The ``py_executable`` for Ray's runtime_env: Ray appends default_worker.py and its arguments."""
     import shlex
 
-    return f"{shlex.quote(sys.executable)} -m scaletrain.launch.forkserver {shlex.quote(sock_path)}"
+    return f"{shlex.quote(sys.executable)} -m {MODULE} {shlex.quote(sock_path)}"
 
 
 def answers(sock_path: str, timeout_s: float = 0.5) -> bool:
@@ -192,131 +204,162 @@ def _kill(pid: int) -> None:
             pass
 
 
+class ForkServer:
+    """The server's event loop: ``accept`` a caller (fork its child, or refuse), ``reap`` children that
+    exited (their callers get the status), ``hang_up`` for a caller that left (its child goes with it)."""
+
+    def __init__(self, sock_path: str, base_env: dict[str, str], imported_env: dict[str, str]):
+        import selectors
+        import signal
+
+        self.sock_path, self.base_env, self.imported_env = sock_path, base_env, imported_env
+        self.files = _module_files()
+        if os.path.exists(sock_path):
+            os.unlink(sock_path)
+        old_umask = os.umask(0o077)  # only this user may ask for workers
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(sock_path)
+        os.umask(old_umask)
+        self.listener.listen(64)
+        self.wake_r, wake_w = os.pipe()
+        self.wake_w = wake_w
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._stop)
+        self.children: dict[int, socket.socket] = {}  # pid -> its caller
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "child")
+
+    def _stop(self, _signum, _frame):  # `scaletrain down`: the workers this server forked go with it
+        for pid in self.children:
+            _kill(pid)
+        os._exit(0)
+
+    def run(self) -> None:
+        print(READY, flush=True)
+        while True:
+            for key, _ in self.sel.select():
+                if key.data == "accept":
+                    self.accept()
+                elif key.data == "child":
+                    self.reap()
+                else:
+                    self.hang_up(key.data)
+
+    def accept(self) -> None:
+        import selectors
+
+        conn, _ = self.listener.accept()
+        try:
+            request, fds = _receive(conn)
+        except (OSError, ValueError):
+            conn.close()
+            return
+        why = self._why_not(request)
+        if why or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            _refuse(conn, why or "the caller's stdio did not arrive")
+            if _stale(self.files) and not self.children:  # start over with the new code (meanwhile: plain starts)
+                print("restarting to import the changed modules", flush=True)
+                self.listener.close()
+                os.execve(sys.executable, [sys.executable, "-m", MODULE, "--serve", self.sock_path],
+                          self.base_env)
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            for f in (self.listener, conn, *self.children.values()):
+                f.close()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            _run_child({**request, "env": {**self.imported_env, **request["env"]}}, fds)
+        for fd in fds:
+            os.close(fd)
+        print(f"forked {pid}", flush=True)
+        self.children[pid] = conn
+        self.sel.register(conn, selectors.EVENT_READ, pid)
+        if not _send(conn, {"pid": pid}):
+            _kill(pid)  # reaped, and its connection closed, with the other exits
+
+    def _why_not(self, request: dict) -> str | None:
+        """Why a fork would not be the process the caller would have started, or None."""
+        if request.get("python") != [sys.executable, sys.prefix]:
+            return "the caller runs another Python (interpreter or environment)"
+        if why := fork_mismatch(request["env"], self.base_env):
+            return why
+        stale = _stale(self.files)
+        return f"{stale} changed since the fork server imported it" if stale else None
+
+    def reap(self) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            code = os.waitstatus_to_exitcode(status)
+            print(f"exited {pid} {code}", flush=True)
+            if conn is not None:
+                self.sel.unregister(conn)
+                _send(conn, {"exit": code})
+                conn.close()
+
+    def hang_up(self, pid: int) -> None:
+        """A caller hung up (Ray killed the process it started): its worker goes with it."""
+        conn = self.children.pop(pid, None)
+        print(f"caller of {pid} hung up", flush=True)
+        if conn is not None:
+            self.sel.unregister(conn)
+            conn.close()
+            _kill(pid)
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    size = int.from_bytes(head, "big")
+    body = b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise OSError("caller hung up")
+        body += chunk
+    return json.loads(body), fds
+
+
+def _send(conn: socket.socket, reply: dict) -> bool:
+    try:
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+        return True
+    except OSError:  # the caller is gone already: the server carries on
+        return False
+
+
+def _refuse(conn: socket.socket, why: str) -> None:
+    print(f"exec: {why}", flush=True)
+    _send(conn, {"exec": why})
+    conn.close()
+
+
 def serve(sock_path: str, preload: tuple[str, ...] = PRELOAD) -> None:
     """Import ``preload``, then fork one child per caller until killed. Prints READY once it listens."""
     import importlib
-    import selectors
-    import signal
 
     base_env = envvars.snapshot()  # what an exec'd worker's environment would hold before its imports
     for name in preload:
         importlib.import_module(name)
-    files = _module_files()
     # what the imports set in the environment (torch: TORCHINDUCTOR_CACHE_DIR), as they would in a worker
     imported_env = {k: v for k, v in envvars.snapshot().items() if base_env.get(k) != v}
-    if os.path.exists(sock_path):
-        os.unlink(sock_path)
-    old_umask = os.umask(0o077)  # only this user may ask for workers
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(sock_path)
-    os.umask(old_umask)
-    listener.listen(64)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: dict[int, socket.socket] = {}  # pid -> its caller
-
-    def stop(_signum, _frame):  # `scaletrain down`: the workers this server forked go with it
-        for pid in children:
-            _kill(pid)
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, "accept")
-    sel.register(wake_r, selectors.EVENT_READ, "child")
-    print(READY, flush=True)
-
-    def send(conn: socket.socket, reply: dict) -> bool:
-        try:
-            conn.sendall(json.dumps(reply).encode() + b"\n")
-            return True
-        except OSError:  # the caller is gone already: the server carries on
-            return False
-
-    def refuse(conn: socket.socket, why: str) -> None:
-        print(f"exec: {why}", flush=True)
-        send(conn, {"exec": why})
-        conn.close()
-
-    while True:
-        for key, _ in sel.select():
-            if key.data == "accept":
-                conn, _ = listener.accept()
-                try:
-                    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
-                    size = int.from_bytes(head, "big")
-                    body = b""
-                    while len(body) < size:
-                        chunk = conn.recv(size - len(body))
-                        if not chunk:
-                            raise OSError("caller hung up")
-                        body += chunk
-                    request = json.loads(body)
-                except (OSError, ValueError):
-                    conn.close()
-                    continue
-                stale = _stale(files)
-                other_python = request.get("python") != [sys.executable, sys.prefix]
-                why = ("the caller runs another Python (interpreter or environment)" if other_python else None) or \
-                    envvars.fork_mismatch(request["env"], base_env) or (
-                    f"{stale} changed since the fork server imported it" if stale else None)
-                if why or len(fds) != 3:
-                    for fd in fds:
-                        os.close(fd)
-                    refuse(conn, why or "the caller's stdio did not arrive")
-                    if stale and not children:  # start over with the new code (meanwhile workers start plain)
-                        print("restarting to import the changed modules", flush=True)
-                        listener.close()
-                        os.execve(sys.executable, [sys.executable, "-m", "scaletrain.launch.forkserver", "--serve",
-                                                   sock_path], base_env)
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    listener.close()
-                    for other in children.values():
-                        other.close()
-                    conn.close()
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    _run_child({**request, "env": {**imported_env, **request["env"]}}, fds)
-                for fd in fds:
-                    os.close(fd)
-                print(f"forked {pid}", flush=True)
-                children[pid] = conn
-                sel.register(conn, selectors.EVENT_READ, pid)
-                if not send(conn, {"pid": pid}):
-                    _kill(pid)  # reaped, and its connection closed, with the other exits
-            elif key.data == "child":
-                try:
-                    os.read(wake_r, 4096)
-                except BlockingIOError:
-                    pass
-                while True:
-                    try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if pid == 0:
-                        break
-                    conn = children.pop(pid, None)
-                    code = os.waitstatus_to_exitcode(status)
-                    print(f"exited {pid} {code}", flush=True)
-                    if conn is not None:
-                        sel.unregister(conn)
-                        send(conn, {"exit": code})
-                        conn.close()
-            else:  # a caller hung up (Ray killed the process it started): its worker goes with it
-                pid = key.data
-                conn = children.pop(pid, None)
-                print(f"caller of {pid} hung up", flush=True)
-                if conn is not None:
-                    sel.unregister(conn)
-                    conn.close()
-                    _kill(pid)
+    ForkServer(sock_path, base_env, imported_env).run()
 
 
 def main(args: list[str]) -> int:

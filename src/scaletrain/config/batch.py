@@ -1,0 +1,110 @@
+"""Batch arithmetic, written once: the global batch, the accumulation for a world size, the steps and the LR.
+
+Pure functions of the config (style habit 12), called by the schema (elastic ranges), the driver, ``--resume``,
+the elastic worker, ``doctor`` and the planner alike. The rule they keep: a run's global batch
+(per-device batch x accumulation x workers) is fixed at its start; another world size recomputes the
+accumulation, so the steps, the LR schedule and the samples of every step stay the same.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from scaletrain.errors import ConfigError
+
+if TYPE_CHECKING:  # the schema imports this module for its elastic check
+    from scaletrain.config.schema import Config, TrainConfig
+
+
+def global_batch(train: TrainConfig, world_size: int) -> int:
+    return train.per_device_train_batch_size * train.gradient_accumulation_steps * world_size
+
+
+def accumulation_for(global_batch: int, batch: int, workers: int, exact: bool = True) -> int | None:
+    """The gradient accumulation that keeps ``global_batch`` on ``workers`` (None: it cannot, exactly); with
+    ``exact=False`` the nearest one (at least 1)."""
+    accum, rest = divmod(global_batch, batch * workers)
+    if not rest and accum >= 1:
+        return accum
+    return None if exact else max(1, round(global_batch / (batch * workers)))
+
+
+def cannot_keep(global_batch: int, batch: int, accum: int, workers: int, sizes: list[int]) -> str:
+    """The one wording of "these world sizes cannot keep the run's global batch" (--resume and elastic)."""
+    return (f"the global batch {global_batch} ({batch} per device x {accum} accumulation x {workers} workers) "
+            f"cannot be split over {', '.join(map(str, sizes))} worker(s) at {batch} per device; use a worker "
+            f"count that divides {global_batch // batch}")
+
+
+def unsplittable_sizes(batch: int, accum: int, min_workers: int, max_workers: int) -> list[int]:
+    """The elastic sizes in [min, max) that cannot keep the global batch of ``max_workers`` exactly."""
+    gb = batch * accum * max_workers
+    return [n for n in range(min_workers, max_workers) if accumulation_for(gb, batch, n) is None]
+
+
+def for_world_size(cfg: Config, world_size: int) -> Config:
+    """The config a worker of an elastic run trains with on ``world_size`` workers: the global batch of
+    ``scaling.max_workers`` workers, through gradient_accumulation_steps."""
+    s, t = cfg.scaling, cfg.train
+    if world_size == s.max_workers:
+        return cfg
+    gb = global_batch(t, s.max_workers)
+    accum = accumulation_for(gb, t.per_device_train_batch_size, world_size, exact=s.elastic_batch == "exact")
+    if accum is None:  # checked at load: only a world size outside the range gets here
+        raise ValueError(f"{world_size} workers cannot keep the global batch {gb}")
+    return cfg.model_copy(update={"train": t.model_copy(update={"gradient_accumulation_steps": accum}),
+                                  "scaling": s.model_copy(update={"num_workers": world_size})})
+
+
+def resized(saved: Config, new: Config) -> tuple[Config, str | None]:
+    """``--resume`` on another number of workers keeps the run's global batch (``for_world_size``'s rule): the
+    accumulation is recomputed. A global batch the new size cannot divide is an error; a changed per-device
+    batch is no resize (``launch/resume.py`` refuses it as a change of the data order)."""
+    n_old, n_new = saved.scaling.num_workers, new.scaling.num_workers
+    b, a = saved.train.per_device_train_batch_size, saved.train.gradient_accumulation_steps
+    if n_old == n_new or new.train.per_device_train_batch_size != b:
+        return new, None
+    gb = global_batch(saved.train, n_old)
+    accum = accumulation_for(gb, b, n_new)
+    if accum is None:
+        raise ConfigError(f"--resume with scaling.num_workers={n_new}: {cannot_keep(gb, b, a, n_old, [n_new])}")
+    out = new.model_copy(update={"train": new.train.model_copy(update={"gradient_accumulation_steps": accum})})
+    return out, (f"resuming on {n_new} worker(s) instead of {n_old}: gradient_accumulation_steps {a} -> {accum} "
+                 f"keeps the global batch at {gb} (the same steps, LR schedule and samples per step); the "
+                 f"checkpoint reshards")
+
+
+def scaled_learning_rate(train: TrainConfig, world_size: int) -> float:
+    """``learning_rate`` scaled by global batch / reference batch (linear or sqrt rule).
+
+    The reference defaults to the 1-worker global batch, so the 1-worker baseline keeps its LR.
+    """
+    if train.lr_scaling == "none":
+        return train.learning_rate
+    ref = train.lr_reference_batch or global_batch(train, 1)
+    ratio = global_batch(train, world_size) / ref
+    return train.learning_rate * (ratio if train.lr_scaling == "linear" else math.sqrt(ratio))
+
+
+def steps_per_epoch(num_train: int, train: TrainConfig, world_size: int) -> int:
+    # Each rank drops its last partial micro-batch, and a partial accumulation window is dropped too.
+    per_rank = num_train // world_size
+    return per_rank // train.per_device_train_batch_size // train.gradient_accumulation_steps
+
+
+def total_steps(num_train: int, cfg: Config, world_size: int) -> int:
+    spe = steps_per_epoch(num_train, cfg.train, world_size)
+    if spe == 0:
+        raise ConfigError(
+            f"data.train_file has {num_train} training example(s), fewer than one global batch of "
+            f"{global_batch(cfg.train, world_size)} (per_device_train_batch_size x gradient_accumulation_steps x "
+            f"num_workers); lower train.per_device_train_batch_size or add data"
+        )
+    if cfg.train.max_steps > 0:
+        return cfg.train.max_steps
+    return max(1, math.ceil(cfg.train.num_train_epochs * spe))
+
+
+def warmup_steps(train: TrainConfig, total: int) -> int:
+    return train.warmup_steps or int(math.ceil(train.warmup_ratio * total))

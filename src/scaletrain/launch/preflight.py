@@ -1,0 +1,60 @@
+"""One preflight for `train` and `doctor`: config -> tokenizer, prepared data, notes and the memory plan.
+
+Everything that can fail on the model or the data is checked here, in the driver, before a run directory or
+a worker exists. `train` and `doctor` both call ``preflight``, so `doctor` accepts exactly what `train` does
+(they once disagreed on a packing config). The tokenized data is cached: `train` after `doctor` reuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from scaletrain.config.batch import total_steps
+from scaletrain.config.schema import Config
+from scaletrain.data import PreparedData, prepare_data
+from scaletrain.errors import ConfigError
+from scaletrain.memory.estimate import Shape
+from scaletrain.memory.plan import fit_notes, shape_for
+from scaletrain.model import Vocab, check_lora_target, check_model, load_tokenizer, model_dir, packing_support_error
+
+
+@dataclass(frozen=True)
+class Preflight:
+    cfg: Config  # with what the data decided (model.num_labels, data.label_names)
+    tokenizer: object
+    vocab: Vocab
+    data: PreparedData
+    shape: Shape | None  # the model's memory shape (memory/estimate.py), computed once for the job
+    shape_error: str = ""  # why there is none (a model the meta-device pass cannot run)
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.data.notes)
+
+    def fit_notes(self, use_gpu: bool) -> list[str]:
+        """The memory plan against the devices the job was placed on (known after the launcher's plan)."""
+        if self.shape is None:
+            return [f"memory: no estimate for this model ({self.shape_error}); scaletrain plan cannot size it"]
+        return fit_notes(self.cfg, self.shape, use_gpu)
+
+    def memory_shape(self) -> dict | None:
+        """The shape as the job spec carries it to the workers (they estimate for their own world size)."""
+        return asdict(self.shape) if self.shape is not None else None
+
+
+def preflight(cfg: Config) -> Preflight:
+    model_dir(cfg.model.name_or_path)  # a missing model is an error before anything is read
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    vocab = Vocab.of(tokenizer)
+    check_model(cfg.model, tokenizer, cfg.data.max_length)
+    check_lora_target(cfg.model, vocab)
+    if cfg.data.packing and (why := packing_support_error(cfg.model, vocab)):
+        raise ConfigError(f"data.packing: {why}")
+    data = prepare_data(cfg, tokenizer)
+    cfg = data.resolve(cfg)
+    total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
+    try:
+        shape, error = shape_for(cfg, vocab), ""
+    except Exception as e:  # noqa: BLE001 - a model the meta pass cannot run: the run goes on without a plan
+        shape, error = None, type(e).__name__
+    return Preflight(cfg, tokenizer, vocab, data, shape, error)

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # install their own torch into the venv first (see README) and set TORCH_SPEC= to keep it.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-fast clean-venv
+.PHONY: install demo test test-fast test-unit lint clean-venv
 
 $(BIN)/scaletrain: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,9 +25,15 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -rs tests
 
-# Unit tests only (no Ray, no torchrun): about a minute here, for iteration.
+# The tiers (tests/README.md): pure functions (seconds); + the in-process loop, no Ray (a few minutes); all.
+test-unit: install
+	$(BIN)/python -m pytest -q -rs tests/unit -m "not loop"
+
 test-fast: install
-	$(BIN)/python -m pytest -q -rs tests/unit
+	$(BIN)/python -m pytest -q -rs tests/unit tests/loop
+
+lint: install
+	$(BIN)/ruff check .
 
 clean-venv:
 	rm -rf $(VENV)

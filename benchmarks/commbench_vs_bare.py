@@ -77,7 +77,8 @@ def main() -> None:
                                          "result": str(out / "r.json")}, scaling, plan,
                                 {"OMP_NUM_THREADS": "1"}, str(out), 300)
     res = json.loads((out / "r.json").read_text())
-    print(f"{'size':>10}  {'bare busbw':>11}  {'commbench':>10}  ratio   (GB/s, median of {args.rounds} alternating rounds)")
+    print(f"{'size':>10}  {'bare busbw':>11}  {'commbench':>10}  ratio   (GB/s, median of {args.rounds} alternating "
+          f"rounds)")
     for s in SIZES:
         b, o = statistics.median(res["bare"][str(s)]), statistics.median(res["commbench"][str(s)])
         print(f"{s:>10}  {b:11.3f}  {o:10.3f}  {o / b:5.3f}")

@@ -56,7 +56,8 @@ def before(path: Path, tokenizer, max_length: int, out: Path) -> None:
 
     def example(row):
         extra = str(row.get("input") or "").strip()
-        prompt = (ALPACA_PROMPT_WITH_INPUT if extra else ALPACA_PROMPT).format(instruction=row["instruction"], input=extra)
+        template = ALPACA_PROMPT_WITH_INPUT if extra else ALPACA_PROMPT
+        prompt = template.format(instruction=row["instruction"], input=extra)
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(str(row["output"]), add_special_tokens=False)["input_ids"] + [eos]
         return {"input_ids": (prompt_ids + answer_ids)[:max_length],

@@ -37,7 +37,8 @@ def first_step_bare(mode: str, data: Path, out: Path) -> float:
     out.mkdir(parents=True)
     script = str(HERE / "bare_first_step.py")
     cmd = ([sys.executable, script, "ray", str(data), str(out)] if mode == "ray" else
-           [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", script, "torchrun", str(data), str(out)])
+           [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", script, "torchrun", str(data),
+            str(out)])
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

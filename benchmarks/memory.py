@@ -1,13 +1,14 @@
 """Peak memory per worker, side by side: a ~80M-parameter Llama (builtin:llama-100m, 12 x d768) full fine-tune at
-cutoff 512 on 2 CPU workers of the local Ray: DDP vs FSDP, gradient checkpointing off vs on; checkpoint save
-time (the time the step waits) and size, sync vs async (DCP async_save).
+cutoff 512 on 2 CPU workers of the local Ray: DDP vs FSDP, gradient checkpointing off vs on; checkpoint save time
+(the time the step waits) and size, sync vs async (DCP async_save).
 
     .venv/bin/python benchmarks/memory.py --rounds 1 --steps 4
 
 Each run's summary.json holds its measured peak (the worker's resident-set high-water mark over its start, with
-glibc's mmap threshold fixed by comm.env, so that freed tensors leave it: envvars.py) and the plan's prediction with its breakdown. Variants alternate
-within a round; medians. Targets (issue: fitting big models): FSDP's weights+gradients+optimizer share per rank
-<= 0.55x DDP's; checkpointing cuts activation memory by >= 50% for <= 40% more step time.
+glibc's mmap threshold fixed by comm.env, so that freed tensors leave it: envvars.py) and the plan's prediction
+with its breakdown. Variants alternate within a round; medians. Targets (issue: fitting big models): FSDP's
+weights+gradients+optimizer share per rank <= 0.55x DDP's; checkpointing cuts activation memory by >= 50% for <=
+40% more step time.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
-
-import sys
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
-from packing import write_data  # noqa: E402
+from packing import write_data
 
 VARIANTS = {"ddp": {"strategy": "ddp"}, "fsdp": {"strategy": "fsdp"},
             "ddp+ckpt": {"strategy": "ddp", "gradient_checkpointing": True},
@@ -91,7 +91,8 @@ def main() -> None:
     ray.shutdown()
     med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]} for k, v in results.items()}
     print("\n| variant | measured peak MiB/rank | predicted MiB | predicted/measured | weights+grads+optim(+buckets) "
-          "MiB | activations MiB | step s | checkpoint save s | checkpoint MiB |\n|---|---|---|---|---|---|---|---|---|")
+          "MiB | activations MiB | step s | checkpoint save s | checkpoint MiB "
+          "|\n|---|---|---|---|---|---|---|---|---|")
     for k, m in med.items():
         print(f"| {k} | {m['peak_mib']:.0f} | {m['predicted_mib']:.0f} | {m['predicted_mib'] / m['peak_mib']:.2f} | "
               f"{m['state_mib']:.0f} | {m['activations_mib']:.0f} | {m['step_s']:.2f} | {m['save_s']:.2f} | "
@@ -99,7 +100,8 @@ def main() -> None:
     ddp, fsdp, ckpt, asy = med["ddp"], med["fsdp"], med["ddp+ckpt"], med["fsdp+async-save"]
     print(f"FSDP checkpoint save the step waits for: sync {fsdp['save_s']:.2f} s, async {asy['save_s']:.2f} s; "
           f"step time sync {fsdp['step_s']:.2f} s, async {asy['step_s']:.2f} s")
-    print(f"FSDP state share vs DDP (predicted breakdown): {fsdp['state_mib'] / ddp['state_mib']:.2f}x (target <= 0.55)")
+    print(f"FSDP state share vs DDP (predicted breakdown): {fsdp['state_mib'] / ddp['state_mib']:.2f}x (target <= "
+          f"0.55)")
     print(f"checkpointing: measured peak {ckpt['peak_mib'] - ddp['peak_mib']:+.0f} MiB, activations "
           f"{ckpt['activations_mib'] / ddp['activations_mib'] - 1:+.0%} (target <= -50%), step time "
           f"{ckpt['step_s'] / ddp['step_s'] - 1:+.0%} (target <= +40%)")

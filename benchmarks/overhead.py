@@ -130,7 +130,7 @@ def spawn(target, world: int, *args) -> float:
             if any(p.exitcode not in (None, 0) for p in procs):
                 for p in procs:
                     p.kill()
-                raise RuntimeError(f"{target.__name__}: a worker exited with {[p.exitcode for p in procs]}")
+                raise RuntimeError(f"{target.__name__}: a worker exited with {[p.exitcode for p in procs]}") from None
     for p in procs:
         p.join()
     return value
@@ -197,7 +197,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="scaletrain-overhead-"))
     data_dir = write_demo_data(work / "data", n_sentiment=4000, n_reviews=4000)  # enough for --steps 100
     w, s = args.warmup, args.steps
-    cfg = lambda path, name, n, launcher="ray": config(path, data_dir, work, name, n, launcher, w, s)  # noqa: E731
+    cfg = lambda path, name, n, launcher="ray": config(path, data_dir, work, name, n, launcher, w, s)
     results: dict[str, list[float]] = {}
 
     def record(key: str, value: float) -> None:

@@ -61,7 +61,8 @@ def kill_and_resume(data: Path, out: Path, name: str) -> tuple[float, Path]:
 
     threading.Thread(target=killer, daemon=True).start()
     run(config(data, out, name, fault_tolerance={"max_failures": 1}))
-    after = [r["time"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("kind") == "train" and r["time"] > marks["kill"]]
+    after = [r["time"] for r in read_jsonl(run_dir / "metrics.jsonl")
+             if r.get("kind") == "train" and r["time"] > marks["kill"]]
     return after[0] - marks["kill"], run_dir
 
 
@@ -96,8 +97,10 @@ def main() -> None:
         got = load_file(run_dir / "final" / "model.safetensors")
         exact.append(all(torch.equal(ref[k], got[k]) for k in ref))
         hang_s.append(hang_to_error(data, work, f"hang{i}"))
-    print(f"worker SIGKILL -> training resumed: median {statistics.median(resume_s):.1f} s  runs {[round(s, 1) for s in resume_s]}")
-    print(f"rank hang -> driver error (comm.timeout_s=10): median {statistics.median(hang_s):.1f} s  runs {[round(s, 1) for s in hang_s]}")
+    print(f"worker SIGKILL -> training resumed: median {statistics.median(resume_s):.1f} s  runs "
+          f"{[round(s, 1) for s in resume_s]}")
+    print(f"rank hang -> driver error (comm.timeout_s=10): median {statistics.median(hang_s):.1f} s  runs "
+          f"{[round(s, 1) for s in hang_s]}")
     print(f"final weights bit-identical to the uninterrupted run: {sum(exact)}/{len(exact)}")
     ray.shutdown()
     sys.exit(0 if all(exact) else 1)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaletrain.demo_data import sentiment_rows  # noqa: E402
-from scaletrain.launch.local import run_in_process  # noqa: E402
-from scaletrain.metrics.records import read_jsonl  # noqa: E402
-from tests.conftest import local_spec  # noqa: E402
+from scaletrain.demo_data import sentiment_rows
+from scaletrain.launch.local import run_in_process
+from scaletrain.metrics.records import read_jsonl
+from tests.conftest import local_spec
 
 
 def one(data: Path, out: Path, interval: float) -> tuple[float, float]:

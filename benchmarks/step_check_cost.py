@@ -19,8 +19,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overhead as ov  # noqa: E402
-from scaletrain.demo_data import write_demo_data  # noqa: E402
+import overhead as ov
+
+from scaletrain.demo_data import write_demo_data
 
 
 def main() -> None:

@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark scripts
-from launch_time import demo_job, first_step_bare, first_step_scaletrain  # noqa: E402
-
+from launch_time import demo_job, first_step_bare, first_step_scaletrain
 
 
 def cli(*args: str) -> None:

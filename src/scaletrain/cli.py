@@ -14,8 +14,20 @@ DESCRIPTION = ("Take a Transformer fine-tuning job from one device to many GPUs 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from scaletrain.commands import (cluster, commbench, doctor, env, imports, plan, predict, report, scale, submit,
-                                     topo, train)
+    from scaletrain.commands import (
+        cluster,
+        commbench,
+        doctor,
+        env,
+        imports,
+        plan,
+        predict,
+        report,
+        scale,
+        submit,
+        topo,
+        train,
+    )
 
     parser = argparse.ArgumentParser(prog="scaletrain", description=DESCRIPTION)
     common = argparse.ArgumentParser(add_help=False)
@@ -63,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{e.label}: {redact(line)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("stopped: interrupted (a second Ctrl-C, or one before training started: no checkpoint saved)", file=sys.stderr)
+        print("stopped: interrupted (a second Ctrl-C, or one before training started: no checkpoint saved)",
+              file=sys.stderr)
         return 130
 
 

@@ -1,7 +1,8 @@
 """Offline, learnable demo data: a sentiment task and an alpaca-format SFT task.
 
 ``python -m scaletrain.demo_data DIR`` writes ``DIR/sentiment.jsonl``, ``DIR/sentiment.csv``,
-``DIR/reviews.jsonl`` (six-sentence reviews, ~64 tokens, for the scaling benchmark) and ``DIR/alpaca.json``. Labels follow from the words (not random), so a model can beat chance.
+``DIR/reviews.jsonl`` (six-sentence reviews, ~64 tokens, for the scaling benchmark) and ``DIR/alpaca.json``.
+Labels follow from the words (not random), so a model can beat chance.
 """
 
 from __future__ import annotations

@@ -12,9 +12,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple
 
-from scaletrain.envvars import (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, HSA_FORCE_FINE_GRAIN_PCIE, MASTER_PORT,
-                                 ROCR_VISIBLE_DEVICES)
 from scaletrain.config.schema import Config
+from scaletrain.envvars import (
+    CUDA_VISIBLE_DEVICES,
+    HIP_VISIBLE_DEVICES,
+    HSA_FORCE_FINE_GRAIN_PCIE,
+    MASTER_PORT,
+    ROCR_VISIBLE_DEVICES,
+)
 
 GIB = 1024**3
 
@@ -124,7 +129,8 @@ def check_visible_devices(f: Facts) -> CheckResult:
                                "scaletrain sets the equivalent HIP_VISIBLE_DEVICES for you; or export it yourself")
         if hip is not None and cuda is not None and hip != cuda:
             return CheckResult(name, Status.FAIL, f"{shown}: HIP and CUDA lists disagree; on ROCm both filter devices "
-                                                  f"and ranks map to the wrong GPU", "unset CUDA_VISIBLE_DEVICES and keep HIP_VISIBLE_DEVICES")
+                                                  f"and ranks map to the wrong GPU", "unset CUDA_VISIBLE_DEVICES and "
+                                                                                     "keep HIP_VISIBLE_DEVICES")
     elif f.vendor == "cuda" and (hip is not None or rocr is not None):
         return CheckResult(name, Status.WARN, f"{shown}: HIP/ROCR variables do nothing on a CUDA build",
                            "use CUDA_VISIBLE_DEVICES")
@@ -137,9 +143,11 @@ def check_shm(f: Facts) -> CheckResult | None:
     gib = f.shm_bytes / GIB
     fix = "run the container with --ipc=host or --shm-size=16g"
     if f.shm_bytes < 256 * 1024**2:
-        return CheckResult("/dev/shm", Status.FAIL, f"{gib:.2f} GiB: NCCL/RCCL and data loaders hang or crash with this little", fix)
+        return CheckResult("/dev/shm", Status.FAIL, f"{gib:.2f} GiB: NCCL/RCCL and data loaders hang or crash with "
+                                                    f"this little", fix)
     if f.shm_bytes < 2 * GIB:
-        return CheckResult("/dev/shm", Status.WARN, f"{gib:.2f} GiB: small for multi-GPU jobs (Docker's default is 64 MiB)", fix)
+        return CheckResult("/dev/shm", Status.WARN, f"{gib:.2f} GiB: small for multi-GPU jobs (Docker's default is 64 "
+                                                    f"MiB)", fix)
     return CheckResult("/dev/shm", Status.OK, f"{gib:.1f} GiB")
 
 
@@ -154,7 +162,8 @@ def check_nofile(f: Facts) -> CheckResult | None:
     if f.nofile_soft is None:
         return None
     if f.nofile_soft < 4096:
-        return CheckResult("open files", Status.WARN, f"ulimit -n is {f.nofile_soft}: Ray and NCCL open many sockets/files",
+        return CheckResult("open files", Status.WARN, f"ulimit -n is {f.nofile_soft}: Ray and NCCL open many "
+                                                      f"sockets/files",
                            "ulimit -n 65536 (or raise nofile in /etc/security/limits.conf)")
     return CheckResult("open files", Status.OK, f"ulimit -n {f.nofile_soft}")
 
@@ -165,7 +174,8 @@ def check_disk(f: Facts) -> CheckResult | None:
     gib = f.disk_free_bytes / GIB
     where = f.config.output.output_dir if f.config else "the output directory"
     if gib < 1:
-        return CheckResult("disk", Status.FAIL, f"{gib:.2f} GiB free under {where}", "free space or set output.output_dir")
+        return CheckResult("disk", Status.FAIL, f"{gib:.2f} GiB free under {where}", "free space or set "
+                                                                                     "output.output_dir")
     if gib < 10:
         return CheckResult("disk", Status.WARN, f"{gib:.1f} GiB free under {where}: checkpoints may not fit",
                            "free space or lower checkpoint.save_total_limit")
@@ -177,7 +187,8 @@ def check_paths(f: Facts) -> CheckResult | None:
         return None
     if f.path_errors:
         return CheckResult("data and model", Status.FAIL, f.path_errors[0], "fix the path in the config")
-    return CheckResult("data and model", Status.OK, f"{f.config.data.train_file} and {f.config.model.name_or_path} readable")
+    return CheckResult("data and model", Status.OK, f"{f.config.data.train_file} and {f.config.model.name_or_path} "
+                                                    f"readable")
 
 
 def check_data(f: Facts) -> CheckResult | None:
@@ -205,7 +216,8 @@ def check_batch_lr(f: Facts) -> CheckResult | None:
     if n > 1 and t.lr_scaling == "none":
         return CheckResult("batch and LR", Status.WARN, detail + f": the global batch is {n}x the 1-worker baseline "
                            f"with the same LR, so fewer, larger steps; results will differ from 1 worker",
-                           "set train.lr_scaling=linear (or sqrt), or divide per_device_train_batch_size by the workers")
+                           "set train.lr_scaling=linear (or sqrt), or divide per_device_train_batch_size by the "
+                           "workers")
     return CheckResult("batch and LR", Status.OK, detail)
 
 
@@ -216,10 +228,12 @@ def check_rocm_hints(f: Facts) -> CheckResult | None:
     if "iommu=pt" not in f.kernel_cmdline:
         hints.append("the kernel command line lacks iommu=pt (AMD recommends it for multi-GPU peer-to-peer)")
     if f.environ.get(HSA_FORCE_FINE_GRAIN_PCIE) != "1" and any("PCIE" in w for w in f.topology_warnings):
-        hints.append(f"GPUs talk over PCIe and {HSA_FORCE_FINE_GRAIN_PCIE} is not 1 (RCCL needs it for PCIe peer access)")
+        hints.append(f"GPUs talk over PCIe and {HSA_FORCE_FINE_GRAIN_PCIE} is not 1 (RCCL needs it for PCIe peer "
+                     f"access)")
     if hints:
         return CheckResult("ROCm hints", Status.WARN, "; ".join(hints),
-                           f"add iommu=pt to the kernel command line; export {HSA_FORCE_FINE_GRAIN_PCIE}=1 on PCIe boxes")
+                           f"add iommu=pt to the kernel command line; export {HSA_FORCE_FINE_GRAIN_PCIE}=1 on PCIe "
+                           f"boxes")
     return CheckResult("ROCm hints", Status.OK, "iommu=pt set")
 
 
@@ -252,7 +266,8 @@ def check_smoke(f: Facts) -> CheckResult | None:
 
 
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
-                             check_nofile, check_disk, check_paths, check_data, check_batch_lr, check_rocm_hints, check_topology,
+                             check_nofile, check_disk, check_paths, check_data, check_batch_lr, check_rocm_hints,
+                             check_topology,
                              check_literal_secrets, check_smoke)
 
 

@@ -135,13 +135,12 @@ def _tiny_config(name: str, vocab: Vocab):
 def preload(lora: bool = False) -> None:
     """Import transformers' model machinery now (~2 s on a small machine), e.g. while waiting for a job spec;
     peft too for LoRA (~60 MB of modules: kept out of a worker's measured training memory)."""
+    import torch.distributed.checkpoint.state_dict  # noqa: F401 - checkpoints and final/
     import transformers.modeling_utils  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: F401
 
-    import torch.distributed.checkpoint.state_dict  # noqa: F401 - checkpoints and final/
-
     if lora:
-        import peft  # noqa: F401
+        import peft
         import peft.tuners.lora  # noqa: F401
 
 

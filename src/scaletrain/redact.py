@@ -12,8 +12,8 @@ import logging
 import re
 from typing import Any, Iterable, Mapping
 
-from scaletrain.envvars import secret_values
 from scaletrain.credentials import SHAPES, URL_CREDENTIALS, is_secret_name, looks_like_secret
+from scaletrain.envvars import secret_values
 
 MASK = "***"
 

@@ -8,7 +8,7 @@ rename is one edit. A run directory is created once (``create_run_dir``) and nev
     metrics.jsonl          train/eval/system/breakdown records, one JSON object a line
     alerts.jsonl           alerts fired by the driver's monitor or the workers
     logs/main.log          key events of the driver and rank 0; logs/worker-<rank>.log per rank
-    checkpoints/step-<N>/  see checkpoint.py
+    checkpoints/step-<N>/  see checkpoint/storage.py
     heartbeat/ stacks/     per-rank progress and stack dumps (comm/watchdog.py)
     data/                  the tokenized splits the workers load
     final/                 a from_pretrained directory (LoRA: the adapter, base/, merged/)
@@ -176,7 +176,8 @@ def create_run_dir(output_dir: str | Path, run_name: str | None, config_path: st
     try:
         root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
     except OSError as e:
-        raise LaunchError(f"output.output_dir={output_dir}: cannot create it ({e.strerror}); choose a writable directory") from None
+        raise LaunchError(f"output.output_dir={output_dir}: cannot create it ({e.strerror}); choose a writable "
+                          f"directory") from None
     if run_name:
         path = root / run_name
         try:

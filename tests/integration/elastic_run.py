@@ -90,4 +90,5 @@ for r in read_jsonl(run / "metrics.jsonl"):
 log = (run / "logs" / "main.log").read_text()
 print("RESULT " + json.dumps({"losses": losses, "workers": workers, **events, **first_after,
                               "resizes": [ln for ln in log.splitlines() if "resize:" in ln],
-                              "alerts": [ln.split("alert: ")[1].split(":")[0] for ln in log.splitlines() if "alert: " in ln]}))
+                              "alerts": [ln.split("alert: ")[1].split(":")[0] for ln in log.splitlines()
+                                         if "alert: " in ln]}))

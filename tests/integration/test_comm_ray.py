@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from scaletrain import cli
-from scaletrain.comm.bench import BenchParams, COLLECTIVES
+from scaletrain.comm.bench import COLLECTIVES, BenchParams
 from scaletrain.launch.commbench import run_commbench
 
 pytestmark = pytest.mark.ray

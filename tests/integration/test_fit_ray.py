@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.envvars import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD
 from scaletrain.config import validate
+from scaletrain.envvars import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD
 from scaletrain.launch.job import run_job
 from scaletrain.scaling.parity import compare
 from tests.conftest import train_losses
@@ -34,7 +34,8 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
         "model": {"name_or_path": model, "task": "causal-lm", "dropout": 0.0, "finetuning_type": finetuning},
         "data": {"train_file": str(data), "eval_ratio": 0.02, "max_length": max_length, "template": "alpaca",
                  "packing": True},
-        "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch, "learning_rate": learning_rate,
+        "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch,
+                  "learning_rate": learning_rate,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
         "scaling": {"num_workers": workers, "elastic_resize_interval_s": elastic_resize_interval_s},
         "checkpoint": {"save_steps": save_steps, "async_save": async_save},

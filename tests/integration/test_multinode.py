@@ -17,7 +17,8 @@ def test_strict_spread_over_two_nodes(classify_cfg, tmp_path):
     cfg["scaling"] = {"num_workers": 2, "placement_strategy": "STRICT_SPREAD"}
     cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": "spread"}
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("multinode_run.py")), str(tmp_path / "cfg.json")],
+    script = Path(__file__).with_name("multinode_run.py")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "cfg.json")],
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "STEPS 6" in proc.stdout

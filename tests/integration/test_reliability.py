@@ -14,8 +14,7 @@ from safetensors.torch import load_file
 
 from scaletrain import cli
 from scaletrain.config import validate
-from scaletrain.errors import TrainingError
-from scaletrain.errors import Interrupted
+from scaletrain.errors import Interrupted, TrainingError
 from scaletrain.launch.job import run_job
 from scaletrain.metrics.records import read_jsonl
 from tests.conftest import classify_dict

@@ -42,7 +42,8 @@ def test_scale_1_2_workers_writes_the_table(classify_cfg, tmp_path, ray_local, n
         assert col in header
     breakdown = [json.loads(ln) for ln in (out / "workers-2" / "metrics.jsonl").read_text().splitlines()
                  if '"breakdown"' in ln]
-    assert breakdown and all(abs(sum(r[f"share/{k}"] for k in ("data_wait", "compute", "exposed_comm", "optimizer")) - 1)
+    parts = ("data_wait", "compute", "exposed_comm", "optimizer")
+    assert breakdown and all(abs(sum(r[f"share/{k}"] for k in parts) - 1)
                              < 1e-9 for r in breakdown)
 
 

@@ -20,7 +20,8 @@ COMM_ENV = {
     "AUTH_HEADER": "Bearer sk-live-0123456789abcdefXYZ",  # by shape only: AUTH_HEADER is no secret name
     "NCCL_DEBUG": "WARN",  # not a secret: still travels in Ray's runtime_env
 }
-SECRET_VALUES = [SHELL["HF_TOKEN"], *(v for k, v in COMM_ENV.items() if k != "NCCL_DEBUG"), "sk-live-0123456789abcdefXYZ"]
+SECRET_VALUES = [SHELL["HF_TOKEN"], *(v for k, v in COMM_ENV.items() if k != "NCCL_DEBUG"),
+                 "sk-live-0123456789abcdefXYZ"]
 
 
 def _hits(paths, values=SECRET_VALUES) -> list[str]:

@@ -7,10 +7,10 @@ import sys
 import pytest
 import yaml
 
+from scaletrain.comm.ports import free_port
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
 from scaletrain.launch.launcher import launcher_for
-from scaletrain.comm.ports import free_port
 from tests.conftest import classify_dict, train_losses
 
 pytestmark = pytest.mark.ray

@@ -2,8 +2,19 @@
 
 import pytest
 
-from scaletrain.comm.bench import (BenchParams, Row, average_busbw, bandwidths, bus_factor, format_table, format_time,
-                                   parse_nccl_tests, parse_size, size_range, validate_params)
+from scaletrain.comm.bench import (
+    BenchParams,
+    Row,
+    average_busbw,
+    bandwidths,
+    bus_factor,
+    format_table,
+    format_time,
+    parse_nccl_tests,
+    parse_size,
+    size_range,
+    validate_params,
+)
 from scaletrain.commands.commbench import parse_sweep, rank_sweep
 from scaletrain.errors import ConfigError
 from tests.conftest import reference_file
@@ -75,7 +86,8 @@ def test_sweep_parsing_and_ranking():
     assert len(combos) == 4 and {"NCCL_ALGO": "Tree", "NCCL_MIN_NCHANNELS": "16"} in combos
     with pytest.raises(ConfigError, match="value list is empty"):
         parse_sweep(["NCCL_ALGO="])
-    rows = lambda bw: [{"size": 16 * 2**20, "oop_busbw": bw, "ip_busbw": bw}, {"size": 8, "oop_busbw": 99, "ip_busbw": 99}]
+    rows = lambda bw: [{"size": 16 * 2**20, "oop_busbw": bw, "ip_busbw": bw},
+                       {"size": 8, "oop_busbw": 99, "ip_busbw": 99}]
     ranked = rank_sweep([({"A": "1"}, rows(10.0)), ({"A": "2"}, rows(20.0))], 25 * 2**20)
     assert ranked[0] == ({"A": "2"}, 20.0)  # the 8-byte row (busbw 99) is outside the bucket window
 

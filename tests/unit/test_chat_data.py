@@ -146,7 +146,8 @@ def test_bad_conversations_are_skipped_counted_and_named(tmp_path, tiny):
     data = prepare_data(_cfg(tmp_path, {"train_file": str(path), "formatting": "sharegpt", "template": "chatml"}), tiny)
     assert len(data.train) == 198
     notes = " ".join(data.notes)
-    assert "(line 51)" in notes and "out of order" in notes and "(line 200)" in notes and "unknown role 'robot'" in notes
+    assert "(line 51)" in notes and "out of order" in notes
+    assert "(line 200)" in notes and "unknown role 'robot'" in notes
     assert sum(data.skipped.values()) == 2
     with pytest.raises(DataError, match=r"s.jsonl: 2 of 200 records cannot be trained on .*max_bad_ratio=0.005.*"
                                         r"line 51: turn 0 \(gpt\) is out of order"):
@@ -226,7 +227,8 @@ def test_several_datasets_from_dataset_info_concat_and_interleave(tmp_path, tiny
     assert a.train.to_list() == b.train.to_list()  # seeded: the same mix on every run
     texts = [tiny.decode(ex["input_ids"]) for ex in a.train]
     assert any("hello" in t for t in texts) and any("q1" in t for t in texts)
-    with pytest.raises(DataError, match=r"data.dataset: chat_dem is not in .*dataset_info.json; did you mean chat_demo"):
+    with pytest.raises(DataError,
+                       match=r"data.dataset: chat_dem is not in .*dataset_info.json; did you mean chat_demo"):
         prepare_data(_cfg(tmp_path, {**both, "dataset": ["chat_dem"]}), tiny)
     with pytest.raises(DataError, match=r"hub_only.*hf_hub_url; scaletrain never downloads"):
         prepare_data(_cfg(tmp_path, {**both, "dataset": ["hub_only"]}), tiny)

@@ -79,7 +79,8 @@ def test_classification_split_and_missing_column(tmp_path, tokenizer):
     assert again.eval.to_list() == data.eval.to_list()  # the held-out split is seeded
     cfg = validate({**_cfg(p).model_dump(), "data": {"train_file": str(p), "label_column": "sentiment"}})
     assert cfg.output.output_dir.endswith("runs")
-    with pytest.raises(DataError, match=r"column 'sentiment' is missing \(columns: label, text\); set data.label_column"):
+    with pytest.raises(DataError,
+                       match=r"column 'sentiment' is missing \(columns: label, text\); set data.label_column"):
         prepare_data(cfg, tokenizer)
 
 
@@ -153,7 +154,8 @@ def test_demo_reviews_feed_the_scale_config_with_64_token_examples(tmp_path, tok
     for r in rows:  # six sentences, every sentiment word of the review's own label
         assert r["text"].count(".") >= 6
         words = {w.strip(".,;:") for w in r["text"].split()}
-        assert words & set(POSITIVE if r["label"] else NEGATIVE) and not words & set(NEGATIVE if r["label"] else POSITIVE)
+        mine, other = (POSITIVE, NEGATIVE) if r["label"] else (NEGATIVE, POSITIVE)
+        assert words & set(mine) and not words & set(other)
     monkeypatch.setenv("DEMO_DATA", str(out))
     cfg = load_config(Path(__file__).parents[2] / "examples" / "scale_lora.yaml", [])
     assert cfg.model.finetuning_type == "lora" and cfg.data.max_length == 64
@@ -174,7 +176,8 @@ def test_balanced_ranks_hold_similar_tokens_and_train_the_same_steps_on_any_worl
         orders = [list(s) for s in ranks]
         per = b * accum * 2 // world
         return [(sorted(i for o in orders for i in o[k * per:(k + 1) * per]),
-                 [sum(lengths[i] for i in o[k * per:(k + 1) * per]) for o in orders]) for k in range(len(orders[0]) // per)]
+                 [sum(lengths[i] for i in o[k * per:(k + 1) * per]) for o in orders])
+                for k in range(len(orders[0]) // per)]
 
     one, two = steps(1), steps(2)
     assert [s for s, _ in one] == [s for s, _ in two]  # the same examples form each step on 1 and 2 ranks

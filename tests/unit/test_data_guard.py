@@ -195,7 +195,7 @@ def test_the_non_finite_loss_advice_fits_the_cause_and_names_a_checkpoint_only_i
 
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
-    quiet = lambda *a: None  # noqa: E731
+    quiet = lambda *a: None
     plain = str(non_finite_loss(str(run), 3, float("nan"), 0, quiet, step_tokens=120))
     assert "lower train.learning_rate" in plain and "no checkpoint was saved before it" in plain
     assert "intact" not in plain
@@ -218,6 +218,7 @@ def test_placeholder_text_in_targets_is_warned_with_the_count(tmp_path):
            "first at record 1)" in notes
 
 
+@pytest.mark.loop
 def test_string_label_classification_end_to_end_pipeline_returns_the_names(tmp_path):
     """Trains on names, and final/ loads into a transformers pipeline that prints them."""
     from transformers import pipeline

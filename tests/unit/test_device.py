@@ -27,7 +27,8 @@ def test_rccl_on_cuda_is_an_error():
 
 @pytest.mark.parametrize("requested", ["nccl", "rccl"])
 def test_nccl_without_gpu_is_a_clear_error(requested):
-    with pytest.raises(LaunchError, match=f"comm.backend={requested} needs a GPU.*CPU-only build.*set comm.backend=gloo or auto"):
+    with pytest.raises(LaunchError, match=f"comm.backend={requested} needs a GPU.*CPU-only build.*set "
+                                          f"comm.backend=gloo or auto"):
         select_backend(requested, CPU)
 
 
@@ -68,7 +69,8 @@ def test_no_assignment_falls_back_to_local_rank():
 
 
 def test_local_rank_beyond_devices_names_rank_and_env():
-    with pytest.raises(LaunchError, match=r"local rank 2 has no GPU: torch sees 2 device\(s\) \(CUDA_VISIBLE_DEVICES=0,1\)"):
+    with pytest.raises(LaunchError,
+                       match=r"local rank 2 has no GPU: torch sees 2 device\(s\) \(CUDA_VISIBLE_DEVICES=0,1\)"):
         local_device_index("cuda", {"CUDA_VISIBLE_DEVICES": "0,1"}, local_rank=2, device_count=2)
 
 

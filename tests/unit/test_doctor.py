@@ -1,9 +1,25 @@
 """Each preflight check with faked facts: it passes on a healthy machine and fails/warns on the broken one."""
 
 from scaletrain.config import validate
-from scaletrain.doctor import (GIB, Facts, Status, check_batch_lr, check_cpu_headroom, check_disk, check_nofile,
-                               check_paths, check_port, check_rocm_hints, check_shm, check_smoke, check_topology,
-                               check_visible_devices, check_workers, run_checks, worker_fit)
+from scaletrain.doctor import (
+    GIB,
+    Facts,
+    Status,
+    check_batch_lr,
+    check_cpu_headroom,
+    check_disk,
+    check_nofile,
+    check_paths,
+    check_port,
+    check_rocm_hints,
+    check_shm,
+    check_smoke,
+    check_topology,
+    check_visible_devices,
+    check_workers,
+    run_checks,
+    worker_fit,
+)
 
 
 def facts(**kw):
@@ -27,7 +43,8 @@ def test_healthy_machine_all_ok():
 
 def test_workers_vs_cluster():
     r = check_workers(facts(config=cfg(8), cluster={"CPU": 64.0, "GPU": 4.0}))
-    assert r.status is Status.FAIL and "needs 8 GPUs; the cluster has 4" in r.detail and "lower scaling.num_workers to 4" in r.fix
+    assert r.status is Status.FAIL and "needs 8 GPUs; the cluster has 4" in r.detail
+    assert "lower scaling.num_workers to 4" in r.fix
     assert check_workers(facts(config=cfg(4), cluster={"CPU": 64.0, "GPU": 4.0})).status is Status.OK
     assert check_workers(facts()) is None  # no config: nothing to compare
 
@@ -85,7 +102,8 @@ def test_paths_and_batch_lr():
 
 def test_rocm_hints_only_on_rocm():
     assert check_rocm_hints(facts(vendor="cuda")) is None
-    r = check_rocm_hints(facts(vendor="rocm", kernel_cmdline="quiet", topology_warnings=["... talk over PCIe: GPU0-GPU1 (PCIE)"]))
+    r = check_rocm_hints(facts(vendor="rocm", kernel_cmdline="quiet", topology_warnings=["... talk over PCIe: "
+                                                                                         "GPU0-GPU1 (PCIE)"]))
     assert r.status is Status.WARN and "iommu=pt" in r.detail and "HSA_FORCE_FINE_GRAIN_PCIE" in r.detail
     ok = check_rocm_hints(facts(vendor="rocm", kernel_cmdline="iommu=pt", environ={"HSA_FORCE_FINE_GRAIN_PCIE": "1"}))
     assert ok.status is Status.OK

@@ -46,6 +46,7 @@ def test_grad_norm_spike_and_non_finite_alerts():
     assert nan.severity == "error" and "not finite" in nan.message
 
 
+@pytest.mark.loop
 def test_mid_run_evals_and_checkpoints_stay_out_of_step_time_and_throughput(classify_cfg, tmp_path):
     classify_cfg["train"].update(max_steps=24, logging_steps=2, eval_steps=4, per_device_eval_batch_size=4)
     classify_cfg["data"]["eval_ratio"] = 0.5  # a long eval: without the exclusion the next window's rate halves
@@ -61,7 +62,7 @@ def test_mid_run_evals_and_checkpoints_stay_out_of_step_time_and_throughput(clas
     # the margin (3x) holds on a loaded 2-core machine, where the default 50% throughput alert can fire on noise.
     train = {r["step"]: r["time/step_s"] for r in records if r["kind"] == "train"}
     paused = {r["step"] + 2 for r in records if r["kind"] in ("eval", "checkpoint") and r["step"] + 2 in train}
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    median = lambda xs: sorted(xs)[len(xs) // 2]
     assert len(paused) >= 4
     assert median([train[s] for s in paused]) < 3 * median([t for s, t in train.items() if s not in paused])
     kinds = {r["kind"] for r in records}

@@ -47,10 +47,12 @@ def test_the_registry_is_the_ground_floor():
     """envvars.py imports no scaletrain module but credentials.py (itself importing none): config/ and every
     other layer may use it without importing comm/."""
     tree = ast.parse((SRC / "envvars.py").read_text())
-    own = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scaletrain")}
+    own = {n.module for n in ast.walk(tree)
+           if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scaletrain")}
     assert own == {"scaletrain.credentials"}
     cred = ast.parse((SRC / "credentials.py").read_text())
-    assert not [n for n in ast.walk(cred) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scaletrain")]
+    assert not [n for n in ast.walk(cred)
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scaletrain")]
 
 
 def test_no_import_circle_between_checkpointing_and_the_trainer():
@@ -66,6 +68,7 @@ def test_the_worker_loop_reads_in_one_screen():
     assert max(sizes.values()) < 60, sizes
 
 
+@pytest.mark.loop
 def test_importing_a_launcher_sets_no_environment_variable():
     import os
     import subprocess

@@ -27,7 +27,8 @@ def test_lora_example_maps_every_key_or_says_why():
         "/models/Meta-Llama-3-8B-Instruct", "causal-lm", "lora", "all-linear")
     assert c.data.dataset == ["identity", "alpaca_en_demo"] and c.data.dataset_dir == "data"
     assert (c.data.template, c.data.max_length, c.data.max_samples, c.data.loader_workers) == ("llama3", 2048, 1000, 4)
-    assert (c.train.per_device_train_batch_size, c.train.gradient_accumulation_steps, c.train.learning_rate) == (1, 8, 1e-4)
+    t = c.train
+    assert (t.per_device_train_batch_size, t.gradient_accumulation_steps, t.learning_rate) == (1, 8, 1e-4)
     assert c.train.bf16 and c.train.lr_scheduler_type == "cosine" and c.comm.timeout_s == 180000000
     assert (c.output.output_dir, c.output.run_name, c.checkpoint.save_steps) == ("saves/llama3-8b/lora", "sft", 500)
     by_key = _rows(rows)
@@ -66,6 +67,7 @@ def _cli(*args, cwd=None):
                           timeout=120, cwd=cwd)
 
 
+@pytest.mark.loop
 def test_cli_writes_the_config_prints_the_table_and_never_overwrites(tmp_path):
     for name in ("qwen2_full_sft.yaml", "ds_z3_config.json"):
         shutil.copy(FIXTURES / name, tmp_path / name)
@@ -80,6 +82,7 @@ def test_cli_writes_the_config_prints_the_table_and_never_overwrites(tmp_path):
     assert ds.returncode == 0 and yaml.safe_load(ds.stdout) == {"train": {"strategy": "fsdp"}}
 
 
+@pytest.mark.loop
 def test_train_on_a_llamafactory_file_says_which_command_converts_it(tmp_path):
     shutil.copy(FIXTURES / "llama3_lora_sft.yaml", tmp_path / "lf.yaml")
     proc = _cli("train", tmp_path / "lf.yaml")

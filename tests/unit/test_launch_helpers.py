@@ -6,15 +6,15 @@ import os
 import socket
 import subprocess
 import sys
-
-import pytest
 from pathlib import Path
 
+import pytest
+
 from scaletrain import cli
-from scaletrain.envvars import worker_env
-from scaletrain.config import validate
 from scaletrain.comm import launch_env
 from scaletrain.comm.ports import free_port
+from scaletrain.config import validate
+from scaletrain.envvars import worker_env
 from scaletrain.errors import LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import training_error
@@ -43,7 +43,8 @@ def test_worker_env_nccl_watchdog_profile_and_offline(monkeypatch):
 
 
 def test_shell_value_overridden_by_config_is_reported():
-    with pytest.warns(UserWarning, match="NCCL_ALGO: comm.env sets 'Tree', your shell has 'Ring'; the config value wins"):
+    with pytest.warns(UserWarning, match="NCCL_ALGO: comm.env sets 'Tree', your shell has 'Ring'; the config value "
+                                         "wins"):
         env = worker_env({"NCCL_ALGO": "Tree"}, {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "INFO", "HOME": "/root"})
     assert env["NCCL_ALGO"] == "Tree" and env["NCCL_DEBUG"] == "INFO" and "HOME" not in env
 
@@ -85,7 +86,8 @@ def test_a_rank_the_agent_saw_die_is_named_first_with_its_signal(tmp_path):
     (logs / "worker-1.log").write_text("2026-01-01 00:00:01,0 [rank 1] INFO scaletrain.worker: step 5\n")
     (logs / "worker-2.log").write_text("")
     failures = failures_from_logs(tmp_path, 1, logs / "torchrun-node0.log", {1: -9, 2: 3})
-    assert failures.groups == [([1], "worker process died (killed by SIGKILL (exit code -9)) before reporting an error"),
+    assert failures.groups == [([1], "worker process died (killed by SIGKILL (exit code -9)) before reporting an "
+                                     "error"),
                                ([2], "worker process died (exit code 3) before reporting an error"),
                                ([0], "RuntimeError: Connection closed by peer")]
     # a rank that exited with an error code after reporting its error keeps its own words
@@ -204,6 +206,7 @@ def test_worker_reads_the_spec_once_it_appears(tmp_path):
     assert torchrun_launcher.wait_for_handoff(write_spec(spec, tmp_path / "launch.json")) == spec
 
 
+@pytest.mark.loop
 def test_agent_refuses_to_start_when_its_driver_already_died():
     # Its parent (this test) is not the driver it names (pid 1): it exits 1 before torchrun parses --help.
     agent = subprocess.run([sys.executable, "-m", "scaletrain.launch.torchrun_agent", "1", "--help"],

@@ -15,7 +15,8 @@ def test_lora_targets_that_name_modules_pass():
     check_lora_target(_lora(["q_proj", "v_proj"]), Vocab(256, 0))
     check_lora_target(_lora(["self_attn.q_proj", "mlp.down_proj"]), Vocab(256, 0))  # PEFT matches dotted suffixes too
     check_lora_target(_lora("all-linear"), Vocab(256, 0))
-    check_lora_target(ModelConfig(name_or_path="builtin:tiny-llama", task="causal-lm", lora_target=["x"]), Vocab(256, 0))
+    full = ModelConfig(name_or_path="builtin:tiny-llama", task="causal-lm", lora_target=["x"])
+    check_lora_target(full, Vocab(256, 0))
 
 
 def test_each_missing_target_is_named_with_the_layers_there_are():

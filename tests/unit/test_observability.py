@@ -179,12 +179,14 @@ def test_amdsmi_reader_with_fake_and_missing_metrics():
     fake = types.SimpleNamespace(
         amdsmi_init=lambda: None, amdsmi_get_processor_handle_from_bdf=lambda bdf: "h",
         AmdSmiMemoryType=types.SimpleNamespace(VRAM=0),
-        AmdSmiTemperatureType=types.SimpleNamespace(HOTSPOT=1), AmdSmiTemperatureMetric=types.SimpleNamespace(CURRENT=0),
+        AmdSmiTemperatureType=types.SimpleNamespace(HOTSPOT=1),
+        AmdSmiTemperatureMetric=types.SimpleNamespace(CURRENT=0),
         amdsmi_get_gpu_activity=lambda h: {"gfx_activity": 93, "umc_activity": 40, "mm_activity": 0},
         amdsmi_get_gpu_memory_usage=lambda h, t: 100 * 2**30, amdsmi_get_gpu_memory_total=lambda h, t: 192 * 2**30,
         amdsmi_get_power_info=no_power, amdsmi_get_temp_metric=lambda h, t, m: 70)
     out = AmdSmiReader(fake, "0000:05:00.0").sample()
-    assert out == {"gpu/util_pct": 93.0, "gpu/memory_used_gib": 100.0, "gpu/memory_total_gib": 192.0, "gpu/temp_c": 70.0}
+    assert out == {"gpu/util_pct": 93.0, "gpu/memory_used_gib": 100.0, "gpu/memory_total_gib": 192.0,
+                   "gpu/temp_c": 70.0}
 
 
 def _free_port():
@@ -230,8 +232,8 @@ def test_unknown_sink_name_is_a_config_error():
 
 
 def test_monitor_feeds_alerts_and_tensorboard(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in
-                                                    [train_rec(s, ranks=(0.1, 0.5 if s > 3 else 0.1)) for s in range(1, 7)]))
+    records = [train_rec(s, ranks=(0.1, 0.5 if s > 3 else 0.1)) for s in range(1, 7)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     events = []
     mon = RunMonitor(tmp_path, MonitorConfig(report_to=["jsonl", "tensorboard"]), events=lambda *a: events.append(a))
     with mon:

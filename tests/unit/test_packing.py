@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from scaletrain.config import validate
-from scaletrain.data import Collator, IGNORE_INDEX, model_inputs, prepare_data
+from scaletrain.data import IGNORE_INDEX, Collator, model_inputs, prepare_data
 from scaletrain.data.packing import pack
 from scaletrain.errors import ConfigError
 from scaletrain.model import Vocab, build_model, load_tokenizer, packing_support_error

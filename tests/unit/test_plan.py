@@ -5,11 +5,11 @@ import math
 import pytest
 
 from scaletrain.config import validate
+from scaletrain.config.batch import global_batch, scaled_learning_rate, steps_per_epoch, total_steps
 from scaletrain.errors import ConfigError, LaunchError, TrainingError
 from scaletrain.launch.failures import group_failures
 from scaletrain.launch.plan import plan_scaling
 from scaletrain.rundir import create_run_dir, default_run_name
-from scaletrain.config.batch import global_batch, scaled_learning_rate, steps_per_epoch, total_steps
 
 
 def cfg_with(**train):
@@ -68,7 +68,8 @@ def test_run_dir_never_reused(tmp_path):
 def test_plan_cluster_counts_cpus_and_gpus():
     c = validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"},
                   "scaling": {"num_workers": 4}})
-    with pytest.raises(LaunchError, match=r"scaling.num_workers=4 needs 4 CPUs .* the cluster has 2; lower scaling.num_workers to 2"):
+    with pytest.raises(LaunchError, match=r"scaling.num_workers=4 needs 4 CPUs .* the cluster has 2; lower "
+                                          r"scaling.num_workers to 2"):
         plan_scaling(c.scaling, c.comm, {"CPU": 2.0}, "cpu")
     plan = plan_scaling(c.scaling, c.comm, {"CPU": 64.0, "GPU": 8.0}, "rocm")
     assert plan.use_gpu and plan.backend == "nccl" and plan.resources_per_worker == {"CPU": 1, "GPU": 1}

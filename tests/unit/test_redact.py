@@ -1,8 +1,8 @@
 import logging
 
-from scaletrain.envvars import secret_values
 from scaletrain.comm.profiles import check_names
-from scaletrain.redact import MASK, Redactor, RedactingFilter
+from scaletrain.envvars import secret_values
+from scaletrain.redact import MASK, RedactingFilter, Redactor
 
 
 def test_env_secret_values_by_name():
@@ -109,8 +109,8 @@ def test_split_and_mapping_use_the_shape_as_well_as_the_name():
 
 
 def test_private_env_file_is_0600_read_by_the_worker_and_removed(tmp_path, monkeypatch):
-    from scaletrain.envvars import SCALETRAIN_PRIVATE_ENV_FILE
     from scaletrain.comm.launch_env import load_private_env, private_env
+    from scaletrain.envvars import SCALETRAIN_PRIVATE_ENV_FILE
 
     env = {"AUTH_HEADER": "Bearer sk-live-0123456789abcdefXYZ", "NCCL_DEBUG": "INFO"}
     with private_env(env, str(tmp_path)) as public:
@@ -146,7 +146,8 @@ def test_doctor_warns_about_a_credential_written_in_the_config(tmp_path):
 
     path = tmp_path / "c.yaml"
     path.write_text("model: {name_or_path: builtin:tiny-bert}\ndata: {train_file: x.jsonl}\n"
-                    "comm:\n  env:\n    WANDB_API_KEY: ${WANDB_API_KEY}\n    AUTH_HEADER: Bearer sk-live-0123456789abcdefXYZ\n"
+                    "comm:\n  env:\n    WANDB_API_KEY: ${WANDB_API_KEY}\n    AUTH_HEADER: Bearer "
+                    "sk-live-0123456789abcdefXYZ\n"
                     "    NCCL_DEBUG: INFO\n")
     assert literal_secrets(path) == ["comm.env.AUTH_HEADER"]  # the ${VAR} reference is the right way
     facts = Facts(environ={}, vendor="cpu", gpu_count=0, shm_bytes=None, nofile_soft=None, disk_free_bytes=None,

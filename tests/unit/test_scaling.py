@@ -71,7 +71,8 @@ def test_seed_setup_cannot_lose_19_percent_to_gradient_sync():
 
 
 def test_scale_table_files(tmp_path):
-    rows = add_speedup([{"workers": 1, "samples_per_s": 10.0, "note": ""}, {"workers": 2, "samples_per_s": 18.0, "note": ""},
+    rows = add_speedup([{"workers": 1, "samples_per_s": 10.0, "note": ""},
+                        {"workers": 2, "samples_per_s": 18.0, "note": ""},
                         {"workers": 8, "note": "skipped: the cluster fits 2 workers"}])
     assert rows[1]["speedup"] == pytest.approx(1.8) and rows[1]["efficiency"] == pytest.approx(0.9)
     paths = write_outputs(rows, tmp_path, "t")

@@ -7,7 +7,7 @@ import torch
 
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
-from scaletrain.data import Collator, IGNORE_INDEX, load_split
+from scaletrain.data import IGNORE_INDEX, Collator, load_split
 from scaletrain.worker.step import target_tokens, token_loss_sum, train_step
 from scaletrain.worker.trainer import build_trainer
 from tests.conftest import local_spec

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from scaletrain.comm.topo.model import Link, Topology, LinkInfo
+from scaletrain.comm.topo.model import Link, LinkInfo, Topology
 from scaletrain.comm.topo.parsers import parse_amd_smi, parse_nvidia_smi, parse_rocm_smi
 from scaletrain.comm.topo.probe import detect, from_amdsmi, from_pynvml
 from tests.conftest import reference_file
@@ -152,7 +152,8 @@ def test_amdsmi_probe():
         amdsmi_get_gpu_device_bdf=lambda h: f"0000:0{h[1]}:00.0",
         amdsmi_topo_get_numa_node_number=lambda h: 0 if h != "h2" else 1,
         amdsmi_topo_get_link_type=lambda a, b: {
-            "hops": 1, "type": types.SimpleNamespace(name=kinds.get((int(a[1]), int(b[1])), "AMDSMI_IOLINK_TYPE_PCIEXPRESS"))},
+            "hops": 1,
+            "type": types.SimpleNamespace(name=kinds.get((int(a[1]), int(b[1])), "AMDSMI_IOLINK_TYPE_PCIEXPRESS"))},
         amdsmi_topo_get_link_weight=lambda a, b: 15,
     )
     t = from_amdsmi(fake)

@@ -82,6 +82,7 @@ def test_report_to_a_tracker_that_is_not_installed_names_the_extra(monkeypatch):
     check_trackers(["jsonl", "mlflow"])
 
 
+@pytest.mark.loop  # MLflow's import and its HTTP client start processes
 def test_an_unreachable_mlflow_server_is_one_warning_in_seconds(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
@@ -99,6 +100,7 @@ def test_an_unreachable_mlflow_server_is_one_warning_in_seconds(tmp_path, monkey
     assert len([e for e in events if "mlflow failed" in e[1]]) == 1
 
 
+@pytest.mark.loop
 def test_wandb_online_without_a_key_is_one_line(tmp_path):
     import os
     import subprocess
@@ -113,7 +115,7 @@ def test_wandb_online_without_a_key_is_one_line(tmp_path):
     env.update(WANDB_MODE="online", HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
                          timeout=120)
-    failures = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr of a list of str
+    failures = eval(out.stdout.strip().splitlines()[-1])
     assert len(failures) == 1 and "set WANDB_MODE=offline or run `wandb login`" in failures[0], out.stderr[-2000:]
 
 
@@ -122,6 +124,7 @@ def test_flatten_gives_mlflow_params():
         "train.lr": 1e-3, "train.x.y": 1, "data.dataset": ["a", "b"], "e": {}}
 
 
+@pytest.mark.loop
 def test_mlflow_logs_final_as_an_artifact_and_as_a_transformers_model(tmp_path, monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient

@@ -17,7 +17,8 @@ from scaletrain.errors import ConfigError
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "float16": "float16",
           "bfloat16": "bfloat16", "double": "float64", "float64": "float64", "int32": "int32"}
-_NCCL_TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double", "int32": "int32"}
+_NCCL_TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double",
+                    "int32": "int32"}
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3}
 
 
@@ -150,18 +151,18 @@ def _measure(coll, count, dtype, device, rank, world, params: BenchParams, in_pl
         full.copy_((torch.arange(count, device=device) % 7 + rank + 1).to(dtype))
 
     if coll == "all_reduce":
-        op = lambda: dist.all_reduce(full, group=group)  # noqa: E731 - torch's all_reduce is in-place only
+        op = lambda: dist.all_reduce(full, group=group)
     elif coll == "broadcast":
-        op = lambda: dist.broadcast(full, src=src0, group=group)  # noqa: E731
+        op = lambda: dist.broadcast(full, src=src0, group=group)
     elif coll == "all_gather":
         src = full[rank * shard:(rank + 1) * shard] if in_place else full[:shard].clone()
         target = full if in_place else out
-        op = lambda: dist.all_gather_into_tensor(target, src, group=group)  # noqa: E731
+        op = lambda: dist.all_gather_into_tensor(target, src, group=group)
     elif coll == "reduce_scatter":
         target = full[rank * shard:(rank + 1) * shard] if in_place else out
-        op = lambda: dist.reduce_scatter_tensor(target, full, group=group)  # noqa: E731
+        op = lambda: dist.reduce_scatter_tensor(target, full, group=group)
     else:
-        op = lambda: dist.all_to_all_single(out, full, group=group)  # noqa: E731 - no in-place all_to_all in torch
+        op = lambda: dist.all_to_all_single(out, full, group=group)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fill()
     for _ in range(params.warmup_iters):
@@ -220,9 +221,12 @@ def format_time(us: float) -> str:
 def format_table(rows: list[Row], header_note: str = "") -> str:
     lines = [f"# {header_note}"] if header_note else []
     lines += [
-        "#                                                              out-of-place                       in-place          ",
-        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ",
+        "#                                                              out-of-place                       in-place    "
+        "      ",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw "
+        "#wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s) "
+        "      ",
     ]
     current = None
     for r in rows:

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.comm.device import Platform, local_device_index
 from scaletrain import envvars
+from scaletrain.comm.device import Platform, local_device_index
+from scaletrain.envvars import (
+    MASTER_ADDR,
+    MASTER_PORT,
+    TORCHELASTIC_RESTART_COUNT,
+    TORCHELASTIC_USE_AGENT_STORE,
+    TORCHRUN_LOCAL_RANK,
+    TORCHRUN_LOCAL_WORLD_SIZE,
+    TORCHRUN_NODE_RANK,
+    TORCHRUN_RANK,
+    TORCHRUN_WORLD_SIZE,
+    apply_defaults,
+    nccl_watchdog_env,
+)
 from scaletrain.rundir import RunDir
-from scaletrain.envvars import (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE,
-                                 TORCHRUN_LOCAL_RANK, TORCHRUN_LOCAL_WORLD_SIZE, TORCHRUN_NODE_RANK, TORCHRUN_RANK,
-                                 TORCHRUN_WORLD_SIZE, apply_defaults, nccl_watchdog_env)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from scaletrain import envvars
-from scaletrain.credentials import split_secrets
 from scaletrain.comm.device import reconcile_rocr
 from scaletrain.comm.profiles import effective_env
+from scaletrain.credentials import split_secrets
 from scaletrain.rundir import RunDir
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""`scaletrain up [--num-cpus N] [--num-gpus N]` and `scaletrain down`: a warm local Ray cluster (launch/warm/cluster.py)."""
+"""`scaletrain up [--num-cpus N] [--num-gpus N]` and `scaletrain down`: a warm local Ray cluster
+(launch/warm/cluster.py)."""
 
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 def gather_facts(cfg, smoke: bool):
     from scaletrain.comm.device import Platform
-    from scaletrain.envvars import MASTER_PORT, snapshot
     from scaletrain.comm.ports import port_free
     from scaletrain.comm.topo import detect
     from scaletrain.doctor import Facts
+    from scaletrain.envvars import MASTER_PORT, snapshot
 
     environ = snapshot()
     platform = Platform.detect()
@@ -39,7 +39,8 @@ def gather_facts(cfg, smoke: bool):
     topo = detect()
     facts = Facts(environ=environ, vendor=platform.vendor, gpu_count=max(platform.device_count, topo.count),
                   shm_bytes=shm, nofile_soft=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-                  disk_free_bytes=shutil.disk_usage(out).free, port_free=port_free(int(environ.get(MASTER_PORT, 0) or 0)), kernel_cmdline=cmdline,
+                  disk_free_bytes=shutil.disk_usage(out).free,
+                  port_free=port_free(int(environ.get(MASTER_PORT, 0) or 0)), kernel_cmdline=cmdline,
                   topology_warnings=topo.warnings(), config=cfg)
     if cfg is not None:
         facts.path_errors = _path_errors(cfg)
@@ -109,8 +110,9 @@ def _cluster_and_smoke(cfg, vendor):
             ray_launcher.run_on_workers(_smoke_entry, {"backend": plan.backend, "result": str(out / "smoke.json")},
                                         spread, plan, env, str(out), timeout_s=30)
             result = json.loads((out / "smoke.json").read_text())
-        except Exception as e:  # a hang or a crash is exactly what this check reports
-            return resources, (False, f"all-reduce across {cfg.scaling.num_workers} workers failed: {type(e).__name__}: "
+        except Exception as e:  # noqa: BLE001 - a hang or a crash is exactly what this check reports
+            return resources, (False, f"all-reduce across {cfg.scaling.num_workers} workers failed: "
+                                      f"{type(e).__name__}: "
                                       f"{str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}")
         ok = result["value"] == result["expected"]
         return resources, (ok, f"{cfg.scaling.num_workers} workers, {plan.backend}: sum {result['value']:g} "
@@ -138,10 +140,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from scaletrain.config import load_config
+    from scaletrain.config.load import literal_secrets
     from scaletrain.console import console
     from scaletrain.doctor import Status, run_checks
-
-    from scaletrain.config.load import literal_secrets
 
     cfg = load_config(args.config, args.overrides) if args.config else None
     facts = gather_facts(cfg, smoke=not args.no_smoke)

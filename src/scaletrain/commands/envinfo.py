@@ -9,6 +9,7 @@ from importlib import metadata
 
 from scaletrain.envvars import COMM_PREFIXES, VISIBLE_DEVICE_VARS, snapshot
 from scaletrain.redact import Redactor
+
 PACKAGES = ("scaletrain", "torch", "ray", "transformers", "peft", "accelerate", "amdsmi", "nvidia-ml-py")
 
 
@@ -35,7 +36,7 @@ def collect(environ=None) -> dict[str, object]:
     try:
         if torch.cuda.is_available():
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # torch built without NCCL/RCCL
+    except Exception:  # noqa: BLE001 - torch built without NCCL/RCCL
         nccl = None
     info["NCCL/RCCL"] = nccl or "n/a (no GPU or not built with it)"
     info["torch.distributed backends"] = ", ".join(

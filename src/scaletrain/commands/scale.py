@@ -102,6 +102,7 @@ def run_parity(args: argparse.Namespace) -> int:
     if not ok:
         hint = (f" (learning rate {result['lr_1']:g} on 1 worker but {result['lr_n']:g} on {args.workers}: "
                 f"check train.lr_scaling / lr_reference_batch)" if result["lr_1"] != result["lr_n"] else "")
-        console.print(f"[red]the {args.workers}-worker run does not reproduce the 1-worker run[/]{hint}", soft_wrap=True)
+        console.print(f"[red]the {args.workers}-worker run does not reproduce the 1-worker run[/]{hint}",
+                      soft_wrap=True)
         return 1
     return 0

@@ -32,7 +32,7 @@ def load_config(
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass the path of a YAML config")
     try:
-        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except DuplicateKey as e:
         raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:

@@ -26,7 +26,7 @@ def encode_classification(batch: dict[str, list], tokenizer, text: str, pair: st
     skip = [_text_problem(t, text) or (_text_problem(p, pair) if pair else "") or
             (_name_problem(y, label2id) if label2id else _label_problem(y, regression))
             for t, p, y in zip(batch[text], batch[pair] if pair else batch[text], batch[label])]
-    clean = lambda values: [v if not why else "" for v, why in zip(values, skip)]  # noqa: E731
+    clean = lambda values: [v if not why else "" for v, why in zip(values, skip)]
     enc = tokenizer(clean(batch[text]), clean(batch[pair]) if pair else None, truncation=True, max_length=max_length)
     as_label = (lambda y: label2id[y]) if label2id else (float if regression else int)
     labels = [as_label(y) if not why else (0.0 if regression else 0) for y, why in zip(batch[label], skip)]

@@ -37,8 +37,8 @@ class Source:
 def sources(d: DataConfig, task: str) -> list[Source]:
     """The training sources of the config (dataset_info.json entries, or train_file)."""
     if d.train_file:
-        return [Source("train_file", d.train_file, "data.train_file", d.formatting, Columns.from_config(d, d.formatting),
-                       d.format)]
+        columns = Columns.from_config(d, d.formatting)
+        return [Source("train_file", d.train_file, "data.train_file", d.formatting, columns, d.format)]
     info_path = Path(d.dataset_dir).expanduser() / INFO_FILE
     if not info_path.is_file():
         raise DataError(f"data.dataset_dir={d.dataset_dir}: no {INFO_FILE} there; point it at LLaMA-Factory's data "
@@ -134,7 +134,7 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
             kwargs = {"field": "data"} if fmt == "json" and _has_data_field(parse) else {}
             ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(parse), split="train", cache_dir=hf_cache,
                                        keep_in_memory=True, **kwargs)
-    except Exception as e:  # datasets wraps the parser's error several levels deep
+    except Exception as e:  # noqa: BLE001 - datasets wraps the parser's error several levels deep
         if fmt not in ("json", "jsonl"):
             raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
         loaded = _json_records(parse, p, fmt, key, _root_message(e))  # the line at fault, or the odd records
@@ -228,7 +228,7 @@ def _json_records(parse: Path, p: Path, fmt: str, key: str, parser_error: str) -
                         f"record")
     try:
         ds = datasets.Dataset.from_list(records)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - pyarrow's type errors come as several classes
         raise DataError(f"{key}={p}: cannot parse as {fmt}: {_root_message(e)}") from None
     return Loaded(ds, parse, fmt, bad, lines)
 

@@ -94,7 +94,8 @@ def format_groups(groups: list[tuple[list[int], str]]) -> str:
     return "; ".join(f"[rank {', '.join(map(str, ranks))}]: {msg}" for ranks, msg in groups)
 
 
-def training_error(e: Exception, run_dir: Path, world_size: int, timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:
+def training_error(e: Exception, run_dir: Path, world_size: int,
+                   timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:
     """The one-line error for a failed fit(), and the hang diagnosis if the heartbeats show one."""
     failures = getattr(e, "worker_failures", None)
     if isinstance(e, RankFailures):

@@ -20,20 +20,20 @@ from scaletrain import envvars
 from scaletrain.comm.device import Platform
 from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
+from scaletrain.config.batch import global_batch, scaled_learning_rate, total_steps
 from scaletrain.console import ProgressView, console
-from scaletrain.errors import ConfigError, Interrupted, LaunchError
+from scaletrain.errors import Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
+from scaletrain.launch.preflight import Preflight, preflight
 from scaletrain.metrics.logs import EventLog
+from scaletrain.metrics.monitor import RunMonitor, check_sinks
+from scaletrain.metrics.trackers import close_trackers, start_trackers
+from scaletrain.model import Vocab, model_dir
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, create_run_dir
 from scaletrain.worker.faults import parse_faults
-from scaletrain.metrics.monitor import RunMonitor, check_sinks
-from scaletrain.metrics.trackers import close_trackers, start_trackers
-from scaletrain.launch.preflight import Preflight, preflight
-from scaletrain.model import Vocab, model_dir
-from scaletrain.config.batch import global_batch, scaled_learning_rate, total_steps
 from scaletrain.worker.spec import JobSpec
 
 
@@ -131,7 +131,7 @@ def _run_with_hang_retries(launch, spec: JobSpec, cfg: Config, redact: Redactor,
     while True:
         try:
             return launch()
-        except Exception as e:  # Ray wraps worker errors; regroup them by rank and look for a hang
+        except Exception as e:  # noqa: BLE001 - Ray wraps worker errors; regroup them by rank and look for a hang
             error, hang = training_error(e, Path(spec.run_dir), cfg.scaling.num_workers, cfg.comm.timeout_s)
             error = type(error)(redact(str(error)))
             decision = policy.decide(hang is not None, used)
@@ -176,7 +176,7 @@ def _write_report(run_dir: Path) -> None:
 
     try:
         console.print(f"report: {write_report(run_dir)}", soft_wrap=True)
-    except Exception as e:  # a report must never hide the run's own outcome
+    except Exception as e:  # noqa: BLE001 - a report must never hide the run's own outcome
         console.print(f"[yellow]report not written[/]: {type(e).__name__}: {escape(str(e))}", soft_wrap=True)
 
 
@@ -190,7 +190,8 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
     console.print(f"run directory {spec.run_dir}", soft_wrap=True)
     elastic = (f" (elastic: {cfg.scaling.min_workers}..{n} workers, the accumulation follows the size)"
                if cfg.scaling.elastic else "")
-    console.print(f"{n} worker(s){elastic}, {plan.backend}, global batch {gb} = {cfg.train.per_device_train_batch_size} per "
+    console.print(f"{n} worker(s){elastic}, {plan.backend}, global batch {gb} = "
+                  f"{cfg.train.per_device_train_batch_size} per "
                   f"device x {cfg.train.gradient_accumulation_steps} accumulation x {n} worker(s); "
                   f"lr {spec.learning_rate:g} ({cfg.train.lr_scaling} scaling); {spec.total_steps} steps",
                   soft_wrap=True)

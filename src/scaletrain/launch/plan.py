@@ -23,7 +23,8 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
     """Decide GPU use, backend and per-worker resources from a Ray cluster's totals; check they fit."""
     gpus = int(resources.get("GPU", 0))
     use_gpu = gpus > 0 if scaling.use_gpu == "auto" else bool(scaling.use_gpu)
-    choice = select_backend(comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))  # type: ignore[arg-type]
+    # type: ignore[arg-type]
+    choice = select_backend(comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))
     per_worker = dict(scaling.resources_per_worker or {"CPU": 1})
     if use_gpu:
         per_worker.setdefault("GPU", 1)
@@ -49,7 +50,8 @@ def plan_node(cfg: Config, platform: Platform, cpus: int) -> ClusterPlan:
     choice = select_backend(cfg.comm.backend, platform if use_gpu else Platform("cpu", 0, platform.torch_version))
     have, what = (platform.device_count, "GPUs") if use_gpu else (cpus, "CPUs")
     if per_node > have:
-        raise LaunchError(f"scaling.num_workers={s.num_workers} over scaling.nnodes={s.nnodes} puts {per_node} processes "
+        raise LaunchError(f"scaling.num_workers={s.num_workers} over scaling.nnodes={s.nnodes} puts {per_node} "
+                          f"processes "
                           f"on this node, which has {have} {what}; lower scaling.num_workers or add nodes")
     return ClusterPlan(use_gpu, choice.backend, {"CPU": 1, **({"GPU": 1} if use_gpu else {})},
                        (choice.note,) if choice.note else ())
@@ -65,7 +67,8 @@ def check_placement(strategy: str, n: int, per_worker: dict[str, float], nodes: 
         ok = sum(fits(node, 1) for node in nodes)
         if ok < n:
             raise LaunchError(f"scaling.placement_strategy=STRICT_SPREAD puts each of the {n} workers on its own node, "
-                              f"but only {ok} of the cluster's {len(nodes)} node(s) have {need} free; use SPREAD or PACK, "
+                              f"but only {ok} of the cluster's {len(nodes)} node(s) have {need} free; use SPREAD or "
+                              f"PACK, "
                               f"or add nodes")
     elif strategy == "STRICT_PACK" and not any(fits(node, n) for node in nodes):
         biggest = max(nodes, key=lambda nd: nd.get("CPU", 0), default={})

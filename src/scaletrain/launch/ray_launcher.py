@@ -201,7 +201,8 @@ def check_shared_storage(run_dir: str) -> None:
     blind = [node for node, ref in refs.items() if not ray.get(ref, timeout=60)]
     os.remove(marker)
     if blind:
-        raise LaunchError(f"output.output_dir: {run_dir} is node-local: node(s) {', '.join(b[:12] for b in blind)} cannot "
+        raise LaunchError(f"output.output_dir: {run_dir} is node-local: node(s) {', '.join(b[:12] for b in blind)} "
+                          f"cannot "
                           f"see it; on several nodes put output.output_dir on a shared filesystem (NFS) or a cloud URI")
 
 
@@ -215,7 +216,7 @@ def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: Clu
                    storage_dir: str, timeout_s: int, max_failures: int = 0, callbacks=()) -> None:
     """Run ``entry(entry_config)`` on every worker of a Ray Train TorchTrainer (process group set up by Ray).
 
-    Checkpoints are scaletrain's own (checkpoint.py; nothing is reported to Ray), so no CheckpointConfig.
+    Checkpoints are scaletrain's own (checkpoint/; nothing is reported to Ray), so no CheckpointConfig.
     Secret variables of ``env`` reach the workers through a 0600 file, never Ray's runtime_env (which Ray logs)."""
     with private_env(env, storage_dir) as public:
         _fit(entry, entry_config, scaling, plan, public, storage_dir, timeout_s, max_failures, callbacks)
@@ -251,7 +252,7 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
     def target():
         try:
             trainer.fit()
-        except BaseException as e:  # re-raised in the main thread
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
             outcome["error"] = e
 
     thread = threading.Thread(target=target, name="scaletrain-fit", daemon=True)

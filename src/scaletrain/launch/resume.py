@@ -36,20 +36,23 @@ RESIZABLE = ("scaling.num_workers", "train.gradient_accumulation_steps")
 
 
 def resume_conflicts(saved: Config, new: Config) -> list[str]:
-    same_batch = global_batch(saved.train, saved.scaling.num_workers) == global_batch(new.train, new.scaling.num_workers)
+    same_batch = (global_batch(saved.train, saved.scaling.num_workers)
+                  == global_batch(new.train, new.scaling.num_workers))
     return [f"{k}: {_get(saved, k)!r} -> {_get(new, k)!r}" for k in RESUME_BREAKING
             if _get(saved, k) != _get(new, k) and not (k in FROM_DATA and _get(new, k) is None)
             and not (k in RESIZABLE and same_batch)]
 
 
-def resume_config(run_dir: Path, config: str | None, overrides: list[str], force: bool) -> tuple[Config, Path, list[str]]:
+def resume_config(run_dir: Path, config: str | None, overrides: list[str],
+                  force: bool) -> tuple[Config, Path, list[str]]:
     """The config ``--resume RUN_DIR [CONFIG] [key=value ...]`` continues with: the run's saved config, or
     ``config``, with the overrides; a new world size keeps the global batch (``resized``). Returns it, the
     config file the run keeps naming, and notes for the console. Refuses a finished run and a change that
     breaks an exact resume (unless ``force``)."""
     rd = RunDir(run_dir)
     if not rd.resolved_config.is_file():
-        raise ConfigError(f"--resume {run_dir}: no {RunDir.RESOLVED_CONFIG} there; pass the directory of an earlier run")
+        raise ConfigError(f"--resume {run_dir}: no {RunDir.RESOLVED_CONFIG} there; pass the directory of an earlier "
+                          f"run")
     if rd.finished():
         raise ConfigError(f"--resume {run_dir}: this run finished ({RunDir.SUMMARY} exists); start a new run instead")
     saved = load_config(rd.resolved_config)

@@ -79,7 +79,7 @@ def verdict(cfg: Config, shape: Shape, n: int, device: Device) -> tuple[bool, st
 def advice(cfg: Config, shape: Shape, n: int, device: Device, most: int = 64) -> str:
     """The smallest change that fits: a memory lever at this size, else the fewest devices with FSDP."""
     kind = "cpu" if device.key == "cpu" else "gpu"
-    fits = lambda c, k: estimate(c, shape, k, kind).peak <= device.memory_bytes  # noqa: E731
+    fits = lambda c, k: estimate(c, shape, k, kind).peak <= device.memory_bytes
     levers = dict(variants(cfg)[1:])
     now = estimate(cfg, shape, n, kind)
     if now.peak_phase == "eval":

@@ -22,7 +22,6 @@ from scaletrain.config.schema import AlertsConfig
 from scaletrain.rundir import RunDir
 
 
-
 @dataclass(frozen=True)
 class Alert:
     rule: str

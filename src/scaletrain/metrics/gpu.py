@@ -55,7 +55,7 @@ class AmdSmiReader:
 def _call(fn):
     try:
         return fn()
-    except Exception:  # a metric this device or driver does not support
+    except Exception:  # noqa: BLE001 - a metric this device or driver does not support
         return None
 
 
@@ -81,5 +81,5 @@ def reader_for(device: str, vendor: str):
         import pynvml
 
         return NvmlReader(pynvml, bus)
-    except Exception:  # library missing or the device not found: torch counters still report memory
+    except Exception:  # noqa: BLE001 - library missing or the device not found: torch counters still report memory
         return None

@@ -49,7 +49,8 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("monitor.report_to=tensorboard needs the tensorboard package; pip install tensorboard") from None
+            raise ConfigError("monitor.report_to=tensorboard needs the tensorboard package; pip install "
+                              "tensorboard") from None
         self.writer = SummaryWriter(str(log_dir))
         self.step = 0
 
@@ -80,7 +81,8 @@ class PrometheusSink:
         try:
             self.server, _ = prom.start_http_server(port, registry=self.registry)
         except OSError as e:
-            raise LaunchError(f"monitor.prometheus_port={port}: cannot listen ({e.strerror}); pick a free port") from None
+            raise LaunchError(f"monitor.prometheus_port={port}: cannot listen ({e.strerror}); pick a free "
+                              f"port") from None
 
     def write(self, r: dict) -> None:
         rank = str(r.get("rank", 0))
@@ -106,7 +108,8 @@ def check_sinks(cfg: MonitorConfig) -> None:
         try:
             import tensorboard  # noqa: F401
         except ImportError:
-            raise ConfigError("monitor.report_to=tensorboard needs the tensorboard package; pip install tensorboard") from None
+            raise ConfigError("monitor.report_to=tensorboard needs the tensorboard package; pip install "
+                              "tensorboard") from None
     if cfg.prometheus_port:
         try:
             import prometheus_client  # noqa: F401

@@ -48,7 +48,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     gb = s.get("global_batch_size", cfg["train"]["per_device_train_batch_size"]
                * cfg["train"]["gradient_accumulation_steps"] * world)
     rows = [("model", f"{cfg['model']['name_or_path']} ({cfg['model']['finetuning_type']})"),
-            ("task", cfg["model"]["task"]), *_classes(cfg), ("world size", world), ("strategy", cfg["train"]["strategy"]),
+            ("task", cfg["model"]["task"]), *_classes(cfg), ("world size", world),
+            ("strategy", cfg["train"]["strategy"]),
             ("global batch", gb), ("steps", s.get("steps", train[-1]["step"] if train else 0)),
             ("train time", f"{s['train_time_s']:.1f} s" if summary else "-"),
             ("eval time", f"{s['eval_time_s']:.1f} s" if summary else "-"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
 LOSS, THROUGHPUT, RANKS, UTILIZATION = "loss.png", "throughput.png", "ranks.png", "utilization.png"

@@ -1,9 +1,9 @@
 """Fault injection for tests and failure drills: ``SCALETRAIN_FAULTS=KIND:RANK:STEP[:TIMES],...``.
 
-KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill), ``hang``
-(the rank sleeps forever before its next collective) or ``nan`` (that step's loss becomes NaN). A fault fires at the start of optimizer step STEP
-on rank RANK, at most TIMES times per run (counted in ``faults/`` of the run directory, so a restarted
-worker group does not fire it again unless TIMES allows).
+KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill), ``hang`` (the rank
+sleeps forever before its next collective) or ``nan`` (that step's loss becomes NaN). A fault fires at the start of
+optimizer step STEP on rank RANK, at most TIMES times per run (counted in ``faults/`` of the run directory, so a
+restarted worker group does not fire it again unless TIMES allows).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
         except ValueError:
             fault = None
         if fault is None or fault.kind not in KINDS or len(parts) > 4:
-            raise ConfigError(f"SCALETRAIN_FAULTS: '{item}' must be KIND:RANK:STEP[:TIMES] with KIND in {', '.join(KINDS)}")
+            raise ConfigError(f"SCALETRAIN_FAULTS: '{item}' must be KIND:RANK:STEP[:TIMES] with KIND in "
+                              f"{', '.join(KINDS)}")
         faults.append(fault)
     return tuple(faults)
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.device import Platform
 from scaletrain.comm.watchdog import Heartbeat
+from scaletrain.config.batch import for_world_size
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
 from scaletrain.errors import StorageError
@@ -25,12 +26,11 @@ from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.faults import maybe_fire
-from scaletrain.worker.resize import resize_note
 from scaletrain.worker.meter import Meter
 from scaletrain.worker.parallel import all_gather_floats, full_model_state, unwrap
+from scaletrain.worker.resize import resize_note
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
-from scaletrain.config.batch import for_world_size
 from scaletrain.worker.step import target_tokens, train_step
 from scaletrain.worker.step_check import StepCheck, due, non_finite_loss, writes_at
 from scaletrain.worker.trainer import Trainer, build_trainer
@@ -99,7 +99,8 @@ class Data:
     def batches(self):
         """The rest of the current epoch from the trainer's data position."""
         cfg, progress = self.t.cfg, self.t.progress
-        self.sampler.set_position(progress.epoch, progress.micro_batches_in_epoch * cfg.train.per_device_train_batch_size)
+        samples = progress.micro_batches_in_epoch * cfg.train.per_device_train_batch_size
+        self.sampler.set_position(progress.epoch, samples)
         return iter(torch.utils.data.DataLoader(
             self.train, batch_size=cfg.train.per_device_train_batch_size, sampler=self.sampler,
             collate_fn=self.collate, drop_last=True, num_workers=cfg.data.loader_workers,

@@ -7,11 +7,11 @@ import time
 
 import torch
 
+from scaletrain.config.batch import global_batch
 from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
 from scaletrain.worker.breakdown import shares
-from scaletrain.config.batch import global_batch
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum
 from scaletrain.worker.step_check import due
 from scaletrain.worker.trainer import Trainer
@@ -126,7 +126,8 @@ class Meter:
             "train_time_s": train_time, "eval_time_s": eval_time,
             "throughput/samples_per_s": self.samples_total / train_time if train_time > 0 else 0.0,
             "throughput/tokens_per_s": self.tokens_total / train_time if train_time > 0 else 0.0,
-            "samples_per_step_per_device": cfg.train.per_device_train_batch_size * cfg.train.gradient_accumulation_steps,
+            "samples_per_step_per_device": (cfg.train.per_device_train_batch_size
+                                            * cfg.train.gradient_accumulation_steps),
             "parameters/trainable": self.t.facts.trainable, "parameters/total": self.t.facts.total,
             "final": final_eval,
         }

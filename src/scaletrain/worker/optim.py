@@ -5,7 +5,6 @@ from __future__ import annotations
 from scaletrain.config.batch import warmup_steps
 from scaletrain.config.schema import TrainConfig
 
-
 FUSED_DEVICES = ("cpu", "cuda")  # device types torch's fused AdamW runs on (ROCm is "cuda")
 
 

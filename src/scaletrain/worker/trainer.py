@@ -16,12 +16,12 @@ import torch
 from scaletrain.checkpoint import Checkpointer, Restored
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
+from scaletrain.config.batch import global_batch
 from scaletrain.config.schema import Config
-from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.memory.measure import PeakMemory
+from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import build_model, count_parameters, preload
 from scaletrain.rundir import RunDir
-from scaletrain.config.batch import global_batch
 from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision

@@ -92,7 +92,7 @@ def detect() -> Topology:
     for module, reader in (("amdsmi", from_amdsmi), ("pynvml", from_pynvml)):
         try:
             topo = reader(__import__(module))
-        except Exception:  # not installed, no driver, or no device: try the next source
+        except Exception:  # noqa: BLE001 - not installed, no driver, or no device: try the next source
             topo = None
         if topo is not None and topo.count:
             return topo

@@ -140,8 +140,8 @@ def _start_forkserver(timeout_s: float = 120.0) -> tuple[str, int]:
     """Start the fork server in a session of its own, which `down` stops with the head: (its socket once it has
     imported what workers import, its process group), or ("", 0) when it did not come up (workers then start
     the plain way)."""
-    from scaletrain.launch.warm.env import fork_server_env
     from scaletrain.launch.warm import forkserver
+    from scaletrain.launch.warm.env import fork_server_env
 
     sock = str(state_file().with_suffix(".sock"))
     log = open(forkserver_log(), "wb")  # noqa: SIM115 - the server's own output: what it forked, and why not
@@ -162,8 +162,8 @@ def run_forked_driver(argv: list[str]) -> int | None:
     """Run this scaletrain command in a driver the warm cluster's fork server forks (its imports done), and
     return its exit status; None when there is no such server or it would not fork this environment (the
     command then runs in this process, as without `up`)."""
-    from scaletrain.launch.warm.env import forked_driver_env
     from scaletrain.launch.warm import forkserver
+    from scaletrain.launch.warm.env import forked_driver_env
 
     cluster = current()
     env = forked_driver_env()

@@ -183,7 +183,7 @@ def _run_child(request: dict, fds: list[int]) -> None:
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's own error, printed as an interpreter would
         traceback.print_exc()
     try:
         atexit._run_exitfuncs()

@@ -34,7 +34,8 @@ def server(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "FOO"))}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; from scaletrain.launch.warm.forkserver import serve; "
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; from scaletrain.launch.warm.forkserver import "
+                                                       "serve; "
                                  f"serve({sock!r}, ('preloaded_mod', 'json'))"], stdout=out, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
     deadline = time.time() + 60

@@ -3,7 +3,6 @@
 import shutil
 
 import pytest
-
 import torch
 from safetensors.torch import load_file
 

@@ -40,12 +40,16 @@ def _untouched(earlier_run):
 
 
 @pytest.mark.parametrize("mutate,needles", [
-    (lambda c: c["train"].update(learnig_rate=1), ["unknown key 'train.learnig_rate'", "did you mean 'train.learning_rate'"]),
-    (lambda c: c["train"].update(per_device_train_batch_size="big"), ["train.per_device_train_batch_size='big'", "valid integer"]),
+    (lambda c: c["train"].update(learnig_rate=1), ["unknown key 'train.learnig_rate'", "did you mean "
+                                                                                       "'train.learning_rate'"]),
+    (lambda c: c["train"].update(per_device_train_batch_size="big"),
+     ["train.per_device_train_batch_size='big'", "valid integer"]),
     (lambda c: c["scaling"].update(num_workers=0), ["scaling.num_workers=0", "greater than or equal to 1"]),
-    (lambda c: c["data"].update(train_file="/nonexistent/train.jsonl"), ["data.train_file=/nonexistent/train.jsonl", "file not found"]),
+    (lambda c: c["data"].update(train_file="/nonexistent/train.jsonl"),
+     ["data.train_file=/nonexistent/train.jsonl", "file not found"]),
     (lambda c: c["data"].update(label_column="stars"), ["column 'stars' is missing", "set data.label_column"]),
-    (lambda c: c["model"].update(name_or_path="meta-llama/Llama-3-8B"), ["model.name_or_path=meta-llama/Llama-3-8B", "never downloads", "huggingface-cli download"]),
+    (lambda c: c["model"].update(name_or_path="meta-llama/Llama-3-8B"),
+     ["model.name_or_path=meta-llama/Llama-3-8B", "never downloads", "huggingface-cli download"]),
     (lambda c: c["model"].update(name_or_path="/"), ["model.name_or_path=/ has no config.json", "model directory"]),
     # PEFT drops a misspelt target among good ones without a word; scaletrain names it before Ray starts.
     (lambda c: c["model"].update(finetuning_type="lora", lora_target=["query", "vallue"]),
@@ -63,7 +67,8 @@ def test_empty_data_file(classify_cfg, tmp_path, earlier_run):
     (tmp_path / "empty.jsonl").write_text("")
     classify_cfg["data"]["train_file"] = str(tmp_path / "empty.jsonl")
     classify_cfg["output"]["output_dir"] = str(earlier_run.parent)
-    _assert_one_line_error(run_cli("train", write_config(tmp_path / "c.yaml", classify_cfg)), "empty.jsonl", "no records")
+    result = run_cli("train", write_config(tmp_path / "c.yaml", classify_cfg))
+    _assert_one_line_error(result, "empty.jsonl", "no records")
     _untouched(earlier_run)
 
 
@@ -184,7 +189,8 @@ def test_debug_tracebacks_are_redacted_too(monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_DebugTokenAbcdefghijklmnop")
 
     def fail(args):
-        raise ConfigError("could not reach the hub with hf_DebugTokenAbcdefghijklmnop (Bearer sk-live-0123456789abcdef)")
+        raise ConfigError("could not reach the hub with hf_DebugTokenAbcdefghijklmnop (Bearer "
+                          "sk-live-0123456789abcdef)")
 
     monkeypatch.setattr(cli, "parse", lambda argv: argparse.Namespace(func=fail, debug=True))
     assert cli.main([]) == 2
@@ -227,6 +233,7 @@ def test_alpaca_data_with_the_default_task_says_to_set_causal_lm(demo_dir, tmp_p
 
 def test_resume_with_every_checkpoint_corrupt_is_an_error_naming_them(classify_cfg, tmp_path, capsys):
     import json
+
     from scaletrain import cli
     from tests.conftest import write_config
 
@@ -245,6 +252,7 @@ def test_resume_with_every_checkpoint_corrupt_is_an_error_naming_them(classify_c
 
 def test_a_fallback_past_a_broken_checkpoint_is_said(tmp_path):
     import json
+
     from scaletrain.launch.job import _resume_notes
 
     run = tmp_path / "run"

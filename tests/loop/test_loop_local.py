@@ -6,12 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from scaletrain.comm.context import DistContext
 from scaletrain.data import Collator, load_split
 from scaletrain.launch.job import finish_final
 from scaletrain.launch.local import run_in_process
 from scaletrain.worker.evaluate import evaluate_model
 from tests.conftest import local_spec, train_losses
-from scaletrain.comm.context import DistContext
 
 CTX1 = DistContext(0, 0, 1, 1, 0, "cpu", "gloo")
 
@@ -102,4 +102,5 @@ def test_lora_sft_learns_and_adapter_reloads(demo_dir, tmp_path):
     out = reloaded.generate(**prompt, max_new_tokens=3, min_new_tokens=3, do_sample=False)  # no token_type_ids
     assert out.shape[1] == prompt["input_ids"].shape[1] + 3
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")
-    assert _eval_loss(merged, spec, "causal-lm", 2)["eval/loss"] == pytest.approx(summary["final"]["eval/loss"], rel=1e-4)
+    merged_loss = _eval_loss(merged, spec, "causal-lm", 2)["eval/loss"]
+    assert merged_loss == pytest.approx(summary["final"]["eval/loss"], rel=1e-4)

@@ -60,12 +60,76 @@ def model_dir(name_or_path: str) -> Path | None:
         raise ConfigError(f"model.name_or_path={name_or_path} has no config.json; point it at a Hugging Face model "
                           f"directory (config.json, weights, tokenizer files)")
     if not (p / "config.json").is_file():
+        if p.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
+            raise ConfigError(f"model.name_or_path={name_or_path}: no such directory; point it at a Hugging Face "
+                              f"model directory (config.json, weights, tokenizer files)")
         raise ConfigError(
             f"model.name_or_path={name_or_path} is not a local model directory (no config.json); scaletrain "
             f"never downloads: fetch it first (huggingface-cli download {name_or_path} --local-dir DIR) "
             f"and set model.name_or_path=DIR"
         )
+    read_model_config(p, name_or_path)
     return p
+
+
+def read_model_config(path: Path, name: str) -> dict:
+    """``config.json`` as a dict: JSON text whose ``model_type`` the installed transformers knows."""
+    import json
+
+    from transformers import CONFIG_MAPPING, __version__
+
+    f = path / "config.json"
+    try:
+        config = json.loads(f.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"model.name_or_path={name}: {f} is not UTF-8 text; download the model again") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"model.name_or_path={name}: {f} is not JSON (line {e.lineno}: {e.msg}); download the "
+                          f"model again or fix the file") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"model.name_or_path={name}: {f} holds a JSON {type(config).__name__}, not an object; "
+                          f"download the model again")
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        known = "no model_type" if model_type is None else f"model_type {model_type!r}"
+        raise ConfigError(f"model.name_or_path={name}: {f} has {known}, which transformers {__version__} does not "
+                          f"know; upgrade transformers (pip install -U transformers) or fix config.json")
+    return config
+
+
+def head_mismatch(cfg: ModelConfig) -> int | None:
+    """The label count of a checkpoint's classification head when it differs from ``model.num_labels`` (the
+    head is then re-initialised at the new size), else None."""
+    path = model_dir(cfg.name_or_path)
+    if path is None or cfg.task != "sequence-classification":
+        return None
+    config = read_model_config(path, cfg.name_or_path)
+    if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or ()):
+        return None  # a base model: its head is new at any size
+    saved = len(config.get("id2label") or {}) or config.get("num_labels")
+    wanted = cfg.num_labels or 2
+    return saved if saved and saved != wanted else None
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
+
+
+def check_files(path: Path, name: str) -> None:
+    """Weights and a tokenizer are present (a directory with only config.json serves `plan`, not `train`)."""
+    if not any((path / w).is_file() for w in WEIGHT_FILES):
+        raise ConfigError(f"model.name_or_path={name}: {path} has no weights ({', '.join(WEIGHT_FILES[::2])} or "
+                          f"their index); download the whole model, not only its config")
+    check_tokenizer_files(path, name)
+
+
+def check_tokenizer_files(path: Path, name: str) -> None:
+    if not any((path / t).is_file() for t in TOKENIZER_FILES):
+        raise ConfigError(f"model.name_or_path={name}: {path} has no tokenizer ({', '.join(TOKENIZER_FILES[:4])}, "
+                          f"...); copy the tokenizer of the model it was trained from into it "
+                          f"(AutoTokenizer.from_pretrained(BASE).save_pretrained(DIR))")
 
 
 def load_tokenizer(name_or_path: str):
@@ -74,6 +138,8 @@ def load_tokenizer(name_or_path: str):
     if name_or_path in TINY_LLAMA_TOKENIZER:
         return tiny_llama_tokenizer()
     path = model_dir(name_or_path) or minilm_dir()  # the other built-ins share MiniLM's vocabulary
+    # without its files transformers builds an empty tokenizer that maps every word to [UNK]
+    check_tokenizer_files(path, name_or_path)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if name_or_path in BUILTINS and len(tok) != MINILM_VOCAB_SIZE:
         raise ConfigError(f"MiniLM tokenizer at {path} has {len(tok)} tokens, expected {MINILM_VOCAB_SIZE}; "
@@ -183,7 +249,9 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
     if path is None:
         model = auto.from_config(config)
     else:
-        model = auto.from_pretrained(str(path), config=config, local_files_only=True)
+        # a classification head of another size is re-initialised (said before the run: head_mismatch)
+        model = auto.from_pretrained(str(path), config=config, local_files_only=True,
+                                     ignore_mismatched_sizes=head_mismatch(cfg) is not None)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = vocab.pad_id
     if packed:
@@ -218,6 +286,7 @@ def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:
     tokenizer with ids beyond the model's vocabulary."""
     path = model_dir(cfg.name_or_path)
     if path is not None:
+        check_files(path, cfg.name_or_path)
         check_weights(path, cfg.name_or_path)
     _, config = auto_and_config(cfg, Vocab.of(tokenizer))
     positions = getattr(config, "max_position_embeddings", None)

@@ -168,6 +168,33 @@ def default_run_name(config_path: str | Path, now: float | None = None) -> str:
     return f"{Path(config_path).stem}-{stamp}"
 
 
+def check_output_dir(output_dir: str | Path, run_name: str | None) -> Path:
+    """Before anything is written under it (the data cache lives there too): ``output_dir`` is a directory this
+    process can write, or can be created; a named run does not exist yet. Returns it, resolved and created."""
+    root = Path(output_dir).expanduser()
+    key = f"output.output_dir={output_dir}"
+    if root.exists() and not root.is_dir():
+        raise LaunchError(f"{key} is a file, not a directory; choose a directory (it is created if missing)")
+    parent = root
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise LaunchError(f"{key} lies under {parent}, which is a file; choose a directory path")
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        raise LaunchError(f"{key}: cannot write there ({e.strerror or e}); choose a writable directory or fix its "
+                          f"permissions") from None
+    if run_name and (root / run_name).exists():
+        raise LaunchError(f"output.run_name={run_name}: {root / run_name} already exists and is never overwritten; "
+                          f"choose another run_name, or continue it with --resume {root / run_name}")
+    return root.resolve()
+
+
 def create_run_dir(output_dir: str | Path, run_name: str | None, config_path: str | Path,
                    now: float | None = None) -> Path:
     """Create a fresh run directory atomically (mkdir fails if it exists, so no run is overwritten)."""

@@ -165,7 +165,7 @@ def test_truncation_cuts_the_prompt_first_and_drops_what_has_nothing_to_learn(tm
     rows = [{"instruction": long_prompt, "output": "fine"}, {"instruction": "short", "output": "ok"}]
     path = _write(tmp_path / "a.jsonl", rows)
     data = prepare_data(_cfg(tmp_path, {"train_file": str(path), "max_length": 64, "template": "alpaca",
-                                        "max_bad_ratio": 1.0}), tiny)
+                                        "max_truncated_ratio": 1, "max_bad_ratio": 1.0}), tiny)
     assert len(data.train) == 2 and all(len(ex["input_ids"]) <= 64 for ex in data.train)
     assert all(_decoded_labels(tiny, ex)[-1].endswith("</s>") for ex in data.train)  # the reply survived the cut
 

@@ -58,7 +58,7 @@ def _one_line_user_error(fn, source: str | None = None):
         lines = str(e).splitlines()
         assert lines and all(ln.strip() for ln in lines), repr(str(e))
         if len(lines) > 1:
-            assert source is not None and all(ln.startswith(f"{source}: ") for ln in lines), str(e)
+            assert source is not None and all(ln.startswith((f"{source}: ", "override ")) for ln in lines), str(e)
         return None
 
 
@@ -194,3 +194,63 @@ def test_corrupted_checkpoint_files_are_found_unusable(tmp_path, saved_checkpoin
         from torch.distributed.checkpoint import FileSystemReader
 
         assert FileSystemReader(str(ckpt / "state")).read_metadata().state_dict_metadata
+
+
+MUTABLE = {s: [k for k in keys if (s, k) not in {("data", "cache_dir"), ("data", "train_file")}]
+           for s, keys in SECTION_KEYS.items() if s != "output"}  # the job writes under tmp_path only
+
+
+@st.composite
+def mutated_jobs(draw):
+    """A valid job (config text, data bytes) with a few of the mistakes people make: keys deleted, values of
+    another type, a key given twice, bytes flipped in the config, the data file cut short."""
+    cfg = {"model": {"name_or_path": "builtin:tiny-bert", "num_labels": 2},
+           "data": {"train_file": "d.jsonl", "max_length": 16, "eval_ratio": 0.2},
+           "train": {"per_device_train_batch_size": 4, "max_steps": 2}}
+    data = GOOD_ROWS
+    for op in draw(st.lists(st.sampled_from(["delete", "retype", "duplicate", "flip", "cut"]), min_size=1,
+                            max_size=3)):
+        if op == "delete":
+            section = draw(st.sampled_from(sorted(cfg)))
+            if isinstance(cfg[section], dict) and cfg[section]:
+                cfg[section].pop(draw(st.sampled_from(sorted(cfg[section]))))
+        elif op == "retype":
+            section = draw(st.sampled_from(sorted(MUTABLE)))
+            cfg.setdefault(section, {})
+            if isinstance(cfg[section], dict):
+                cfg[section][draw(st.sampled_from(MUTABLE[section]))] = draw(values)
+        elif op == "cut":
+            data = data[: draw(st.integers(0, len(data)))]
+    text = _yaml_safe(cfg).encode()
+    ops_text = draw(st.lists(st.sampled_from(["duplicate", "flip"]), max_size=2))
+    for op in ops_text:
+        lines = text.splitlines(keepends=True)
+        if op == "duplicate" and lines:
+            i = draw(st.integers(0, len(lines) - 1))
+            text = b"".join(lines[: i + 1] + [lines[i]] + lines[i + 1:])
+        elif op == "flip" and text:
+            at = draw(st.integers(0, len(text) - 1))
+            text = text[:at] + bytes([draw(st.integers(0, 255))]) + text[at + 1:]
+    return text, data
+
+
+@SLOW
+@given(job=mutated_jobs())
+def test_trains_preflight_accepts_or_says_one_line(tmp_path, job):
+    """The property of `train`'s front door as a whole: config file -> load -> output directory -> preflight
+    (model, tokenizer, data, memory shape) accepts the job or raises scaletrain's own error, one line a problem."""
+    from scaletrain.launch.preflight import preflight
+    from scaletrain.rundir import check_output_dir
+
+    text, data = job
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    (tmp_path / "d.jsonl").write_bytes(data)
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text)
+
+    def front_door():
+        cfg = load_config(path, [f"data.train_file={tmp_path / 'd.jsonl'}", f"output.output_dir={tmp_path / 'runs'}"])
+        check_output_dir(cfg.output.output_dir, cfg.output.run_name)
+        return preflight(cfg)
+
+    _one_line_user_error(front_door, str(path))

@@ -14,6 +14,7 @@ import yaml
 
 from scaletrain.envvars import COMM_PREFIXES, MISQUOTED_ENV
 from scaletrain.errors import ConfigError
+from scaletrain.textfile import read_text
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
@@ -49,7 +50,10 @@ def load_profile(name: str) -> dict[str, str]:
     if not path.is_file():
         raise ConfigError(f"comm.profile={name}: no such profile; use one of {', '.join(available())} "
                           f"or the path of a YAML file with an env: mapping")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(read_text(path, f"comm.profile={name}:")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"comm.profile={name}: {path} is not YAML ({str(e).splitlines()[0]})") from None
     env = data.get("env") if isinstance(data, dict) else None
     if not isinstance(env, dict):
         raise ConfigError(f"comm.profile={name}: {path} needs an env: mapping of variable names to values")

@@ -21,12 +21,14 @@ def _read(path: str, kind: str):
     import yaml
 
     from scaletrain.errors import ConfigError
+    from scaletrain.textfile import read_text
 
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: file not found; pass the {kind} file to import")
     try:
-        data = json.loads(p.read_text()) if kind == "DeepSpeed JSON" else yaml.safe_load(p.read_text())
+        text = read_text(p, kind)
+        data = json.loads(text) if kind == "DeepSpeed JSON" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: not a valid {kind} ({str(e).splitlines()[0]}); fix the syntax") from None
     if not isinstance(data, dict):
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from scaletrain.config.importers import from_deepspeed, from_llamafactory
+    from scaletrain.config.importers import from_deepspeed, from_llamafactory, looks_like_llamafactory
     from scaletrain.errors import ConfigError
 
     out = Path(args.out) if args.out else None
@@ -47,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"-o {out}: the file exists and is never overwritten; choose another name")
     if args.kind == "llamafactory":
         lf = _read(args.path, "LLaMA-Factory YAML")
+        if not looks_like_llamafactory(lf):
+            what = ("a scaletrain config already (it has sections: model, data, ...)" if "model" in lf and
+                    isinstance(lf.get("model"), dict) else "not a LLaMA-Factory training YAML (it has none of "
+                    "model_name_or_path, stage, dataset, finetuning_type, template, or fewer than two)")
+            raise ConfigError(f"{args.path} is {what}; pass the YAML you give `llamafactory-cli train`")
         ds = ds_path = None
         if lf.get("deepspeed"):
             ds_path = Path(str(lf["deepspeed"]))

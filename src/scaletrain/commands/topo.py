@@ -21,7 +21,9 @@ def load(path: str):
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--from-file {path}: file not found")
-    text = p.read_text()
+    from scaletrain.textfile import read_text
+
+    text = read_text(p, "--from-file")
     if "ROCm System Management Interface" in text or "(Topology) Numa Node" in text:
         return parse_rocm_smi(text)
     if "TABLE:" in text or text.lstrip().startswith(("[", "{")):

@@ -18,6 +18,7 @@ from scaletrain.config.importers import looks_like_llamafactory
 from scaletrain.config.schema import Config
 from scaletrain.credentials import looks_like_secret
 from scaletrain.errors import ConfigError
+from scaletrain.textfile import read_text
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -32,7 +33,7 @@ def load_config(
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass the path of a YAML config")
     try:
-        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        raw = yaml.load(read_text(path, "config file"), Loader=_UniqueKeyLoader)
     except DuplicateKey as e:
         raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
@@ -50,7 +51,7 @@ def load_config(
     for item in overrides:
         apply_override(raw, item)
     raw = interpolate_env(raw, envvars.snapshot() if environ is None else environ)
-    return validate(raw, source=str(path))
+    return validate(raw, source=str(path), overrides=overrides)
 
 
 class DuplicateKey(Exception):
@@ -72,13 +73,32 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def validate(raw: dict, source: str = "config") -> Config:
-    """The typed config, or one ConfigError listing every problem pydantic found, one line each."""
+def validate(raw: dict, source: str = "config", overrides: Sequence[str] = ()) -> Config:
+    """The typed config, or one ConfigError listing every problem pydantic found, one line each; a problem in a
+    key an override set is blamed on the override, not on the file."""
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
-        problems = dict.fromkeys(_explain(err, raw) for err in e.errors())  # unique, in pydantic's order
-        raise ConfigError("\n".join(f"{source}: {p}" for p in problems)) from None
+        set_by = {item.partition("=")[0].strip(): item for item in overrides}
+        problems = dict.fromkeys(f"{_blame(err, source, set_by)}: {_explain(err, raw)}"
+                                 for err in e.errors())  # unique, in pydantic's order
+        raise ConfigError("\n".join(problems)) from None
+
+
+def _blame(err: dict, source: str, set_by: dict[str, str]) -> str:
+    dotted = ".".join(_field_loc(err))
+    for key, item in set_by.items():
+        if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + ".") and dotted.count(".") > 0:
+            return f"override {item!r}"
+    return source
+
+
+def _field_loc(err: dict) -> list[str]:
+    """pydantic's location without its union members' tags (``literal['all-linear']``, ``list[str]``)."""
+    return [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "function-after", "function-before"})
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -122,7 +142,7 @@ def interpolate_env(value: Any, environ: Mapping[str, str], key: str = "") -> An
 
 
 def _explain(err: dict, raw: dict) -> str:
-    loc = [str(p) for p in err["loc"]]
+    loc = _field_loc(err)
     dotted = ".".join(loc)
     if err["type"] == "extra_forbidden":
         model = _model_at(Config, loc[:-1])
@@ -179,8 +199,8 @@ def _value_at(raw: Any, loc: list[str]) -> Any:
 def literal_secrets(path: str | Path) -> list[str]:
     """Dotted keys of a config file whose value is a credential written out (not a ``${VAR}`` reference)."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
+        raw = yaml.safe_load(read_text(path, "config file"))
+    except (ConfigError, yaml.YAMLError):
         return []  # load_config reports those
     found: list[str] = []
 

@@ -40,6 +40,18 @@ class ModelConfig(_Section):
     # Override every dropout probability of the model config (0 makes runs comparable step for step).
     dropout: Optional[float] = Field(None, ge=0, lt=1)
 
+    @field_validator("lora_target", mode="before")
+    @classmethod
+    def _lora_target(cls, v):
+        """LLaMA-Factory's spellings: ``all`` and ``q_proj,v_proj``."""
+        if isinstance(v, str):
+            if v.strip() in ("all", "all-linear"):
+                return "all-linear"
+            return [t.strip() for t in v.split(",") if t.strip()]
+        if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
+            raise ValueError("give module names (a list, or q_proj,v_proj) or all")
+        return v
+
 
 class DataConfig(_Section):
     # One file (train_file, optional eval_file), or named datasets of a LLaMA-Factory dataset_info.json.
@@ -91,10 +103,21 @@ class DataConfig(_Section):
     max_samples: Optional[int] = Field(None, ge=1)  # per dataset, before the eval split
     # Records that cannot be trained on are skipped and counted; more than this share is an error.
     max_bad_ratio: float = Field(0.01, ge=0, le=1)
+    # Records longer than max_length are cut (said with their count and the longest); more than this share losing
+    # over half of their tokens is an error (the cutoff is probably too small for the data).
+    max_truncated_ratio: float = Field(0.1, ge=0, le=1)
     preprocessing_num_workers: Optional[int] = Field(None, ge=1)  # processes for tokenization (datasets.map)
     overwrite_cache: bool = False  # tokenize again even if the same data was tokenized before
     cache_dir: Optional[str] = None  # tokenized data; default: <output.output_dir>/.cache/data
     loader_workers: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_length(cls, data):
+        if isinstance(data, dict) and "cutoff_len" in data and "max_length" in data:
+            raise ValueError(f"data.cutoff_len={data['cutoff_len']} and data.max_length={data['max_length']} are "
+                             f"the same setting (cutoff_len is LLaMA-Factory's name for it); keep one")
+        return data
 
     @field_validator("dataset", mode="before")
     @classmethod
@@ -279,6 +302,11 @@ class CommConfig(_Section):
     @classmethod
     def _stringify(cls, v):
         if isinstance(v, dict):
+            for k, val in v.items():
+                if val is None or isinstance(val, (dict, list, tuple, set)):
+                    what = "empty" if val is None else f"a {type(val).__name__}"
+                    raise ValueError(f"comm.env.{k} is {what}; an environment variable is one string or number, "
+                                     f"e.g. {k}: INFO")
             return {str(k): str(val) for k, val in v.items()}
         return v
 

@@ -27,10 +27,12 @@ def encode_classification(batch: dict[str, list], tokenizer, text: str, pair: st
             (_name_problem(y, label2id) if label2id else _label_problem(y, regression))
             for t, p, y in zip(batch[text], batch[pair] if pair else batch[text], batch[label])]
     clean = lambda values: [v if not why else "" for v, why in zip(values, skip)]
-    enc = tokenizer(clean(batch[text]), clean(batch[pair]) if pair else None, truncation=True, max_length=max_length)
+    texts, pairs = clean(batch[text]), clean(batch[pair]) if pair else None
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
+    full = [len(ids) for ids in tokenizer(texts, pairs)["input_ids"]]  # what truncation cut: said, never silent
     as_label = (lambda y: label2id[y]) if label2id else (float if regression else int)
     labels = [as_label(y) if not why else (0.0 if regression else 0) for y, why in zip(batch[label], skip)]
-    return {"input_ids": enc["input_ids"], "labels": labels, "_skip": skip}
+    return {"input_ids": enc["input_ids"], "labels": labels, "_skip": skip, "_full": full}
 
 
 def _name_problem(value, label2id: dict[str, int]) -> str:
@@ -61,13 +63,15 @@ def _label_problem(value, regression: bool) -> str:
 
 def encode_text(batch: dict[str, list], tokenizer, column: str, max_length: int) -> dict[str, list]:
     """Continued pre-training: the text, its EOS, loss on every token."""
-    ids, skip = [], []
+    ids, skip, full = [], [], []
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     for value in batch[column]:
         text = value.strip() if isinstance(value, str) else ""
         skip.append("" if text else f"empty or missing '{column}'")
-        ids.append((tokenizer(text)["input_ids"] + eos)[:max_length] if text else [])
-    return {"input_ids": ids, "labels": ids, "_skip": skip}
+        whole = tokenizer(text)["input_ids"] + eos if text else []
+        full.append(len(whole))
+        ids.append(whole[:max_length])
+    return {"input_ids": ids, "labels": ids, "_skip": skip, "_full": full}
 
 
 def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
@@ -81,14 +85,16 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
     good = [c for c in conversations if c is not None]
     texts, spans = render(good, template, _special_tokens(tokenizer), template_name) if good else ([], [])
     encodings = _encode(tokenizer, texts)
-    out_ids, out_labels = [], []
+    out_ids, out_labels, full = [], [], []
     k = 0
     for i, messages in enumerate(conversations):
         if messages is None:
             out_ids.append([])
             out_labels.append([])
+            full.append(0)
             continue
         encoding, turn_spans = encodings[k], spans[k]
+        full.append(len(encoding.ids))
         k += 1
         ids, mask = fit(encoding.ids, _assistant_mask(encoding.offsets, turn_spans), max_length,
                         keep_last=mask_history)
@@ -100,7 +106,7 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
             skip[i] = f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
         out_ids.append(ids)
         out_labels.append(labels)
-    return {"input_ids": out_ids, "labels": out_labels, "_skip": skip}
+    return {"input_ids": out_ids, "labels": out_labels, "_skip": skip, "_full": full}
 
 
 def _special_tokens(tokenizer) -> dict[str, Any]:

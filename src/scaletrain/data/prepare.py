@@ -101,13 +101,15 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         parts, skipped, notes = [], {}, []
         for src, raw in loaded:
             notes += _placeholders(src, raw)
-            ds, why = _tokenized(src, raw, cfg, tokenizer, template, labels)
+            ds, why, cut = _tokenized(src, raw, cfg, tokenizer, template, labels)
             parts.append(ds)
             _merge(skipped, notes, why, src, raw)
+            notes += [cut] if cut else []
         train = _mix(parts, cfg)
         if loaded_eval:
-            evals, why = _tokenized(*loaded_eval, cfg, tokenizer, template, labels)
+            evals, why, cut = _tokenized(*loaded_eval, cfg, tokenizer, template, labels)
             _merge(skipped, notes, why, *loaded_eval)
+            notes += [cut] if cut else []
         else:
             train, evals = _split(train, cfg, train_sources[0])
         train = train.add_column("length", [len(ids) for ids in train["input_ids"]])  # for balanced ranks
@@ -213,7 +215,34 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     if n_bad:
         keep = [i for i, why in enumerate(reasons) if not why]
         out = out.select(keep)
-    return out.remove_columns("_skip"), bad
+    cut = _cut(src, out, d)
+    return out.remove_columns(["_skip", "_full"]), bad, cut
+
+
+# config key -> the Columns field a dataset_info.json entry's "columns" maps
+_ENTRY_FIELD = {"instruction_column": "prompt", "output_column": "response", "text_column": "text",
+                "messages_column": "messages"}
+
+
+def _lf_mapped(mapped: set[str]) -> set[str]:
+    return {key for key, f in _ENTRY_FIELD.items() if f in mapped}
+
+
+def _cut(src: Source, out, d) -> str | None:
+    """What data.max_length cut (a note: how many records, the longest, how many lost most of their tokens);
+    an error when more than data.max_truncated_ratio of the records lose over half of their tokens."""
+    lengths = [(f, len(ids)) for f, ids in zip(out["_full"], out["input_ids"]) if f > len(ids)]
+    if not lengths:
+        return None
+    most = sum(1 for f, k in lengths if k < f / 2)
+    longest = max(f for f, _ in lengths)
+    if most > d.max_truncated_ratio * len(out):
+        raise DataError(f"{src.key}={src.path}: {most} of {len(out)} records lose more than half of their tokens to "
+                        f"data.max_length={d.max_length} (the longest has {longest}; more than "
+                        f"data.max_truncated_ratio={d.max_truncated_ratio:g}); raise data.max_length (cutoff_len) "
+                        f"or data.max_truncated_ratio")
+    return (f"data: {src.key}: {len(lengths)} of {len(out)} records are longer than data.max_length="
+            f"{d.max_length} and were cut (the longest has {longest} tokens; {most} lost more than half)")
 
 
 def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None):
@@ -235,7 +264,14 @@ def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str],
             {c.messages, "conversations", "messages"} & set(ds.column_names)):
         raise DataError(f"{src.key}={src.path}: the records hold conversations, not alpaca columns; set "
                         f"data.formatting=sharegpt (or messages, for role/content turns)")
-    require_columns(ds, c.required(src.formatting), src.key, src.path)
+    if src.formatting in ("sharegpt", "messages") and {c.prompt, c.response} <= set(ds.column_names) and (
+            c.messages not in ds.column_names):
+        raise DataError(f"{src.key}={src.path}: the records are alpaca ({c.prompt}/{c.query}/{c.response} columns), "
+                        f"not {src.formatting} turns; set data.formatting=alpaca"
+                        + (f" (or the entry's \"formatting\" in {src.extra['info']})" if src.extra else ""))
+    required = c.required(src.formatting)
+    info = src.extra.get("info") if src.extra and set(required) & _lf_mapped(src.extra["mapped"]) else None
+    require_columns(ds, required, src.key, src.path, info=info)
     if src.formatting == "text":
         return partial(encode.encode_text, tokenizer=tokenizer, column=c.text, max_length=d.max_length)
     return partial(encode.encode_chat, tokenizer=tokenizer, formatting=src.formatting, columns=c,

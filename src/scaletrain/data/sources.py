@@ -4,6 +4,7 @@ Nothing is downloaded: a hub dataset is an error that says to fetch it first."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
@@ -13,6 +14,7 @@ from pathlib import Path
 from scaletrain.config.schema import DataConfig
 from scaletrain.data.formats import FORMATTINGS, Columns
 from scaletrain.errors import DataError
+from scaletrain.textfile import guess_encoding, not_utf8
 
 _SUFFIX_FORMAT = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
                   ".arrow": "arrow"}
@@ -68,7 +70,9 @@ def sources(d: DataConfig, task: str) -> list[Source]:
         columns = Columns.from_config(d, formatting).with_overrides(entry.get("columns", {}), entry.get("tags", {}))
         path = Path(entry["file_name"])
         path = path if path.is_absolute() else info_path.parent / path
-        out.append(Source(name, str(path), key, formatting, columns, num_samples=entry.get("num_samples")))
+        out.append(Source(name, str(path), key, formatting, columns, num_samples=entry.get("num_samples"),
+                          extra={"info": str(info_path), "mapped": set(entry.get("columns", {}))
+                                 | set(entry.get("tags", {}))}))
     return out
 
 
@@ -121,8 +125,9 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
     if not p.exists():
         raise not_found(key, path)
     fmt = file_format(str(p), fmt, key)
-    if p.is_file() and p.stat().st_size == 0:
-        raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
+    if p.is_file() and p.stat().st_size == 0 or _blank(p, fmt):
+        raise DataError(f"{key}={path}: the file has no records (it is empty or blank); point it at a file of "
+                        f"records")
     parse = _as_utf8(p, encoding, key, hf_cache) if fmt in TEXT_FORMATS else p
     loaded = None
     try:
@@ -132,8 +137,9 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
                 ds = ds["train"] if "train" in ds else next(iter(ds.values()))
         else:
             kwargs = {"field": "data"} if fmt == "json" and _has_data_field(parse) else {}
-            ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(parse), split="train", cache_dir=hf_cache,
-                                       keep_in_memory=True, **kwargs)
+            with _quiet_datasets():  # its parser's failures are reported here, in one line naming the file's line
+                ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(parse), split="train", cache_dir=hf_cache,
+                                           keep_in_memory=True, **kwargs)
     except Exception as e:  # noqa: BLE001 - datasets wraps the parser's error several levels deep
         if fmt not in ("json", "jsonl"):
             raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
@@ -144,6 +150,29 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
     return loaded or Loaded(ds, parse, fmt)
 
 
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets logs a parse failure ("Failed to load JSON from file <a private copy> ... in row 16") before it
+    raises; scaletrain words the error itself (with the file's own line), so the log line would be a second,
+    differently numbered message."""
+    import logging
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _blank(p: Path, fmt: str) -> bool:
+    """A text file of whitespace only (datasets says 'Instruction "train" corresponds to no data!')."""
+    if fmt not in TEXT_FORMATS or not p.is_file() or p.stat().st_size > 1 << 20:
+        return False
+    return not p.read_bytes().strip()
+
+
 def _as_utf8(p: Path, encoding: str, key: str, scratch: str) -> Path:
     """The file to parse: itself when it is UTF-8 (checked: the parser would keep invalid bytes as they are), or
     a UTF-8 copy when ``data.encoding`` names another encoding."""
@@ -152,36 +181,23 @@ def _as_utf8(p: Path, encoding: str, key: str, scratch: str) -> Path:
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
             guess = guess_encoding(data)
-            raise DataError(f"{key}={p}: line {line} is not UTF-8 (byte {data[e.start:e.start + 1]!r} at offset "
-                            f"{e.start}); it looks like {guess}: set data.encoding={guess}, or convert the file: "
-                            f"iconv -f {guess} -t utf-8 {p.name} > {p.stem}.utf8{p.suffix}") from None
+            fix = (f"set data.encoding={guess}, or convert the file: iconv -f {guess} -t utf-8 {p.name} > "
+                   f"{p.stem}.utf8{p.suffix}" if guess else f"is {key} the right file?")
+            raise DataError(f"{key}={p}: {not_utf8(data, e)}: {fix}") from None
         return p
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{key}={p}: line {line} is not {encoding} (offset {e.start}); it looks like "
-                        f"{guess_encoding(data)}: fix data.encoding") from None
+        guess = guess_encoding(data)
+        raise DataError(f"{key}={p}: line {line} is not {encoding} (offset {e.start}); "
+                        + (f"it looks like {guess}: set data.encoding={guess}" if guess else
+                           "it is not text in any usual encoding: is it the right file?")) from None
     out = Path(scratch) / "utf8" / p.name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     return out
-
-
-def guess_encoding(data: bytes) -> str:
-    """The encoding a non-UTF-8 text file probably has: a byte-order mark's, else Windows-1252 (the superset of
-    Latin-1 most such files are in) or Latin-1."""
-    for bom, name in ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
-                      (b"\xfe\xff", "utf-16")):
-        if data.startswith(bom):
-            return name
-    try:
-        data.decode("cp1252")
-        return "cp1252"
-    except UnicodeDecodeError:
-        return "latin-1"
 
 
 def _json_records(parse: Path, p: Path, fmt: str, key: str, parser_error: str) -> Loaded:
@@ -252,13 +268,16 @@ def _root_message(e: BaseException) -> str:
     return text[0][:300] if text else type(e).__name__
 
 
-def require_columns(ds, columns: dict[str, str], key: str, path: str, hint: str = "") -> None:
-    """``columns`` maps a config key (``text_column``) to the column name it holds."""
+def require_columns(ds, columns: dict[str, str], key: str, path: str, hint: str = "",
+                    info: str | None = None) -> None:
+    """``columns`` maps a config key (``text_column``) to the column name it holds; ``info``: the
+    dataset_info.json whose entry mapped the columns (the fix is there, not in a data.* key)."""
     have = set(ds.column_names)
     for setting, col in columns.items():
         if col not in have:
+            fix = (f"fix the \"columns\" of this entry in {info}" if info else f"set data.{setting} to one of them")
             raise DataError(f"{key}={path}: column '{col}' is missing (columns: {', '.join(sorted(have))}); "
-                            f"set data.{setting} to one of them{hint}")
+                            f"{fix}{hint}")
 
 
 def content_hash(path: str) -> str:

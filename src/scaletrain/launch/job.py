@@ -32,7 +32,7 @@ from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers
 from scaletrain.model import Vocab, model_dir
 from scaletrain.redact import Redactor
-from scaletrain.rundir import RUN_UMASK, RunDir, create_run_dir
+from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
 from scaletrain.worker.faults import parse_faults
 from scaletrain.worker.spec import JobSpec
 
@@ -59,6 +59,8 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     _quiet_libraries()
     resumed_from = _resume_notes(resume_dir) if resume_dir is not None else []  # in seconds, before anything
     platform = Platform.detect()
+    if resume_dir is None:
+        check_output_dir(cfg.output.output_dir, cfg.output.run_name)  # before the data cache is written there
     pre = preflight(cfg)
     cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")

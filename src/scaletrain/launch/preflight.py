@@ -15,7 +15,15 @@ from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import Shape
 from scaletrain.memory.plan import fit_notes, shape_for
-from scaletrain.model import Vocab, check_lora_target, check_model, load_tokenizer, model_dir, packing_support_error
+from scaletrain.model import (
+    Vocab,
+    check_lora_target,
+    check_model,
+    head_mismatch,
+    load_tokenizer,
+    model_dir,
+    packing_support_error,
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,10 @@ def preflight(cfg: Config) -> Preflight:
         raise ConfigError(f"data.packing: {why}")
     data = prepare_data(cfg, tokenizer)
     cfg = data.resolve(cfg)
+    if (saved := head_mismatch(cfg.model)) is not None:
+        data.notes.append(f"model: the classification head of {cfg.model.name_or_path} has {saved} label(s) and "
+                          f"this run {cfg.model.num_labels}: it is re-initialised at the new size (the rest of "
+                          f"the model is loaded)")
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
     try:
         shape, error = shape_for(cfg, vocab), ""

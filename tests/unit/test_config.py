@@ -146,3 +146,15 @@ def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path):
     path.write_text("model:\n  name_or_path: a\n  name_or_path: b\ndata: {train_file: x}\n")
     with pytest.raises(ConfigError, match=r"key 'name_or_path' is given twice \(lines 2 and 3\)"):
         load_config(path)
+
+
+def test_elastic_range_in_rays_spelling():
+    from scaletrain.config import validate
+
+    base = {"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"}}
+    ray_style = validate({**base, "scaling": {"min_workers": 2, "max_workers": 4, "elastic_batch": "nearest"}}).scaling
+    ours = validate({**base, "scaling": {"num_workers": [2, 4], "elastic_batch": "nearest"}}).scaling
+    assert (ray_style.min_workers, ray_style.max_workers, ray_style.elastic) == (2, 4, True) == (
+        ours.min_workers, ours.max_workers, ours.elastic)
+    with pytest.raises(ConfigError, match=r"scaling.max_workers=4 and scaling.num_workers=3 are both set"):
+        validate({**base, "scaling": {"num_workers": 3, "max_workers": 4}})

@@ -249,6 +249,13 @@ class ScalingConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _range(cls, data):
+        if isinstance(data, dict) and "max_workers" in data:  # Ray's ScalingConfig spelling of the range's top
+            data = dict(data)
+            top = data.pop("max_workers")
+            if "num_workers" in data and data["num_workers"] != top:
+                raise ValueError(f"scaling.max_workers={top} and scaling.num_workers={data['num_workers']} are both "
+                                 f"set; keep one (num_workers: [min, max] or min_workers/max_workers)")
+            data["num_workers"] = top
         if isinstance(data, dict) and isinstance(data.get("num_workers"), (list, tuple)):
             v = list(data["num_workers"])
             if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):

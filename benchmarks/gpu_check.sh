@@ -57,6 +57,11 @@ try:
           "GiB (+", round(p.get("overhead", 0) / 2**30, 2), "GiB runtime), measured",
           round(s["memory/peak_bytes"] / 2**30, 2), "GiB,", s.get("memory/measured_as"), "; ratio",
           round(s["memory/predicted_over_measured"], 3) if s.get("memory/predicted_over_measured") else "n/a")
+    print("precision:", ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in s.items()
+                                  if k.startswith("precision/")))
+    for what, key in (("parameters", "memory/param_bytes_per_rank"), ("optimizer", "memory/optimizer_bytes_per_rank")):
+        held = max(s.get(key) or [0])
+        print(f"{what} held per rank {held / 2**30:.2f} GiB, plan {p.get(what, 0) / 2**30:.2f} GiB")
 except (OSError, KeyError, ValueError) as e:
     print("plan vs measured peak: n/a", type(e).__name__, e)
 PY

@@ -241,16 +241,23 @@ def auto_and_config(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | Non
     return auto, config
 
 
-def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = None, packed: bool = False):
+def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = None, packed: bool = False,
+                frozen_dtype=None):
     """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks.
-    ``packed``: it trains on packed rows, and SDPA attends per example (``attention.py``)."""
+    ``packed``: it trains on packed rows, and SDPA attends per example (``attention.py``). ``frozen_dtype``: the
+    precision policy's storage of frozen weights; trainable parameters are fp32 master weights whatever the
+    checkpoint's dtype (a LoRA base is loaded in ``frozen_dtype`` directly, never upcast on the way)."""
+    import torch
+
+    frozen_dtype = frozen_dtype or torch.float32
+    load_dtype = frozen_dtype if cfg.finetuning_type == "lora" else torch.float32
     auto, config = auto_and_config(cfg, vocab, label_names)
     path = model_dir(cfg.name_or_path)
     if path is None:
         model = auto.from_config(config)
     else:
         # a classification head of another size is re-initialised (said before the run: head_mismatch)
-        model = auto.from_pretrained(str(path), config=config, local_files_only=True,
+        model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=load_dtype,
                                      ignore_mismatched_sizes=head_mismatch(cfg) is not None)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = vocab.pad_id
@@ -260,7 +267,18 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
         isolate_examples(model)
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
+    set_dtypes(model, frozen_dtype)
     return model
+
+
+def set_dtypes(model, frozen_dtype) -> None:
+    """Trainable parameters fp32 (master weights), frozen ones in ``frozen_dtype`` (precision policy)."""
+    import torch
+
+    for p in model.parameters():
+        want = torch.float32 if p.requires_grad else frozen_dtype
+        if p.is_floating_point() and p.dtype != want:
+            p.data = p.data.to(want)
 
 
 def enable_checkpointing(model) -> None:

@@ -30,10 +30,12 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
     if not data.exists():
         data.write_text("\n".join(json.dumps(r) for r in _rows(rows)))
     finetuning = train.pop("finetuning_type", "full")
+    torch_dtype = train.pop("torch_dtype", "auto")
     cfg = validate({
-        "model": {"name_or_path": model, "task": "causal-lm", "dropout": 0.0, "finetuning_type": finetuning},
+        "model": {"name_or_path": model, "task": "causal-lm", "dropout": 0.0, "finetuning_type": finetuning,
+                  "torch_dtype": torch_dtype},
         "data": {"train_file": str(data), "eval_ratio": 0.02, "max_length": max_length, "template": "alpaca",
-                 "packing": True},
+                 "packing": True, "max_truncated_ratio": 1.0},  # its long records are cut on purpose
         "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch,
                   "learning_rate": learning_rate,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
@@ -202,3 +204,37 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     assert sorted(grown) == sorted(fixed) == list(range(1, steps + 1))  # every step once, none skipped
     for step in fixed:  # identical before the resize; after it, float sums in another order
         assert grown[step] == pytest.approx(fixed[step], rel=1e-5 if step <= 10 else 1e-4), step
+
+
+def test_a_bf16_checkpoint_on_two_fsdp_workers_keeps_the_policy_and_the_plans_bytes(tmp_path, ray_local, no_orphans):
+    """The precision policy under FSDP2 on 2 workers, full and LoRA, from a checkpoint saved in bf16, with the CPU
+    bf16 opt-in (model.torch_dtype=bfloat16: FSDP2's MixedPrecisionPolicy over gloo): the dtypes held, the bytes
+    each rank held against the plan's, and final/'s dtype."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scaletrain.model import tiny_llama_tokenizer
+
+    ckpt = tmp_path / "llama-bf16"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False)
+                     ).to(torch.bfloat16).save_pretrained(ckpt)
+    tiny_llama_tokenizer().save_pretrained(ckpt)
+    for tuning in ("full", "lora"):
+        run = _run(tmp_path, f"bf16-{tuning}", model=str(ckpt), strategy="fsdp", bf16=True, steps=3,
+                   finetuning_type=tuning, torch_dtype="bfloat16")
+        summary = json.loads((run / "summary.json").read_text())
+        assert (summary["precision/compute"], summary["precision/trainable_params"],
+                summary["precision/mixed_by"]) == ("bf16", "fp32", "fsdp mixed precision"), summary
+        assert len(train_losses(run)) == 3 and all(x == x for x in train_losses(run))  # finite, every step
+        predicted = summary["memory/predicted"]
+        for held in summary["memory/param_bytes_per_rank"]:
+            assert held == pytest.approx(predicted["parameters"], rel=0.02), (tuning, held, predicted)
+        for held in summary["memory/optimizer_bytes_per_rank"]:
+            assert held == pytest.approx(predicted["optimizer"], rel=0.02), (tuning, held, predicted)
+        if tuning == "full":
+            final = load_file(run / "final" / "model.safetensors")
+            assert {v.dtype for v in final.values()} == {torch.bfloat16}  # the checkpoint's dtype
+            assert summary["precision/final"] == "bf16"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("model.name_or_path=builtin:tiny-llama train.bf16=false train.max_steps=6 train.logging_steps=2 "
-        "data.max_length=64 train.per_device_train_batch_size=4")
+        "data.max_length=64 data.max_truncated_ratio=1 train.per_device_train_batch_size=4")
 
 
 def test_gpu_check_script_on_cpu(ray_local, no_orphans, tmp_path):

@@ -74,6 +74,7 @@ def _data_check(cfg) -> tuple[bool, str, list[str]]:
 
     try:
         pre = preflight(cfg)
+        pre.precision(Platform.detect().has_gpu)
     except ScaletrainError as e:
         return False, str(e), []
     data = pre.data

@@ -37,6 +37,9 @@ class ModelConfig(_Section):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     # Module names to adapt, or "all-linear" (peft's shorthand).
     lora_target: list[str] | Literal["all-linear"] = "all-linear"
+    # Storage dtype of frozen weights (a LoRA base): auto (the compute dtype on GPUs, fp32 on CPU), bfloat16,
+    # float16 or float32; trainable weights are fp32 master weights whatever the checkpoint (scaletrain/precision.py).
+    torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     # Override every dropout probability of the model config (0 makes runs comparable step for step).
     dropout: Optional[float] = Field(None, ge=0, lt=1)
 

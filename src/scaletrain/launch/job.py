@@ -31,6 +31,7 @@ from scaletrain.metrics.logs import EventLog
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers
 from scaletrain.model import Vocab, model_dir
+from scaletrain.precision import final_dtype, set_config_dtype, torch_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
 from scaletrain.worker.faults import parse_faults
@@ -68,6 +69,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
     notes += pre.fit_notes(plan.use_gpu)
+    precision = pre.precision(plan.use_gpu)  # a combination that cannot train: one line, before any worker
     if cfg.train.fsdp_offload and not plan.use_gpu:
         notes.append("train.fsdp_offload: CPU workers keep everything on the host already; nothing to offload")
     run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
@@ -93,7 +95,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
                 _write_report(run_dir)
         if rd.stop.exists():
             raise Interrupted(f"at a checkpoint, as requested; continue with: scaletrain train --resume {run_dir}")
-        finish_final(cfg, run_dir, tokenizer)
+        finish_final(cfg, run_dir, tokenizer, precision.compute)
     finally:
         close_trackers(trackers, run_dir)  # the report, plots and final/ as the trackers' files, then their end
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
@@ -212,8 +214,9 @@ def build_spec(pre: Preflight, run_dir: Path, backend: str) -> JobSpec:
                    memory_shape=pre.memory_shape())
 
 
-def finish_final(cfg: Config, run_dir: Path, tokenizer) -> None:
-    """Complete ``final/``: the tokenizer beside the weights, and a merged model for LoRA when asked."""
+def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -> None:
+    """Complete ``final/``: the tokenizer beside the weights, and a merged model for LoRA when asked (in the
+    dtype the checkpoint came in; ``compute``: the policy's compute dtype, a built-in's final dtype)."""
     final = RunDir(run_dir).final
     tokenizer.save_pretrained(str(final))
     if cfg.model.finetuning_type != "lora":
@@ -241,7 +244,9 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer) -> None:
         from peft import PeftModel
 
         merged = PeftModel.from_pretrained(base, str(final)).merge_and_unload()
-        merged.save_pretrained(str(final / "merged"))
+        dtype = final_dtype(cfg.model, compute)
+        merged.to(torch_dtype(dtype)).save_pretrained(str(final / "merged"))
+        set_config_dtype(final / "merged", dtype)
         tokenizer.save_pretrained(str(final / "merged"))
 
 

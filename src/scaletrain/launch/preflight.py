@@ -24,6 +24,7 @@ from scaletrain.model import (
     model_dir,
     packing_support_error,
 )
+from scaletrain.precision import Policy, final_dtype, policy
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,14 @@ class Preflight:
         if self.shape is None:
             return [f"memory: no estimate for this model ({self.shape_error}); scaletrain plan cannot size it"]
         return fit_notes(self.cfg, self.shape, use_gpu)
+
+    def precision(self, use_gpu: bool) -> Policy:
+        """The precision policy on the devices the job was placed on (a GPU assumed to support bf16 here; the
+        worker asks its own device), checking the combination and the checkpoint's stored dtype."""
+        t = self.cfg.train
+        prec = policy("gpu" if use_gpu else "cpu", t.bf16, t.fp16, self.cfg.model.torch_dtype, t.strategy)
+        final_dtype(self.cfg.model, prec.compute)
+        return prec
 
     def memory_shape(self) -> dict | None:
         """The shape as the job spec carries it to the workers (they estimate for their own world size)."""

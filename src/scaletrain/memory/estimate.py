@@ -9,7 +9,9 @@ Peak = weights + optimizer state + (DDP) gradient buckets + (FSDP) gathered para
   - the start of backward: every saved activation + the gradient of the fp32 logits,
   - the end of backward: every gradient + the first block's activations,
 and, on a CPU (the host is the device), the build: every rank builds the full fp32 model before it is sharded.
-The model is built in fp32: weights 4 bytes per parameter, AdamW 8 bytes per trainable parameter, gradients 4.
+Bytes per parameter follow the run's precision policy (scaletrain/precision.py): trainable weights are fp32
+masters (4), frozen ones in their storage dtype (2 for a bf16 LoRA base on a GPU), AdamW 8 per trainable
+parameter, gradients 4.
 FSDP shards weights, gradients and optimizer state over its shard group and gathers one block (and the next,
 prefetched) in the compute dtype, with the collectives' copy-in and reduce-scatter output buffers;
 ``fsdp_reshard_after_forward: false`` keeps every block gathered through backward; offload moves the shards to
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 
 from scaletrain.config.schema import Config
 from scaletrain.model import Vocab
+from scaletrain.precision import BYTES, policy
 
 GIB = 2**30
 GPU_OVERHEAD_BYTES = 1.0 * GIB  # CUDA/HIP context, cuBLAS/hipBLASLt workspaces, NCCL/RCCL buffers
@@ -186,9 +189,12 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     """Peak bytes per device of ``cfg`` on ``world_size`` devices of kind ``device`` ("cpu" or a GPU)."""
     t = cfg.train
     gpu = device != "cpu"
-    half = gpu and (t.bf16 or t.fp16)
+    # the run's own precision policy: trainable fp32 masters, frozen weights in its storage dtype
+    prec = policy("gpu" if gpu else "cpu", t.bf16, t.fp16, cfg.model.torch_dtype, t.strategy)
+    half = prec.compute != "fp32"
     act_scale = 0.5 if half else 1.0  # autocast keeps most saved activations in 16 bits
-    weights, trainable = shape.total * BYTES_FP32, shape.trainable
+    trainable = shape.trainable
+    weights = trainable * BYTES[prec.master] + (shape.total - trainable) * BYTES[prec.frozen]
     fsdp = t.strategy == "fsdp" and world_size > 1
     group = min(t.fsdp_shard_size or world_size, world_size) if fsdp else 1
     compute_bytes = 2 if half else BYTES_FP32
@@ -221,7 +227,7 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     grads_at_peak = grads if when == "backward end" else 0
     activations = phases[when] - grads_at_peak
     build = 0
-    if not gpu:  # the full fp32 model on every rank, then (FSDP) its shards beside it
+    if not gpu:  # the full model on every rank, then (FSDP) its shards beside it
         build = weights + (weights // group if fsdp else 0)
     return Breakdown(parameters=params, gradients=grads_at_peak, optimizer=optim, activations=activations,
                      buffers=buffers, overhead=int(GPU_OVERHEAD_BYTES) if gpu else 0, host=host, build=build,

@@ -96,3 +96,15 @@ def _cpu_measure(cfg) -> str:
         return what + f" ({MALLOC_MMAP_THRESHOLD}={cfg.comm.env[MALLOC_MMAP_THRESHOLD]}: freed tensors leave it)"
     return what + (f"; freed memory glibc keeps counts too (an upper bound): comm.env.{MALLOC_MMAP_THRESHOLD}=65536 "
                    f"measures the live peak, at a cost in speed")
+
+
+def held_bytes(model, optimizer) -> tuple[int, int]:
+    """The bytes of parameters and of optimizer state this rank holds (its shards under FSDP), as they are:
+    what the plan's parameter and optimizer figures predict."""
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    params = sum(local(p).numel() * local(p).element_size() for p in model.parameters())
+    optim = sum(local(v).numel() * local(v).element_size() for state in optimizer.state.values()
+                for v in state.values() if torch.is_tensor(v) and v.dim() > 0)  # not the scalar step counts
+    return params, optim

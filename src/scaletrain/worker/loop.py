@@ -17,11 +17,12 @@ from scaletrain.config.batch import for_world_size
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
 from scaletrain.errors import StorageError
-from scaletrain.memory.measure import memory_summary
+from scaletrain.memory.measure import held_bytes, memory_summary
 from scaletrain.metrics.gpu import reader_for
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
+from scaletrain.precision import final_dtype, set_config_dtype, torch_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir
 from scaletrain.worker.evaluate import evaluate
@@ -178,11 +179,16 @@ def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict
     t.checkpointer.flush()  # an async save still being written
     final_eval = run_eval(t, data, metrics, events, clock, final=True)
     t.beat.enter("final", t.progress.step)
-    save_final(t)
+    dtype = save_final(t)
     summary = metrics.summary(train_time, clock.eval_s, final_eval)
-    peaks = [r[0] for r in all_gather_floats([float(t.memory.peak_bytes())], t.ctx.device)]
+    held = held_bytes(t.model, t.optimizer)
+    ranks = all_gather_floats([float(t.memory.peak_bytes()), *map(float, held)], t.ctx.device)
     if t.ctx.is_main:
-        summary.update(memory_summary(t.cfg, t.spec.memory_shape, t.ctx.world_size, t.ctx.device, peaks))
+        summary.update(memory_summary(t.cfg, t.spec.memory_shape, t.ctx.world_size, t.ctx.device,
+                                      [r[0] for r in ranks]))
+        summary.update({**t.precision.policy.table(), "precision/final": dtype,
+                        "memory/param_bytes_per_rank": [int(r[1]) for r in ranks],
+                        "memory/optimizer_bytes_per_rank": [int(r[2]) for r in ranks]})
         t.run_dir.summary.write_text(json.dumps(summary, indent=1))
         events("finish", f"train {train_time:.1f}s, eval {clock.eval_s:.1f}s, {_fmt(final_eval)}")
     return summary
@@ -249,13 +255,22 @@ def _next_window(batches, accum: int, metrics: Meter) -> list[dict] | None:
     return window
 
 
-def save_final(t: Trainer) -> None:
-    """``final/``: a transformers (or peft adapter) directory loadable with from_pretrained."""
+def save_final(t: Trainer) -> str:
+    """``final/``: a transformers (or peft adapter) directory loadable with from_pretrained, a full model in the
+    dtype its checkpoint came in (an adapter as peft saves it, fp32). Returns that dtype."""
     state = full_model_state(t.model, trainable_only=False)  # collective under FSDP
+    dtype = final_dtype(t.cfg.model, t.precision.policy.compute) if not t.lora else "fp32"
     if t.ctx.is_main:
-        unwrap(t.model).save_pretrained(str(t.run_dir.final), state_dict=state, safe_serialization=True)
+        model = unwrap(t.model)
+        if not t.lora:
+            target = torch_dtype(dtype)
+            state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+        model.save_pretrained(str(t.run_dir.final), state_dict=state, safe_serialization=True)
+        if not t.lora:  # transformers writes the dtype of the (fp32 master) model it saves from
+            set_config_dtype(t.run_dir.final, dtype)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+    return dtype
 
 
 def _write_pid(run_dir: str, ctx: DistContext) -> None:

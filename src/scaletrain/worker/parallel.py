@@ -12,9 +12,10 @@ from torch import nn
 from scaletrain.comm.context import DistContext
 from scaletrain.config.schema import TrainConfig
 from scaletrain.model import enable_checkpointing, transformer_blocks
+from scaletrain.precision import Policy
 
 
-def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig) -> nn.Module:
+def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig, precision: Policy | None = None) -> nn.Module:
     if train.gradient_checkpointing:
         enable_checkpointing(model)  # before fully_shard: FSDP2 then shards the checkpointed blocks
     strategy = train.strategy
@@ -27,7 +28,7 @@ def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig) -> nn.Mod
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, **no_forward_buffer_sync())
     from torch.distributed.fsdp import fully_shard
 
-    kwargs = {"mesh": device_mesh(ctx, train.fsdp_shard_size), **fsdp_policies(train, ctx.device)}
+    kwargs = {"mesh": device_mesh(ctx, train.fsdp_shard_size), **fsdp_policies(train, ctx.device, precision)}
     # Shard each transformer block separately so only one block is gathered at a time, then the rest.
     for block in transformer_blocks(model):
         fully_shard(block, reshard_after_forward=train.fsdp_reshard_after_forward, **kwargs)
@@ -46,14 +47,14 @@ def device_mesh(ctx: DistContext, shard_size: int | None):
     return init_device_mesh(kind, (ctx.world_size // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
 
 
-def fsdp_policies(train: TrainConfig, device: str) -> dict:
-    """FSDP2 mixed precision (GPU: parameters gathered in bf16/fp16 for compute, gradients reduced in fp32;
-    the sharded master weights and the optimizer state stay fp32) and host offload."""
+def fsdp_policies(train: TrainConfig, device: str, precision: Policy | None = None) -> dict:
+    """FSDP2 mixed precision as the precision policy says (parameters gathered in its compute dtype, gradients
+    reduced in fp32; the sharded master weights and the optimizer state stay fp32) and host offload."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     out = {}
-    if device != "cpu" and (train.bf16 or train.fp16):
-        out["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if train.bf16 else torch.float16,
+    if precision is not None and precision.compute != "fp32":
+        out["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.torch_dtype("compute"),
                                                 reduce_dtype=torch.float32)
     if train.fsdp_offload and device != "cpu":  # on CPU workers the device is the host already (job.py says so)
         out["offload_policy"] = CPUOffloadPolicy()

@@ -1,4 +1,4 @@
-"""Mixed precision: bf16/fp16 autocast where the device supports it (fp16 with a grad scaler); fp32 on CPU."""
+"""The precision policy at run time (scaletrain/precision.py decides it): autocast, the grad scaler, the dtypes."""
 
 from __future__ import annotations
 
@@ -7,22 +7,31 @@ import contextlib
 import torch
 
 from scaletrain.config.schema import Config
+from scaletrain.precision import Policy, policy
+
+
+def device_policy(cfg: Config, device: str) -> Policy:
+    """The policy for this worker's device (a GPU's bf16/fp16 support asked of torch)."""
+    on_gpu = device.startswith("cuda")
+    bf16_ok = bool(on_gpu and torch.cuda.is_bf16_supported())
+    t = cfg.train
+    return policy("gpu" if on_gpu else "cpu", t.bf16, t.fp16, cfg.model.torch_dtype, t.strategy,
+                  bf16_supported=bf16_ok or not on_gpu)
 
 
 class Precision:
-    """bf16/fp16 autocast where the device supports it; fp32 on CPU with a note."""
+    """Autocast in the policy's compute dtype (fp16 with a grad scaler); nothing in fp32."""
 
     def __init__(self, cfg: Config, device: str):
-        on_gpu = device.startswith("cuda")
-        wanted = "bf16" if cfg.train.bf16 else "fp16" if cfg.train.fp16 else None
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wanted) if on_gpu else None
-        self.device_type = "cuda" if on_gpu else "cpu"
-        self.scaler = torch.amp.GradScaler("cuda") if on_gpu and wanted == "fp16" else None
-        self.dtype_name = wanted if self.dtype is not None else "fp32"
-        if wanted and not on_gpu:
-            self.note = f"{wanted} requested but training on CPU: using fp32"
-        else:
-            self.note = f"precision {wanted or 'fp32'}"
+        self.policy = device_policy(cfg, device)
+        self.device_type = "cuda" if device.startswith("cuda") else "cpu"
+        half = self.policy.compute != "fp32"
+        # under FSDP the mixed-precision policy casts the parameters; autocast still covers what FSDP does not
+        # own (the loss's own ops), as torchtitan does
+        self.dtype = self.policy.torch_dtype("compute") if half else None
+        self.scaler = torch.amp.GradScaler("cuda") if self.policy.scaler else None
+        self.dtype_name = self.policy.compute
+        self.note = self.policy.note
 
     def autocast(self):
         if self.dtype is None:

@@ -106,20 +106,22 @@ class Trainer:
         ctx, f = self.ctx, self.facts
         return (f"{ctx.world_size} x {ctx.device} ({ctx.backend}); {f.trainable:,} of {f.total:,} parameters "
                 f"trainable; global batch {global_batch(self.cfg.train, ctx.world_size)}; "
-                f"{self.spec.total_steps} steps; lr {self.spec.learning_rate:g}; {self.precision.note}")
+                f"{self.spec.total_steps} steps; lr {self.spec.learning_rate:g}; {self.precision.note} ("
+                + ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in self.precision.policy.table().items())
+                + ")")
 
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat) -> Trainer:
     preload(lora=cfg.model.finetuning_type == "lora")  # imports before the memory baseline: no training memory
     memory = PeakMemory(ctx.device)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
-    model = build_model(cfg.model, spec.vocab, cfg.data.label_names,
-                        packed=cfg.data.packing)
+    precision, progress = Precision(cfg, ctx.device), TrainState()
+    model = build_model(cfg.model, spec.vocab, cfg.data.label_names, packed=cfg.data.packing,
+                        frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
-    model = wrap_model(model, ctx, cfg.train)
+    model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
-    precision, progress = Precision(cfg, ctx.device), TrainState()
     checkpointer = Checkpointer(RunDir(spec.run_dir).checkpoints, ctx, cfg.checkpoint, model, optimizer,
                                 trainable_only=cfg.model.finetuning_type == "lora",
                                 states={"train_state": progress, "scheduler": scheduler, "scaler": precision.scaler})

@@ -97,6 +97,21 @@ def read_model_config(path: Path, name: str) -> dict:
     return config
 
 
+def plan_vocab(name_or_path: str) -> Vocab:
+    """The vocabulary `plan` needs: the tokenizer's when it is there, else config.json's ``vocab_size`` and
+    ``pad_token_id`` (a directory with only config.json answers "will it fit?" before a 16 GB download)."""
+    path = model_dir(name_or_path)
+    if path is None or any((path / t).is_file() for t in TOKENIZER_FILES):
+        return Vocab.of(load_tokenizer(name_or_path))
+    config = read_model_config(path, name_or_path)
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ConfigError(f"model.name_or_path={name_or_path}: config.json has no vocab_size and the directory no "
+                          f"tokenizer; add the tokenizer files")
+    pad = config.get("pad_token_id")
+    return Vocab(vocab, pad if isinstance(pad, int) else 0)
+
+
 def head_mismatch(cfg: ModelConfig) -> int | None:
     """The label count of a checkpoint's classification head when it differs from ``model.num_labels`` (the
     head is then re-initialised at the new size), else None."""

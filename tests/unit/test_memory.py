@@ -69,13 +69,11 @@ def test_the_meta_pass_counts_fused_attention_not_the_seq_by_seq_weights(vocab):
 def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
     from transformers import LlamaConfig
 
-    from scaletrain.model import tiny_llama_tokenizer
-
     d = tmp_path / "llama8b"
     LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                tie_word_embeddings=False).save_pretrained(d)  # config only: no weights
-    tiny_llama_tokenizer().save_pretrained(d)
+                tie_word_embeddings=False).save_pretrained(d)  # config only: no weights, no tokenizer
+    assert sorted(p.name for p in d.iterdir()) == ["config.json"]
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: {{name_or_path: {d}, task: causal-lm, finetuning_type: lora, lora_rank: 16}}\n"
                    f"data: {{train_file: x.jsonl, max_length: 4096}}\n"
@@ -101,6 +99,12 @@ def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
                            "model.finetuning_type=full", "train.gradient_checkpointing=false"],
                           capture_output=True, text=True, timeout=120)
     assert full.returncode != 0
+    lines = full.stdout.splitlines()
+    assert lines and max(map(len, lines)) <= 80, full.stdout  # readable in an 80-column terminal or log
+    head = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["devices"])
+    assert lines[head].split() == ["devices", "peak", "GiB", "largest", "part", "fits", "step", "s", "speedup"]
+    row = lines[head + 1].split()
+    assert row[0] == "1" and row[1] == f"{float(row[1]):.1f}"  # whole numbers, never cut
     last = full.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the job fits none of --gpus 1 on H100-SXM") and "train.strategy=fsdp" in last
 

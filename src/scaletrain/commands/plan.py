@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--device", help="mi300x, mi325x, mi355x, mi250x, mi210, a100, a100-40gb, h100, h200, b200 or "
                                     "cpu (default: this machine's)")
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--json", action="store_true", help="the numbers as JSON")
+    p.add_argument("--json", action="store_true", help="the numbers as JSON (everything)")
+    p.add_argument("--all", action="store_true", help="also the table of memory levers (wider than 80 columns)")
     p.set_defaults(func=run)
 
 
@@ -29,14 +30,12 @@ def _this_device():
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.table import Table
 
     from scaletrain.commands.scale import parse_workers
     from scaletrain.config import load_config
-    from scaletrain.console import console
     from scaletrain.memory.estimate import GIB, estimate
     from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
-    from scaletrain.model import Vocab, load_tokenizer, model_dir
+    from scaletrain.model import plan_vocab
     from scaletrain.scaling.predict import PROFILES, Inputs, table
 
     cfg = load_config(args.config, args.overrides)
@@ -44,9 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node {args.gpus_per_node}: must be >= 1")
     device = device_named(args.device) if args.device else _this_device()
-    model_dir(cfg.model.name_or_path)
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    shape = shape_for(cfg, Vocab.of(tokenizer))
+    shape = shape_for(cfg, plan_vocab(cfg.model.name_or_path))
     kind = "cpu" if device.key == "cpu" else "gpu"
     rows = []
     for name, c in variants(cfg):
@@ -76,27 +73,51 @@ def run(args: argparse.Namespace) -> int:
                           "verdicts": {n: v[1] for n, v in verdicts.items()}, "timing": timing,
                           "assumed_mfu": ASSUMED_MFU if compute is not None else None}, indent=1))
     else:
-        console.print(f"scaletrain plan: {cfg.model.name_or_path} on {device.key} ({device.memory_bytes / GIB:.0f} "
-                      f"GiB per device); GiB per device (weights, gradients, optimizer state, activations, "
-                      f"buffers, runtime overhead)", soft_wrap=True)
-        t = Table(pad_edge=False, padding=(0, 1))
-        for col in ("variant", "n", "weights", "grads", "optim", "activ", "buffers", "overhd", "peak", "at", "fits"):
-            t.add_column(col, justify="left" if col in ("variant", "at") else "right", no_wrap=True)
-        for r in rows:
-            t.add_row(r["variant"], str(r["devices"]), *(f"{r[k]:.1f}" for k in (
-                "parameters", "gradients", "optimizer", "activations", "buffers", "overhead", "peak")),
-                      r["peak_phase"], "yes" if r["fits"] else "[red]no[/]")
-        console.print(t, crop=False)
-        for n, (ok, text) in verdicts.items():
-            console.print(f"{n} device(s): {'[green]' if ok else '[red]'}{text}[/]", soft_wrap=True)
-        for r in timing:
-            extra = (f", speedup {r['speedup']:.2f}x, efficiency {r['efficiency']:.0%}" if "speedup" in r else
-                     f" ({r['note']})")
-            console.print(f"{r['workers']} device(s): step {r['step_time_s']:.3f} s{extra}", soft_wrap=True)
-        if compute is not None:
-            console.print(f"(compute at an assumed {ASSUMED_MFU:.0%} MFU of {device.key}'s peak {dtype})",
-                          soft_wrap=True)
+        _print(cfg, device, rows, verdicts, timing, compute, dtype, args.all)
     if not any(ok for ok, _ in verdicts.values()):
         raise ConfigError(f"the job fits none of --gpus {args.gpus} on {device.key}: "
                           f"{verdicts[sizes[-1]][1].split('; ', 1)[1]}")
     return 0
+
+
+WIDTH = 80  # the default output fits a terminal or a log of this width; numbers are never cut
+
+
+def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool) -> None:
+    """The configured job, one line per world size (peak, what dominates, fits, step time, speedup), then the
+    verdicts wrapped at 80 columns; ``--all`` adds the variant table."""
+    import textwrap
+
+    from scaletrain.memory.plan import ASSUMED_MFU
+
+    gib = device.memory_bytes / 2**30
+    say = lambda text: print(textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False,
+                                           break_on_hyphens=False))
+    say(f"scaletrain plan: {cfg.model.name_or_path} on {device.key} ({gib:.0f} GiB per device), {dtype}")
+    timed = {r["workers"]: r for r in timing}
+    print(f"{'devices':>7} {'peak GiB':>9}  {'largest part':<26} {'fits':<4} {'step s':>7} {'speedup':>8}")
+    parts = ("parameters", "gradients", "optimizer", "activations", "buffers", "overhead")
+    for r in (r for r in rows if r["variant"] == "configured"):
+        largest = max(parts, key=lambda k: r[k])
+        what = f"{largest} {r[largest]:.1f}" + (f" ({r['peak_phase']})" if largest == "activations" else "")
+        t = timed.get(r["devices"], {})
+        step = f"{t['step_time_s']:.3f}" if "step_time_s" in t else "-"
+        speed = f"{t['speedup']:.2f}x" if "speedup" in t else "-"
+        print(f"{r['devices']:>7} {r['peak']:>9.1f}  {what:<26} {'yes' if r['fits'] else 'no':<4} {step:>7} "
+              f"{speed:>8}")
+    for n, (_, text) in verdicts.items():
+        say(f"{n} device(s): {text}")
+    notes = {r["note"] for r in timing if r.get("note")}
+    for note in sorted(notes):
+        say(f"step time: {note}")
+    if compute is not None:
+        say(f"(compute at an assumed {ASSUMED_MFU:.0%} MFU of {device.key}'s peak {dtype})")
+    if show_all:
+        print()
+        print(f"{'variant':<18} {'n':>3} " + " ".join(f"{c:>7}" for c in ("weights", "grads", "optim", "activ",
+                                                                            "buffers", "overhd", "peak"))
+              + "  at             fits")
+        for r in rows:
+            print(f"{r['variant']:<18} {r['devices']:>3} " + " ".join(f"{r[k]:>7.1f}" for k in (
+                "parameters", "gradients", "optimizer", "activations", "buffers", "overhead", "peak"))
+                  + f"  {r['peak_phase']:<14} {'yes' if r['fits'] else 'no'}")

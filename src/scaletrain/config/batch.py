@@ -108,3 +108,20 @@ def total_steps(num_train: int, cfg: Config, world_size: int) -> int:
 
 def warmup_steps(train: TrainConfig, total: int) -> int:
     return train.warmup_steps or int(math.ceil(train.warmup_ratio * total))
+
+
+# --- the causal-LM loss chunk (worker/loss.py), from the vocabulary ----------------------------------------
+MAX_CHUNK_LOGITS_BYTES = 2**28  # one chunk's fp32 logits, at most (a 128k vocabulary: 512 tokens, 256 MiB)
+PLAIN_BELOW_VOCAB = 32000  # below (not Llama-2 and up): the whole logits are small beside the activations
+
+
+def default_chunk_tokens(vocab_size: int) -> int:
+    """``train.loss_chunk_tokens`` when unset: chunks for vocabularies of 32k and more, the plain path below."""
+    if vocab_size < PLAIN_BELOW_VOCAB:
+        return 0
+    return max(128, MAX_CHUNK_LOGITS_BYTES // (4 * vocab_size))
+
+
+def chunk_tokens_for(setting: int | None, vocab_size: int) -> int:
+    """``train.loss_chunk_tokens`` resolved: its value, or the default for the vocabulary (0: the plain path)."""
+    return default_chunk_tokens(vocab_size) if setting is None else setting

@@ -198,6 +198,10 @@ class TrainConfig(_Section):
     warmup_ratio: float = Field(0.0, ge=0, le=1)
     warmup_steps: int = Field(0, ge=0)
     max_grad_norm: float = Field(1.0, ge=0)
+    # causal LM: the output projection and cross-entropy run this many target tokens at a time, so the whole
+    # [tokens x vocab] logits never exist (worker/loss.py); unset: chosen from the vocabulary (chunks from 32k
+    # tokens up); 0: the plain loss
+    loss_chunk_tokens: Optional[int] = Field(None, ge=0)
     bf16: bool = False
     fp16: bool = False
     logging_steps: int = Field(10, ge=1)

@@ -53,6 +53,7 @@ class Shape:
     act_outside: int  # bytes saved outside the blocks (embeddings, final norm, head, loss)
     logits: int  # bytes of the fp32 logits (their gradient is the largest buffer at the start of backward)
     eval_logits: int  # the same at the eval batch size
+    act_loss: int = 0  # bytes the plain loss keeps for backward (the fp32 logits' log-softmax), not in act_outside
 
 
 @dataclass(frozen=True)
@@ -119,14 +120,15 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
     param_ids = {id(p) for p in params}
     seen: dict[int, torch.Tensor] = {}  # kept alive so that ids stay unique during the pass
     where = {"block": None}
-    saved = {"blocks": 0, "outside": 0}
+    saved = {"blocks": 0, "outside": 0, "loss": 0}
 
     def pack(t: torch.Tensor):
         base = t._base if t._base is not None else t
         if id(base) in param_ids or id(t) in param_ids or id(base) in seen:
             return t
         seen[id(base)] = base
-        saved["outside" if where["block"] is None else "blocks"] += base.numel() * base.element_size()
+        part = {None: "outside", "loss": "loss"}.get(where["block"], "blocks")
+        saved[part] += base.numel() * base.element_size()
         return t
 
     hooks = []
@@ -137,8 +139,10 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
     with _no_data_dependent_checks(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         if cfg.model.task == "causal-lm":
             logits = model(input_ids=ids, use_cache=False).logits
+            where["block"] = "loss"  # what the plain loss keeps: none of it with the chunked loss
             shifted = logits[:, :-1].float()
             F.cross_entropy(shifted.reshape(-1, shifted.size(-1)), ids[:, 1:].reshape(-1), reduction="sum")
+            where["block"] = None
         else:
             logits = model(input_ids=ids).logits  # no mask: transformers would inspect it with .item()
     for h in hooks:
@@ -152,7 +156,7 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
     return Shape(total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
                  layers=len(blocks), hidden=hidden, block_params=block_params, block_trainable=block_trainable,
                  act_blocks=saved["blocks"], act_block_inputs=len(blocks) * batch * seq * hidden * BYTES_FP32,
-                 act_outside=saved["outside"],
+                 act_outside=saved["outside"], act_loss=saved["loss"],
                  logits=batch * (seq if causal else 1) * per_token_logits,
                  eval_logits=eval_batch * (seq if causal else 1) * per_token_logits)
 
@@ -183,6 +187,22 @@ def _no_data_dependent_checks():
         if masking is not None and hasattr(masking, "find_packed_sequence_indices"):
             stack.enter_context(mock.patch.object(masking, "find_packed_sequence_indices", lambda *a, **k: None))
         yield
+
+
+def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
+    """(the logits' gradient at the start of backward, what the loss keeps for backward, the evaluation's
+    peak): the whole fp32 logits on the plain path; one chunk's logits and softmax with the chunked loss
+    (worker/loss.py), which keeps nothing of them for backward."""
+    from scaletrain.config.batch import chunk_tokens_for
+
+    t, seq = cfg.train, cfg.data.max_length
+    tokens = t.per_device_train_batch_size * seq
+    per_token = shape.logits // max(1, tokens)
+    chunk = chunk_tokens_for(t.loss_chunk_tokens, per_token // BYTES_FP32) if cfg.model.task == "causal-lm" else 0
+    if not chunk:
+        return shape.logits, shape.act_loss, 2 * shape.eval_logits  # eval: the fp32 logits and their softmax
+    eval_tokens = t.per_device_eval_batch_size * seq
+    return 2 * min(tokens, chunk) * per_token, 0, 2 * min(eval_tokens, chunk) * per_token
 
 
 def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") -> Breakdown:
@@ -219,9 +239,9 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     else:
         kept = shape.act_blocks + shape.act_outside
     kept = int(kept * act_scale)
-    start_of_backward = kept + shape.logits
+    logits_grad, loss_kept, evaluation = loss_terms(cfg, shape)
+    start_of_backward = kept + loss_kept + logits_grad
     end_of_backward = grads + int(per_block * act_scale)
-    evaluation = 2 * shape.eval_logits  # the fp32 logits and their softmax, no saved activations
     phases = {"backward start": start_of_backward, "backward end": end_of_backward, "eval": evaluation}
     when = max(phases, key=phases.get)
     grads_at_peak = grads if when == "backward end" else 0

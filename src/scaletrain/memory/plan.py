@@ -77,11 +77,16 @@ def verdict(cfg: Config, shape: Shape, n: int, device: Device) -> tuple[bool, st
 
 
 def advice(cfg: Config, shape: Shape, n: int, device: Device, most: int = 64) -> str:
-    """The smallest change that fits: a memory lever at this size, else the fewest devices with FSDP."""
+    """The smallest change that fits, in the order of least cost: the chunked loss, a smaller eval batch, a memory
+    lever at this size, else the fewest devices with FSDP."""
     kind = "cpu" if device.key == "cpu" else "gpu"
     fits = lambda c, k: estimate(c, shape, k, kind).peak <= device.memory_bytes
     levers = dict(variants(cfg)[1:])
     now = estimate(cfg, shape, n, kind)
+    if cfg.model.task == "causal-lm" and cfg.train.loss_chunk_tokens == 0:
+        chunked = cfg.model_copy(update={"train": cfg.train.model_copy(update={"loss_chunk_tokens": None})})
+        if fits(chunked, n):
+            return "unset train.loss_chunk_tokens (the loss then runs chunk by chunk, never the whole logits)"
     if now.peak_phase == "eval":
         smaller = cfg.model_copy(update={"train": cfg.train.model_copy(update={"per_device_eval_batch_size": 1})})
         if fits(smaller, n):

@@ -6,6 +6,7 @@ on the world size beyond float summation order.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from scaletrain.comm.context import DistContext
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs
+from scaletrain.worker.loss import chunked_labels, is_installed
 from scaletrain.worker.parallel import all_reduce_sum
 
 if TYPE_CHECKING:
@@ -39,16 +41,20 @@ def evaluate_model(model, data, collate: Collator, ctx: DistContext, batch_size:
     per_rank = math.ceil(len(data) / ctx.world_size)
     n_batches = math.ceil(per_rank / batch_size)
     loss_sum = correct = count = 0.0
+    chunked = task == "causal-lm" and is_installed(model)  # the same token-loss sums, never the whole logits
     for b in range(n_batches):
         idx = mine[b * batch_size:(b + 1) * batch_size]
         weight = 1.0 if idx else 0.0
         batch = collate([data[i] for i in (idx or [0])])
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
-        with autocast():
+        labels = batch["labels"]
+        with autocast(), chunked_labels(model, labels) if chunked else contextlib.nullcontext():
             extra = {"use_cache": False} if task == "causal-lm" else {}  # packed rows: bounds from position_ids
             logits = model(**model_inputs(batch, labels=False), **extra).logits.float()
-        labels = batch["labels"]
-        if task == "causal-lm":
+        if chunked:
+            loss = logits  # the token-loss sum
+            n = (labels[:, 1:] != IGNORE_INDEX).sum().item()
+        elif task == "causal-lm":
             shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
             loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
                                    ignore_index=IGNORE_INDEX, reduction="sum")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.worker.breakdown import device_sync, time_without_sync
+from scaletrain.worker.loss import chunked_labels
 from scaletrain.worker.parallel import all_reduce_async, grad_sync
 from scaletrain.worker.trainer import Trainer
 
@@ -51,6 +52,10 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.
     if tokens_per_rank is None:
         return t.model(**model_inputs(batch)).loss / n_micro
     # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one
+    if t.chunked_loss:  # the output layer returns the token-loss sum, chunk by chunk (worker/loss.py)
+        with chunked_labels(t.model, batch["labels"]):
+            loss_sum = t.model(**model_inputs(batch, labels=False), use_cache=False).logits
+        return loss_sum / tokens_per_rank()
     logits = t.model(**model_inputs(batch, labels=False), use_cache=False).logits
     return token_loss_sum(logits, batch["labels"]) / tokens_per_rank()
 

@@ -16,12 +16,14 @@ import torch
 from scaletrain.checkpoint import Checkpointer, Restored
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
-from scaletrain.config.batch import global_batch
+from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import build_model, count_parameters, preload
 from scaletrain.rundir import RunDir
+from scaletrain.worker.loss import install as install_chunked_loss
+from scaletrain.worker.loss import is_installed, output_layer
 from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
@@ -99,6 +101,11 @@ class Trainer:
                                                            "accumulation": self.cfg.train.gradient_accumulation_steps})
 
     @property
+    def chunked_loss(self) -> bool:
+        """The causal-LM loss runs chunk by chunk through the output layer (worker/loss.py)."""
+        return is_installed(self.model)
+
+    @property
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
@@ -108,7 +115,8 @@ class Trainer:
                 f"trainable; global batch {global_batch(self.cfg.train, ctx.world_size)}; "
                 f"{self.spec.total_steps} steps; lr {self.spec.learning_rate:g}; {self.precision.note} ("
                 + ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in self.precision.policy.table().items())
-                + ")")
+                + ")" + (f"; loss in chunks of {output_layer(self.model).chunk_tokens} tokens (the whole logits never "
+                         f"materialised)" if self.chunked_loss else ""))
 
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat) -> Trainer:
@@ -120,6 +128,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
                         frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
+    if cfg.model.task == "causal-lm" and (chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, spec.vocab.size)):
+        install_chunked_loss(model, chunk)  # before wrapping: DDP and FSDP then see an ordinary output layer
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
     checkpointer = Checkpointer(RunDir(spec.run_dir).checkpoints, ctx, cfg.checkpoint, model, optimizer,

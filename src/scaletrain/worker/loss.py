@@ -1,0 +1,131 @@
+"""The causal-LM loss without the whole [tokens x vocab] logits: the output projection and the cross-entropy run
+chunk by chunk, and backward recomputes each chunk's logits instead of keeping them.
+
+One 4096-token sequence of a 128k-vocabulary model has 2.1 GB of fp32 logits before softmax and its gradient;
+chunks of ``train.loss_chunk_tokens`` hold one chunk's at a time (torchtune's chunked loss, Liger's fused linear
+cross-entropy and Apple's cut-cross-entropy exist for this). Written here, not taken from those libraries: it has
+to be a drop-in for the output layer *inside* the model's forward, so that DDP's and FSDP2's hooks see an
+ordinary forward and backward (FSDP gathers the output layer's weight for it as for any linear), and it computes
+the token-loss sum that the token-weighted normalisation (worker/step.py) divides, over target tokens only.
+
+The output layer's ``forward`` is replaced on the instance (parameter names, checkpoints and ``final/`` are
+unchanged); with ``head.labels`` set (``chunked_labels``) it returns the sum of the target tokens' losses (fp32)
+instead of logits, else it is the plain linear (generation, classification, the plain path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+import torch.nn.functional as F
+
+from scaletrain.data import IGNORE_INDEX
+from scaletrain.errors import ConfigError
+
+
+def output_layer(model) -> torch.nn.Linear:
+    """The causal LM's output projection; an error naming it when it is not a plain linear layer."""
+    model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    cap = getattr(getattr(base, "config", None), "final_logit_softcapping", None)
+    if cap:
+        raise ConfigError(f"train.loss_chunk_tokens: {type(base).__name__} soft-caps its logits "
+                          f"(final_logit_softcapping={cap}) after the output layer, which the chunked loss does "
+                          f"not reproduce; set train.loss_chunk_tokens=0 (the plain loss)")
+    if type(head) is not torch.nn.Linear:
+        raise ConfigError(f"train.loss_chunk_tokens: the output layer of {type(base).__name__} is "
+                          f"{type(head).__name__ if head is not None else 'missing'}, not a plain Linear; set "
+                          f"train.loss_chunk_tokens=0 (the plain loss)")
+    return head
+
+
+def is_installed(model) -> bool:
+    try:
+        return getattr(output_layer(model), "chunk_tokens", 0) > 0
+    except ConfigError:
+        return False
+
+
+def install(model, chunk_tokens: int) -> None:
+    """Give the model's output layer the chunked loss (see the module's docstring)."""
+    head = output_layer(model)
+    head.chunk_tokens, head.labels = chunk_tokens, None
+    plain = head.forward
+
+    def forward(self, hidden):
+        if self.labels is None:
+            return plain(hidden)
+        return chunked_loss_sum(hidden, self.weight, self.bias, self.labels, self.chunk_tokens)
+
+    head.forward = types.MethodType(forward, head)
+
+
+@contextlib.contextmanager
+def chunked_labels(model, labels: torch.Tensor):
+    """Within it, the model's forward returns the token-loss sum of ``labels`` (shifted by one) as its logits."""
+    head = output_layer(model)
+    head.labels = labels
+    try:
+        yield
+    finally:
+        head.labels = None
+
+
+def chunked_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias, labels: torch.Tensor,
+                     chunk_tokens: int) -> torch.Tensor:
+    """Sum of the next-token cross-entropies of ``labels`` ([B, T]) over the target tokens, from the final hidden
+    states ([B, T, H]); the same number as ``token_loss_sum(lm_head(hidden), labels)``."""
+    targets = labels[:, 1:]
+    mask = targets != IGNORE_INDEX
+    rows = hidden[:, :-1][mask]  # only the positions that predict a target: no logits for the rest either
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+    else:
+        dtype = hidden.dtype
+    return _ChunkedCE.apply(rows, weight, bias, targets[mask], chunk_tokens, dtype)
+
+
+class _ChunkedCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, weight, bias, targets, chunk_tokens, dtype):
+        total = torch.zeros((), dtype=torch.float32, device=rows.device)
+        with torch.autocast(rows.device.type, enabled=False):
+            for start in range(0, rows.shape[0], chunk_tokens):
+                logits = _logits(rows[start:start + chunk_tokens], weight, bias, dtype)
+                t = targets[start:start + chunk_tokens]
+                total += (torch.logsumexp(logits, dim=-1) - logits.gather(1, t[:, None]).squeeze(1)).sum()
+        ctx.save_for_backward(rows, weight, bias, targets)
+        ctx.chunk_tokens, ctx.dtype = chunk_tokens, dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        rows, weight, bias, targets = ctx.saved_tensors
+        grad_rows = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and ctx.needs_input_grad[2] \
+            else None
+        with torch.autocast(rows.device.type, enabled=False):
+            for start in range(0, rows.shape[0], ctx.chunk_tokens):
+                chunk = rows[start:start + ctx.chunk_tokens]
+                t = targets[start:start + ctx.chunk_tokens]
+                # d(lse - logit[t]) / d logits = softmax - onehot(t): one chunk's logits at a time, recomputed
+                g = torch.softmax(_logits(chunk, weight, bias, ctx.dtype), dim=-1)
+                g[torch.arange(len(t), device=g.device), t] -= 1
+                g = (g * grad_total).to(ctx.dtype)
+                if grad_rows is not None:
+                    grad_rows[start:start + ctx.chunk_tokens] = (g @ weight.to(ctx.dtype)).to(rows.dtype)
+                if grad_weight is not None:
+                    grad_weight += (g.t() @ chunk.to(ctx.dtype)).float()
+                if grad_bias is not None:
+                    grad_bias += g.float().sum(0)
+        return (grad_rows, grad_weight.to(weight.dtype) if grad_weight is not None else None,
+                grad_bias.to(bias.dtype) if grad_bias is not None else None, None, None, None)
+
+
+def _logits(rows: torch.Tensor, weight: torch.Tensor, bias, dtype) -> torch.Tensor:
+    """One chunk's logits in fp32, computed in ``dtype`` as autocast would (the plain path's ``.float()``)."""
+    return F.linear(rows.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None).float()

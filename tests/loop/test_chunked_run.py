@@ -1,0 +1,24 @@
+"""The chunked loss through the worker loop: the same loss curve and eval loss as the plain path."""
+
+import pytest
+
+from scaletrain.launch.local import run_in_process
+from tests.conftest import local_spec, train_losses
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_chunked_run_trains_the_plain_runs_curve(tmp_path, demo_dir, packing):
+    runs = {}
+    for chunk in (0, 16):
+        job = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},
+               "data": {"train_file": str(demo_dir / "alpaca.json"), "max_length": 64, "packing": packing},
+               "train": {"per_device_train_batch_size": 4, "max_steps": 4, "logging_steps": 1, "learning_rate": 1e-3,
+                         "loss_chunk_tokens": chunk, "seed": 5}}
+        _, _, spec = local_spec(job, tmp_path / f"chunk-{chunk}")
+        runs[chunk] = (run_in_process(spec), train_losses(tmp_path / f"chunk-{chunk}"))
+    (plain, plain_losses), (chunked, chunked_losses) = runs[0], runs[16]
+    log = (tmp_path / "chunk-16" / "logs" / "main.log").read_text()
+    assert "loss in chunks of 16 tokens" in log and "loss in chunks" not in (tmp_path / "chunk-0" / "logs" /
+                                                                             "main.log").read_text()
+    assert len(plain_losses) == 4 and chunked_losses == pytest.approx(plain_losses, rel=1e-5)
+    assert chunked["final"]["eval/loss"] == pytest.approx(plain["final"]["eval/loss"], rel=1e-5)

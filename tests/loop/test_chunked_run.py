@@ -22,3 +22,22 @@ def test_a_chunked_run_trains_the_plain_runs_curve(tmp_path, demo_dir, packing):
                                                                              "main.log").read_text()
     assert len(plain_losses) == 4 and chunked_losses == pytest.approx(plain_losses, rel=1e-5)
     assert chunked["final"]["eval/loss"] == pytest.approx(plain["final"]["eval/loss"], rel=1e-5)
+
+
+def test_the_default_chunk_follows_the_models_vocabulary_not_the_tokenizers(tmp_path, demo_dir):
+    """A 32k-vocabulary model with a small tokenizer (as a padded hub vocabulary): chunked by default."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scaletrain.model import tiny_llama_tokenizer
+
+    d = tmp_path / "llama-32k"
+    LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).to(torch.bfloat16).save_pretrained(d)
+    tiny_llama_tokenizer().save_pretrained(d)
+    job = {"model": {"name_or_path": str(d), "task": "causal-lm"},
+           "data": {"train_file": str(demo_dir / "alpaca.json"), "max_length": 64},
+           "train": {"per_device_train_batch_size": 4, "max_steps": 1}}
+    _, _, spec = local_spec(job, tmp_path / "run")
+    run_in_process(spec)
+    assert "loss in chunks of 2097 tokens" in (tmp_path / "run" / "logs" / "main.log").read_text()

@@ -192,7 +192,7 @@ def _no_data_dependent_checks():
 def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     """(the logits' gradient at the start of backward, what the loss keeps for backward, the evaluation's
     peak): the whole fp32 logits on the plain path; one chunk's logits and softmax with the chunked loss
-    (worker/loss.py), which keeps nothing of them for backward."""
+    (worker/loss.py), which keeps none of them, and the gradients it computed in forward."""
     from scaletrain.config.batch import chunk_tokens_for
 
     t, seq = cfg.train, cfg.data.max_length
@@ -202,7 +202,12 @@ def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     if not chunk:
         return shape.logits, shape.act_loss, 2 * shape.eval_logits  # eval: the fp32 logits and their softmax
     eval_tokens = t.per_device_eval_batch_size * seq
-    return 2 * min(tokens, chunk) * per_token, 0, 2 * min(eval_tokens, chunk) * per_token
+    # one chunk's logits and softmax; the gradients computed in forward wait for backward: the hidden states'
+    # (tokens x hidden) and, when the output layer trains, its weight's (fp32)
+    vocab = per_token // BYTES_FP32
+    head_trains = cfg.model.finetuning_type != "lora"
+    held = tokens * shape.hidden * BYTES_FP32 + (vocab * shape.hidden * BYTES_FP32 if head_trains else 0)
+    return 2 * min(tokens, chunk) * per_token + held, 0, 2 * min(eval_tokens, chunk) * per_token
 
 
 def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") -> Breakdown:

@@ -1,16 +1,17 @@
-"""The causal-LM loss without the whole [tokens x vocab] logits: the output projection and the cross-entropy run
-chunk by chunk, and backward recomputes each chunk's logits instead of keeping them.
+"""The causal-LM loss without the whole [tokens x vocab] logits: the output projection and the cross-entropy run chunk
+by chunk, and no chunk's logits are kept for backward.
 
 One 4096-token sequence of a 128k-vocabulary model has 2.1 GB of fp32 logits before softmax and its gradient;
 chunks of ``train.loss_chunk_tokens`` hold one chunk's at a time (torchtune's chunked loss, Liger's fused linear
 cross-entropy and Apple's cut-cross-entropy exist for this). Written here, not taken from those libraries: it has
-to be a drop-in for the output layer *inside* the model's forward, so that DDP's and FSDP2's hooks see an
-ordinary forward and backward (FSDP gathers the output layer's weight for it as for any linear), and it computes
-the token-loss sum that the token-weighted normalisation (worker/step.py) divides, over target tokens only.
+to be a drop-in for the output layer *inside* the model's forward, so that DDP's and FSDP2's hooks see an ordinary
+forward and backward (FSDP gathers the output layer's weight for it as for any linear), and it computes the token-
+loss sum that the token-weighted normalisation (worker/step.py) divides, over target tokens only.
 
-The output layer's ``forward`` is replaced on the instance (parameter names, checkpoints and ``final/`` are
-unchanged); with ``head.labels`` set (``chunked_labels``) it returns the sum of the target tokens' losses (fp32)
-instead of logits, else it is the plain linear (generation, classification, the plain path).
+Gradients are computed in forward (no chunk is computed twice); the output layer's ``forward`` is replaced on the
+instance (parameter names, checkpoints and ``final/`` are unchanged); with ``head.labels`` set (``chunked_labels``)
+it returns the sum of the target tokens' losses (fp32) instead of logits, else it is the plain linear (generation,
+classification, the plain path).
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def output_layer(model) -> torch.nn.Linear:
                           f"{type(head).__name__ if head is not None else 'missing'}, not a plain Linear; set "
                           f"train.loss_chunk_tokens=0 (the plain loss)")
     return head
+
+
+def model_vocab(model, default: int) -> int:
+    """The vocabulary the output layer projects to (the model's, which may exceed the tokenizer's)."""
+    try:
+        return output_layer(model).out_features
+    except ConfigError:
+        return default
 
 
 def is_installed(model) -> bool:
@@ -89,43 +98,53 @@ def chunked_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias, labels: t
 
 
 class _ChunkedCE(torch.autograd.Function):
+    """Forward computes, chunk by chunk, the loss and already its gradients (d loss / d logits = softmax - onehot
+    is known once the logits are): one matmul for the logits and two for the gradients per chunk, as the plain
+    path's forward and backward, with no chunk recomputed (Liger's fused linear cross-entropy does the same).
+    Backward only scales them by the incoming gradient (1 / the step's tokens). In evaluation (no grad) the
+    gradients are skipped."""
+
     @staticmethod
     def forward(ctx, rows, weight, bias, targets, chunk_tokens, dtype):
+        # (forward runs without grad mode: whether to compute gradients is the inputs' requires_grad)
+        want_rows, want_weight = rows.requires_grad, weight.requires_grad
+        want_bias = bias is not None and bias.requires_grad
+        grads = want_rows or want_weight or want_bias
         total = torch.zeros((), dtype=torch.float32, device=rows.device)
+        grad_rows = torch.empty_like(rows) if want_rows else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if want_bias else None
         with torch.autocast(rows.device.type, enabled=False):
+            w = weight.to(dtype)
             for start in range(0, rows.shape[0], chunk_tokens):
-                logits = _logits(rows[start:start + chunk_tokens], weight, bias, dtype)
+                chunk = rows[start:start + chunk_tokens]
                 t = targets[start:start + chunk_tokens]
-                total += (torch.logsumexp(logits, dim=-1) - logits.gather(1, t[:, None]).squeeze(1)).sum()
-        ctx.save_for_backward(rows, weight, bias, targets)
-        ctx.chunk_tokens, ctx.dtype = chunk_tokens, dtype
+                logits = _logits(chunk, w, bias, dtype)
+                lse = torch.logsumexp(logits, dim=-1)
+                total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+                if not grads:
+                    continue
+                g = torch.exp_(logits.sub_(lse[:, None]))  # softmax, in place of the logits
+                g[torch.arange(len(t), device=g.device), t] -= 1
+                g = g.to(dtype)
+                if grad_rows is not None:
+                    grad_rows[start:start + chunk_tokens] = (g @ w).to(rows.dtype)
+                if grad_weight is not None:
+                    grad_weight += (g.t() @ chunk.to(dtype)).float()
+                if grad_bias is not None:
+                    grad_bias += g.float().sum(0)
+        ctx.save_for_backward(grad_rows, grad_weight, grad_bias)
+        ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
         return total
 
     @staticmethod
     def backward(ctx, grad_total):
-        rows, weight, bias, targets = ctx.saved_tensors
-        grad_rows = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and ctx.needs_input_grad[2] \
-            else None
-        with torch.autocast(rows.device.type, enabled=False):
-            for start in range(0, rows.shape[0], ctx.chunk_tokens):
-                chunk = rows[start:start + ctx.chunk_tokens]
-                t = targets[start:start + ctx.chunk_tokens]
-                # d(lse - logit[t]) / d logits = softmax - onehot(t): one chunk's logits at a time, recomputed
-                g = torch.softmax(_logits(chunk, weight, bias, ctx.dtype), dim=-1)
-                g[torch.arange(len(t), device=g.device), t] -= 1
-                g = (g * grad_total).to(ctx.dtype)
-                if grad_rows is not None:
-                    grad_rows[start:start + ctx.chunk_tokens] = (g @ weight.to(ctx.dtype)).to(rows.dtype)
-                if grad_weight is not None:
-                    grad_weight += (g.t() @ chunk.to(ctx.dtype)).float()
-                if grad_bias is not None:
-                    grad_bias += g.float().sum(0)
-        return (grad_rows, grad_weight.to(weight.dtype) if grad_weight is not None else None,
-                grad_bias.to(bias.dtype) if grad_bias is not None else None, None, None, None)
+        grad_rows, grad_weight, grad_bias = ctx.saved_tensors
+        scale = lambda g, dt: (g * grad_total).to(dt) if g is not None else None
+        return (scale(grad_rows, grad_rows.dtype if grad_rows is not None else None),
+                scale(grad_weight, ctx.dtypes[0]), scale(grad_bias, ctx.dtypes[1]), None, None, None)
 
 
 def _logits(rows: torch.Tensor, weight: torch.Tensor, bias, dtype) -> torch.Tensor:
     """One chunk's logits in fp32, computed in ``dtype`` as autocast would (the plain path's ``.float()``)."""
-    return F.linear(rows.to(dtype), weight.to(dtype), bias.to(dtype) if bias is not None else None).float()
+    return F.linear(rows.to(dtype), weight, bias.to(dtype) if bias is not None else None).float()

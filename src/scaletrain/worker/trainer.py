@@ -23,7 +23,7 @@ from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import build_model, count_parameters, preload
 from scaletrain.rundir import RunDir
 from scaletrain.worker.loss import install as install_chunked_loss
-from scaletrain.worker.loss import is_installed, output_layer
+from scaletrain.worker.loss import is_installed, model_vocab, output_layer
 from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
@@ -128,7 +128,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
                         frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
-    if cfg.model.task == "causal-lm" and (chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, spec.vocab.size)):
+    if cfg.model.task == "causal-lm" and (chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens,
+                                                                     model_vocab(model, spec.vocab.size))):
         install_chunked_loss(model, chunk)  # before wrapping: DDP and FSDP then see an ordinary output layer
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)

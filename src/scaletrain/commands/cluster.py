@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    from scaletrain.launch.launcher import require_ray
+
+    require_ray("scaletrain up")
     from scaletrain.console import console
     from scaletrain.errors import ConfigError
     from scaletrain.launch.warm.cluster import up
@@ -41,6 +44,9 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
+    from scaletrain.launch.launcher import require_ray
+
+    require_ray("scaletrain down")
     from scaletrain.console import console
     from scaletrain.launch.warm.cluster import down
 

@@ -85,6 +85,9 @@ def _params(args):
 
 
 def run(args: argparse.Namespace) -> int:
+    from scaletrain.launch.launcher import require_ray
+
+    require_ray("scaletrain commbench")
     from scaletrain.comm.bench import format_table, validate_params
     from scaletrain.console import console
     from scaletrain.launch.commbench import run_commbench

@@ -71,6 +71,9 @@ def run_submit(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(text)
         return 0
+    from scaletrain.launch.launcher import require_ray
+
+    require_ray("scaletrain submit")  # (--emit above writes a file and needs no Ray)
     job_id = submit.submit(_address(args), config, args.overrides, Path(args.working_dir))
     print(job_id)
     console.print(f"submitted {job_id}; follow it: scaletrain jobs logs {job_id} --follow --address "
@@ -79,6 +82,9 @@ def run_submit(args: argparse.Namespace) -> int:
 
 
 def run_jobs(args: argparse.Namespace) -> int:
+    from scaletrain.launch.launcher import require_ray
+
+    require_ray("scaletrain jobs")
     from scaletrain.launch import submit
 
     address = _address(args)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from scaletrain.comm.device import Platform
 from scaletrain.config.schema import Config
+from scaletrain.errors import LaunchError
 from scaletrain.launch.plan import ClusterPlan
 from scaletrain.redact import Redactor
 from scaletrain.worker.spec import JobSpec
@@ -38,12 +39,27 @@ def joins_torchrun(cfg: Config) -> bool:
     return cfg.scaling.launcher == "torchrun" and cfg.scaling.node_rank > 0
 
 
+def require_ray(what: str) -> None:
+    """Ray is imported only by what needs a Ray cluster; elsewhere (a GPU machine without it) this says so."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise LaunchError(f"{what} needs Ray, which is not installed in this Python: pip install 'ray[train]>=2.51' "
+                          f"(scaletrain[cluster] for up/submit); training runs without it with "
+                          f"scaling.launcher=torchrun")
+
+
 def launcher_for(cfg: Config, redact: Redactor | None = None) -> Launcher:
     redact = redact or Redactor.from_environment(cfg.comm.env)
     if cfg.scaling.launcher == "torchrun":
         from scaletrain.launch.torchrun_launcher import TorchrunLauncher
 
         return TorchrunLauncher(cfg, redact)
+    require_ray("scaling.launcher=ray")
     from scaletrain.launch.ray_launcher import RayLauncher
 
     return RayLauncher(cfg, redact)

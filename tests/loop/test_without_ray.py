@@ -1,0 +1,62 @@
+"""scaletrain where `import ray` fails (the GPU machine this project borrows has no Ray): the commands that need
+no Ray cluster work, torchrun trains, and what would need Ray says so in one line."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import write_config
+
+BLOCK_RAY = '''
+import sys
+class _NoRay:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, _NoRay())
+'''
+
+
+@pytest.fixture
+def no_ray(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_RAY)
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
+                              env=env, timeout=300, cwd=tmp_path)
+
+    assert run("env").returncode == 0 and "ray" not in run("env").stderr.lower()  # the block is in place:
+    check = subprocess.run([sys.executable, "-c", "import ray"], env=env, capture_output=True, text=True)
+    assert check.returncode != 0 and "No module named 'ray'" in check.stderr
+    return run
+
+
+def test_the_commands_that_need_no_ray_run_without_it(no_ray, classify_cfg, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", {**classify_cfg, "scaling": {"launcher": "torchrun", "num_workers": 2}})
+    for args in (("topo",), ("plan", cfg, "--device", "h100"), ("doctor", cfg, "--no-smoke")):
+        proc = no_ray(*args)
+        assert proc.returncode == 0, (args, proc.stderr[-1500:])
+    train = no_ray("train", cfg, "output.run_name=tr", "--no-progress")
+    assert train.returncode == 0, train.stderr[-2000:]
+    run = tmp_path / "runs" / "tr"
+    assert (run / "summary.json").is_file() and (run / "final").is_dir()
+    report = no_ray("report", run)
+    assert report.returncode == 0, report.stderr[-1500:]
+
+
+@pytest.mark.parametrize("args, what", [(("train", "{cfg}"), "scaling.launcher=ray"),
+                                        (("commbench", "-n", "2"), "scaletrain commbench"),
+                                        (("up",), "scaletrain up")])
+def test_what_needs_ray_says_so_in_one_line(no_ray, classify_cfg, tmp_path, args, what):
+    cfg = write_config(tmp_path / "c.yaml", classify_cfg)
+    proc = no_ray(*(a.format(cfg=cfg) for a in args))
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-1500:]
+    assert lines[0].startswith(f"error: {what} needs Ray, which is not installed") and "launcher=torchrun" in lines[0]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -13,6 +13,14 @@ if [ -e "$OUT/env.txt" ]; then
 fi
 mkdir -p "$OUT"
 PY=${PY:-python3}
+# The wheels the GPU machine lacks (pydantic, datasets: benchmarks/gpu_wheels.sh put them in .whl/), first, where
+# they are missing (a machine that has them keeps its own).
+if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import pydantic, datasets" 2>/dev/null; then
+  SITE=$(mktemp -d /tmp/scaletrain-site-XXXX)
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 3
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  echo "== wheels: $(ls .whl/*.whl | wc -l) from .whl/ installed into $SITE"
+fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 st() { $PY -m scaletrain "$@"; }
 

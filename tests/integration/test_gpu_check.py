@@ -9,15 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.loop.test_without_ray import BLOCK_RAY
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("model.name_or_path=builtin:tiny-llama train.bf16=false train.max_steps=6 train.logging_steps=2 "
         "data.max_length=64 data.max_truncated_ratio=1 train.per_device_train_batch_size=4")
 
 
-def test_gpu_check_script_on_cpu(ray_local, no_orphans, tmp_path):
+def test_gpu_check_script_on_cpu(tmp_path):
+    """As the GPU machine is: no Ray (import ray fails), the torchrun launcher."""
     out = tmp_path / "gc"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_RAY)
     env = {**os.environ, "PY": sys.executable, "GPU_CHECK_TRAIN_ARGS": TINY,
-           "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}  # join the shared Ray: no second start-up
+           "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=400)
     text = proc.stdout + proc.stderr

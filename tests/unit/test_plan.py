@@ -72,11 +72,34 @@ def test_plan_cluster_counts_cpus_and_gpus():
                                           r"scaling.num_workers to 2"):
         plan_scaling(c.scaling, c.comm, {"CPU": 2.0}, "cpu")
     plan = plan_scaling(c.scaling, c.comm, {"CPU": 64.0, "GPU": 8.0}, "rocm")
-    assert plan.use_gpu and plan.backend == "nccl" and plan.resources_per_worker == {"CPU": 1, "GPU": 1}
+    # a GPU worker's host side gets its node's cores / the node's GPUs
+    assert plan.use_gpu and plan.backend == "nccl" and plan.resources_per_worker == {"CPU": 8, "GPU": 1}
     with pytest.raises(LaunchError, match=r"needs 4 GPUs .* the cluster has 2"):
         plan_scaling(c.scaling, c.comm, {"CPU": 64.0, "GPU": 2.0}, "cuda")
     cpu_plan = plan_scaling(c.scaling, c.comm, {"CPU": 8.0}, "cpu")
     assert not cpu_plan.use_gpu and cpu_plan.backend == "gloo"
+    assert cpu_plan.resources_per_worker == {"CPU": 2} and "2 CPU(s) per worker" in cpu_plan.notes[0]
+
+
+@pytest.mark.parametrize("nodes, workers, gpu, cpus", [
+    ([{"CPU": 2}], 1, False, 2),  # one worker on a 2-core box: both cores (it used one)
+    ([{"CPU": 2}], 2, False, 1),
+    ([{"CPU": 16}], 3, False, 5),  # never oversubscribed: 3 x 5 <= 16
+    ([{"CPU": 8}, {"CPU": 4}], 4, False, 2),  # PACK: 2 a node, the smaller node decides
+    ([{"CPU": 128, "GPU": 8}], 8, True, 16),  # GPU workers: the node's cores / its GPUs
+    ([{"CPU": 1}], 4, False, 1),
+])
+def test_every_core_is_used_and_none_oversubscribed(nodes, workers, gpu, cpus):
+    from scaletrain.launch.plan import cpus_per_worker
+
+    assert cpus_per_worker(nodes, workers, gpu) == cpus
+
+
+def test_an_explicit_cpu_count_wins():
+    c = validate({"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x"},
+                  "scaling": {"num_workers": 1, "resources_per_worker": {"CPU": 1}}})
+    plan = plan_scaling(c.scaling, c.comm, {"CPU": 8.0}, "cpu")
+    assert plan.resources_per_worker == {"CPU": 1} and not plan.notes
 
 
 def test_plan_cluster_nccl_without_gpus():

@@ -241,7 +241,8 @@ class ScalingConfig(_Section):
     elastic_resize_interval_s: float = Field(60.0, gt=0)  # how often Ray looks for room to grow
     # auto: one GPU per worker when the cluster has GPUs, else CPU workers.
     use_gpu: Literal["auto"] | bool = "auto"
-    # Resources of one worker; default {"CPU": 1} (plus {"GPU": 1} with use_gpu).
+    # Resources of one worker; default: every core used, none oversubscribed: {"CPU": the node's cores / the
+    # workers on it} (a GPU worker: the node's cores / its GPUs, plus {"GPU": 1}); launch/plan.py cpus_per_worker.
     resources_per_worker: Optional[dict[str, float]] = None
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.

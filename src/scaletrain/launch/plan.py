@@ -19,17 +19,39 @@ class ClusterPlan:
     notes: tuple[str, ...] = ()  # what the user should know about the choice (backend fallback, device fixes)
 
 
-def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str, float], vendor: str) -> ClusterPlan:
-    """Decide GPU use, backend and per-worker resources from a Ray cluster's totals; check they fit."""
+def cpus_per_worker(nodes: list[dict[str, float]], workers: int, use_gpu: bool) -> int:
+    """Every core used, none oversubscribed: a CPU worker gets its node's cores / the workers placed on it, a GPU
+    worker its node's cores / the node's GPUs (the host side of a GPU worker: collation, the optimizer step of
+    offloaded states). Ray places PACK, so a node holds as many workers as fit; with nodes of different sizes
+    the smallest decides (a worker may land on it)."""
+    if not nodes:
+        return 1
+    if use_gpu:
+        return max(1, min(int(n.get("CPU", 1) // max(1, n.get("GPU", 1))) for n in nodes if n.get("GPU", 0) > 0)
+                   if any(n.get("GPU", 0) > 0 for n in nodes) else 1)
+    per_node = -(-workers // len(nodes))  # ceil: PACK fills each node it uses
+    return max(1, min(int(n.get("CPU", 1)) // min(per_node, workers) for n in nodes))
+
+
+def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str, float], vendor: str,
+                 nodes: list[dict[str, float]] | None = None) -> ClusterPlan:
+    """Decide GPU use, backend and per-worker resources from a Ray cluster's totals (and its ``nodes``, for the
+    CPUs a worker gets by default: ``cpus_per_worker``); check they fit."""
     gpus = int(resources.get("GPU", 0))
     use_gpu = gpus > 0 if scaling.use_gpu == "auto" else bool(scaling.use_gpu)
     # type: ignore[arg-type]
     choice = select_backend(comm.backend, Platform(vendor if use_gpu else "cpu", gpus if use_gpu else 0))
-    per_worker = dict(scaling.resources_per_worker or {"CPU": 1})
+    per_worker = dict(scaling.resources_per_worker or {})
+    notes = [choice.note] if choice.note else []
+    if "CPU" not in per_worker:
+        cpus = cpus_per_worker(nodes or [resources], scaling.max_workers, use_gpu)
+        per_worker["CPU"] = cpus
+        notes.append(f"{cpus} CPU(s) per worker: the node's cores / its {'GPUs' if use_gpu else 'workers'}, none "
+                     f"idle or oversubscribed (scaling.resources_per_worker: {{CPU: n}} overrides)")
     if use_gpu:
         per_worker.setdefault("GPU", 1)
     n = scaling.min_workers if scaling.elastic else scaling.num_workers  # elastic: it starts once min fit
-    for name, amount in per_worker.items():
+    for name, amount in sorted(per_worker.items(), key=lambda kv: kv[0] != "GPU"):  # the devices first
         have = resources.get(name, 0)
         if amount * n > have:
             what = "GPUs" if name == "GPU" else "CPUs" if name == "CPU" else f"'{name}' resources"
@@ -39,7 +61,7 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
                 f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
                 f"or scaling.resources_per_worker"
             )
-    return ClusterPlan(use_gpu, choice.backend, per_worker, (choice.note,) if choice.note else ())
+    return ClusterPlan(use_gpu, choice.backend, per_worker, tuple(notes))
 
 
 def plan_node(cfg: Config, platform: Platform, cpus: int) -> ClusterPlan:
@@ -53,8 +75,14 @@ def plan_node(cfg: Config, platform: Platform, cpus: int) -> ClusterPlan:
         raise LaunchError(f"scaling.num_workers={s.num_workers} over scaling.nnodes={s.nnodes} puts {per_node} "
                           f"processes "
                           f"on this node, which has {have} {what}; lower scaling.num_workers or add nodes")
-    return ClusterPlan(use_gpu, choice.backend, {"CPU": 1, **({"GPU": 1} if use_gpu else {})},
-                       (choice.note,) if choice.note else ())
+    threads = (s.resources_per_worker or {}).get("CPU") or cpus_per_worker(
+        [{"CPU": cpus, "GPU": platform.device_count}], per_node, use_gpu)
+    notes = [choice.note] if choice.note else []
+    if not (s.resources_per_worker or {}).get("CPU"):
+        notes.append(f"{int(threads)} CPU thread(s) per process: this node's {cpus} cores / its "
+                     f"{'GPUs' if use_gpu else f'{per_node} process(es)'} (scaling.resources_per_worker: {{CPU: n}} "
+                     f"overrides)")
+    return ClusterPlan(use_gpu, choice.backend, {"CPU": threads, **({"GPU": 1} if use_gpu else {})}, tuple(notes))
 
 
 def check_placement(strategy: str, n: int, per_worker: dict[str, float], nodes: list[dict[str, float]]) -> None:

@@ -39,7 +39,7 @@ class RayLauncher:
             self._session = contextlib.ExitStack()
             self.resources = self._session.enter_context(ray_session(self.cfg.scaling.address))
         self.vendor = platform.vendor
-        plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor)
+        plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor, node_resources())
         return replace(plan, notes=(*notes, *plan.notes))
 
     def run(self, spec: JobSpec, plan: ClusterPlan) -> None:

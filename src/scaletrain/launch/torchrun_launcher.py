@@ -172,7 +172,8 @@ class TorchrunNode:
                 "-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
 
     def env(self) -> dict[str, str]:
-        return torchrun_agent_env(self.cfg.comm, (self.cfg.scaling.resources_per_worker or {}).get("CPU", 1))
+        threads = plan_node(self.cfg, Platform.detect(), os.cpu_count() or 1).resources_per_worker["CPU"]
+        return torchrun_agent_env(self.cfg.comm, threads)
 
     def run(self, spec: JobSpec) -> None:
         """Hand the spec to the workers (starting the agent if it is not running) and wait for them."""

@@ -172,7 +172,7 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     cfg = {
         "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},
         "data": {"train_file": str(tmp_path / "sft-4000.jsonl"), "eval_ratio": 0.02, "max_length": 64,
-                 "template": "alpaca", "packing": True},
+                 "template": "alpaca", "packing": True, "max_truncated_ratio": 1.0},  # as the fixed run's
         "train": {"per_device_train_batch_size": 2, "per_device_eval_batch_size": 2, "learning_rate": 5e-4,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0},
         "scaling": {"num_workers": [1, 2], "elastic_resize_interval_s": 2.0},

@@ -170,7 +170,8 @@ def default_run_name(config_path: str | Path, now: float | None = None) -> str:
 
 def check_output_dir(output_dir: str | Path, run_name: str | None) -> Path:
     """Before anything is written under it (the data cache lives there too): ``output_dir`` is a directory this
-    process can write, or can be created; a named run does not exist yet. Returns it, resolved and created."""
+    process can write, or can be created (its nearest existing parent is written to and cleaned at once: nothing
+    is left, not even the directory); a named run does not exist yet. Returns it, resolved."""
     root = Path(output_dir).expanduser()
     key = f"output.output_dir={output_dir}"
     if root.exists() and not root.is_dir():
@@ -181,10 +182,9 @@ def check_output_dir(output_dir: str | Path, run_name: str | None) -> Path:
     if not parent.is_dir():
         raise LaunchError(f"{key} lies under {parent}, which is a file; choose a directory path")
     try:
-        root.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
         import tempfile
 
-        with tempfile.NamedTemporaryFile(dir=root, prefix=".write-probe-"):
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".scaletrain-write-probe-"):
             pass
     except OSError as e:
         raise LaunchError(f"{key}: cannot write there ({e.strerror or e}); choose a writable directory or fix its "

@@ -199,15 +199,16 @@ def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     tokens = t.per_device_train_batch_size * seq
     per_token = shape.logits // max(1, tokens)
     chunk = chunk_tokens_for(t.loss_chunk_tokens, per_token // BYTES_FP32) if cfg.model.task == "causal-lm" else 0
-    if not chunk:
-        return shape.logits, shape.act_loss, 2 * shape.eval_logits  # eval: the fp32 logits and their softmax
+    if not chunk:  # cross-entropy's backward: the logits' gradient and the softmax it is made from
+        return 2 * shape.logits, shape.act_loss, 2 * shape.eval_logits  # eval: the fp32 logits and their softmax
     eval_tokens = t.per_device_eval_batch_size * seq
-    # one chunk's logits and softmax; the gradients computed in forward wait for backward: the hidden states'
-    # (tokens x hidden) and, when the output layer trains, its weight's (fp32)
+    # one chunk's logits, logsumexp's temporary and the softmax made in place (measured: benchmarks/memory.py
+    # --part vocab); the gradients computed in forward wait for backward: the hidden states' (tokens x hidden)
+    # and, when the output layer trains, its weight's (fp32)
     vocab = per_token // BYTES_FP32
     head_trains = cfg.model.finetuning_type != "lora"
     held = tokens * shape.hidden * BYTES_FP32 + (vocab * shape.hidden * BYTES_FP32 if head_trains else 0)
-    return 2 * min(tokens, chunk) * per_token + held, 0, 2 * min(eval_tokens, chunk) * per_token
+    return 3 * min(tokens, chunk) * per_token + held, 0, 2 * min(eval_tokens, chunk) * per_token
 
 
 def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") -> Breakdown:

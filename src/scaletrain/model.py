@@ -12,6 +12,7 @@ from pathlib import Path
 
 from scaletrain.config.schema import ModelConfig
 from scaletrain.errors import ConfigError
+from scaletrain.precision import TORCH_NAMES
 
 MINILM = "builtin:minilm"
 TINY_BERT = "builtin:tiny-bert"
@@ -89,6 +90,11 @@ def read_model_config(path: Path, name: str) -> dict:
     if not isinstance(config, dict):
         raise ConfigError(f"model.name_or_path={name}: {f} holds a JSON {type(config).__name__}, not an object; "
                           f"download the model again")
+    stored = config.get("dtype") or config.get("torch_dtype")
+    if stored is not None and str(stored).removeprefix("torch.") not in (*TORCH_NAMES, "auto"):
+        raise ConfigError(f"model.name_or_path={name}: config.json stores its weights as {stored!r}, a dtype "
+                          f"scaletrain does not train from ({', '.join(TORCH_NAMES)}); fix config.json's torch_dtype "
+                          f"or convert the checkpoint")
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
         known = "no model_type" if model_type is None else f"model_type {model_type!r}"

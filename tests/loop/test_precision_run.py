@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from scaletrain.launch.local import run_in_process
 from tests.conftest import local_spec
@@ -65,7 +66,8 @@ def test_a_bf16_checkpoint_trains_fp32_masters_and_comes_back_bf16(tmp_path, dem
 def test_lora_on_a_bf16_base_holds_what_the_plan_says(tmp_path, demo_dir, bf16_llama):
     job = _job(demo_dir, bf16_llama, finetuning_type="lora", torch_dtype="bfloat16")
     job["train"]["bf16"] = True  # with model.torch_dtype=bfloat16: the GPU policy on CPU (bf16 autocast)
-    _, _, spec = local_spec(job, tmp_path / "run")
+    cfg, _, spec = local_spec(job, tmp_path / "run")
+    (tmp_path / "run" / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     summary = run_in_process(spec)
     assert (summary["precision/compute"], summary["precision/frozen_params"],
             summary["precision/trainable_params"]) == ("bf16", "bf16", "fp32")
@@ -73,6 +75,30 @@ def test_lora_on_a_bf16_base_holds_what_the_plan_says(tmp_path, demo_dir, bf16_l
     held_params, held_optim = summary["memory/param_bytes_per_rank"][0], summary["memory/optimizer_bytes_per_rank"][0]
     assert held_params == pytest.approx(predicted["parameters"], rel=0.02)
     assert held_optim == pytest.approx(predicted["optimizer"], rel=0.02)
+    from scaletrain.report.markdown import write_report
+
+    report = write_report(tmp_path / "run").read_text()
+    assert "| precision | compute bf16, trainable fp32, frozen bf16, optimizer fp32" in report
+    assert f"| parameters held | {held_params / 2**20:.1f} MiB per rank (plan " in report
+
+
+def test_a_stored_dtype_that_cannot_be_read_is_one_line_before_any_worker(tmp_path, demo_dir, bf16_llama):
+    import shutil
+
+    from scaletrain.config import validate
+    from scaletrain.errors import ConfigError
+    from scaletrain.launch.preflight import preflight
+
+    d = tmp_path / "odd"
+    shutil.copytree(bf16_llama, d)
+    config = json.loads((d / "config.json").read_text())
+    config["dtype"] = "float8_e4m3"
+    (d / "config.json").write_text(json.dumps(config))
+    job = _job(demo_dir, d)
+    with pytest.raises(ConfigError, match=r"config.json stores its weights as 'float8_e4m3', a dtype scaletrain does "
+                                          r"not train from") as e:
+        preflight(validate({**job, "output": {"output_dir": str(tmp_path / "runs")}}))
+    assert "\n" not in str(e.value)
 
 
 def test_the_dtypes_held_are_the_tables(bf16_llama):

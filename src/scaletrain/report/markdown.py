@@ -59,6 +59,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     if padding:  # the median over the run's records: how much compute went to padding, how even the ranks were
         rows += [("padding", f"{sorted(padding)[len(padding) // 2]:.1f}% of positions"),
                  ("tokens per rank spread", f"{sorted(spread)[len(spread) // 2]:.3f} ((max - min) / mean)")]
+    rows += _precision(s)
     final = s.get("final") or (evals[-1] if evals else {})
     rows += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in final.items() if k.startswith("eval/")]
     lines += [f"| {k} | {v} |" for k, v in rows]
@@ -73,6 +74,22 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     path = out / REPORT
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _precision(s: dict) -> list[tuple[str, str]]:
+    """What was stored and computed in which dtype, and the bytes of parameters and optimizer state each rank
+    held beside the plan's (precision.py; the plan and the run should agree on any device)."""
+    if "precision/compute" not in s:
+        return []
+    rows = [("precision", f"compute {s['precision/compute']}, trainable {s['precision/trainable_params']}, frozen "
+                          f"{s['precision/frozen_params']}, optimizer {s['precision/optimizer_states']}, final/ "
+                          f"{s.get('precision/final', '-')}")]
+    plan = s.get("memory/predicted") or {}
+    for what, key, planned in (("parameters held", "memory/param_bytes_per_rank", "parameters"),
+                               ("optimizer state held", "memory/optimizer_bytes_per_rank", "optimizer")):
+        if s.get(key):
+            rows.append((what, f"{max(s[key]) / 2**20:.1f} MiB per rank (plan {plan.get(planned, 0) / 2**20:.1f} MiB)"))
+    return rows
 
 
 def _classes(cfg: dict) -> list[tuple[str, str]]:

@@ -50,6 +50,9 @@ def test_two_nodes_on_loopback_same_curve_as_ray(classify_cfg, tmp_path, ray_cur
     for node in (0, 1):
         cfg = _cfg(classify_cfg, tmp_path, "two-nodes", "torchrun", nnodes=2, node_rank=node, master_port=port)
         cfg["comm"] = {"env": {"WANDB_API_KEY": "wandb-secret-value-42"}}
+        # both "nodes" share this machine's cores: one thread each, as the Ray reference's two workers have
+        # (by default each node would take all of its cores; another thread count rounds differently)
+        cfg["scaling"]["resources_per_worker"] = {"CPU": 1}
         path = tmp_path / f"node{node}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         procs.append(subprocess.Popen([sys.executable, "-m", "scaletrain", "train", str(path), "--no-progress"],

@@ -121,18 +121,13 @@ def test_a_missing_local_path_gets_no_download_hint(tmp_path, demo_dir):
 
 
 def test_a_classification_head_of_another_size_is_said_to_be_reinitialised(tmp_path, demo_dir):
-    from transformers import BertConfig, BertForSequenceClassification
-
     from scaletrain.config import validate
     from scaletrain.launch.preflight import preflight
     from scaletrain.model import load_tokenizer
+    from tests.loop.test_cli_errors import _bert_dir
 
     tok = load_tokenizer("builtin:tiny-bert")
-    d = tmp_path / "bert3"
-    BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
-                                             num_attention_heads=2, intermediate_size=64,
-                                             num_labels=3)).save_pretrained(d)
-    tok.save_pretrained(d)
+    d = _bert_dir(tmp_path, "bert3", num_labels=3)
     cfg = validate({"model": {"name_or_path": str(d)}, "data": {"train_file": str(demo_dir / "sentiment.jsonl"),
                                                                  "max_length": 32},
                     "output": {"output_dir": str(tmp_path / "runs")}})

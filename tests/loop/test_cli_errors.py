@@ -269,16 +269,18 @@ def _rows_file(path, lines):
     return path
 
 
-def _bert_dir(tmp_path):
+def _bert_dir(tmp_path, name: str = "bert", **config):
+    """A tiny BERT classifier saved as a local model directory with MiniLM's tokenizer (``config``: BertConfig's
+    keys over the defaults, e.g. num_labels)."""
     from transformers import BertConfig, BertForSequenceClassification
 
     from scaletrain.model import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-bert")
-    d = tmp_path / "bert"
-    BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
-                                             num_attention_heads=2, intermediate_size=64,
-                                             max_position_embeddings=512)).save_pretrained(d)
+    d = tmp_path / name
+    BertForSequenceClassification(BertConfig(**{"vocab_size": len(tok), "hidden_size": 32, "num_hidden_layers": 1,
+                                                "num_attention_heads": 2, "intermediate_size": 64,
+                                                "max_position_embeddings": 512, **config})).save_pretrained(d)
     tok.save_pretrained(d)
     return d
 

@@ -103,7 +103,8 @@ def checkpoint_dtype(config: dict) -> str | None:
 def final_dtype(model_cfg, compute: str) -> str:
     """The dtype ``final/`` is written in: the checkpoint's own (its config.json), or the policy's compute dtype
     for a model built from a config. A stored dtype scaletrain cannot read is an error (before any worker)."""
-    from scaletrain.model import model_dir, read_model_config
+    from scaletrain.model import model_dir
+    from scaletrain.model_files import read_model_config
 
     path = model_dir(model_cfg.name_or_path)
     if path is None:

@@ -97,8 +97,10 @@ def test_messages_format_and_the_default_system_prompt(tmp_path, own_tokenizer):
                "<|start_header_id|>assistant<|end_header_id|>\n\nCold.<|eot_id|>"
                "<|start_header_id|>user<|end_header_id|>\n\nAnd of fast?\nBe brief.<|eot_id|>"
                "<|start_header_id|>assistant<|end_header_id|>\n\nSlow.<|eot_id|>"),
-    ("mistral", "<s>[INST] Answer in one word.\n\nOpposite of hot? [/INST]Cold.</s>[INST] And of fast?\nBe brief. "
-                "[/INST]Slow.</s>"),
+    ("mistral_v1", "<s>[INST] Answer in one word.\n\nOpposite of hot? [/INST]Cold.</s>[INST] And of fast?\nBe "
+                   "brief. [/INST]Slow.</s>"),
+    ("mistral", "<s>[INST] Opposite of hot?[/INST] Cold.</s>[INST] Answer in one word.\n\nAnd of fast?\nBe brief."
+                "[/INST] Slow.</s>"),
     ("gemma", "<s><start_of_turn>user\nAnswer in one word.\n\nOpposite of hot?<end_of_turn>\n<start_of_turn>model\n"
               "Cold.<end_of_turn>\n<start_of_turn>user\nAnd of fast?\nBe brief.<end_of_turn>\n<start_of_turn>model\n"
               "Slow.<end_of_turn>\n"),
@@ -108,8 +110,9 @@ def test_messages_format_and_the_default_system_prompt(tmp_path, own_tokenizer):
 def test_each_builtin_template_renders_its_documented_string(name, expected, tiny):
     (text,), (spans,) = render([CHAT], BUILTIN_TEMPLATES[name], {"bos_token": "<s>", "eos_token": "</s>"}, name)
     assert text == expected
-    assert [text[a:b] for a, b in spans][0].startswith("Cold.")  # the replies are the spans, EOS/end of turn too
-    assert len(spans) == 2 and text[spans[1][0]:spans[1][1]].startswith("Slow.")
+    # the replies are the spans (with the space Mistral's [/INST] is followed by), EOS/end of turn too
+    assert [text[a:b] for a, b in spans][0].lstrip().startswith("Cold.")
+    assert len(spans) == 2 and text[spans[1][0]:spans[1][1]].lstrip().startswith("Slow.")
 
 
 def test_the_eos_the_template_emits_is_a_label(tmp_path, tiny):

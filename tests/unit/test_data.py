@@ -55,9 +55,9 @@ def test_missing_empty_and_unknown_files(tmp_path):
     (tmp_path / "e.jsonl").write_text("")
     with pytest.raises(DataError, match="has no records"):
         read_records(str(tmp_path / "e.jsonl"))
-    (tmp_path / "d.txt").write_text("x")
+    (tmp_path / "d.tsv").write_text("x")
     with pytest.raises(DataError, match="set data.format"):
-        read_records(str(tmp_path / "d.txt"))
+        read_records(str(tmp_path / "d.tsv"))
     (tmp_path / "bad.jsonl").write_text("{not json")
     with pytest.raises(DataError, match="bad.jsonl: line 1 is not JSON"):
         read_records(str(tmp_path / "bad.jsonl"))

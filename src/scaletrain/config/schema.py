@@ -67,7 +67,7 @@ class DataConfig(_Section):
     # Held out from the training data (after max_samples) when eval_file is not given.
     eval_ratio: float = Field(0.1, ge=0, lt=1)
     # File format; auto: from the suffix (a directory is a datasets save_to_disk directory).
-    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow"] = "auto"
+    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow", "txt"] = "auto"
     # causal-lm: the records' format (LLaMA-Factory's names) and the chat template that renders them.
     formatting: Literal["alpaca", "sharegpt", "messages", "text"] = "alpaca"
     template: str = "auto"  # auto (the tokenizer's own, else alpaca), a built-in name, or a .jinja file
@@ -93,6 +93,7 @@ class DataConfig(_Section):
     output_column: str = "output"
     system_column: str = "system"
     history_column: str = "history"
+    tools_column: str = "tools"  # a JSON list of function schemas the conversation may call (any formatting)
     # sharegpt / messages: the list of turns and its tags (defaults: conversations/from/value/human/gpt for
     # sharegpt, messages/role/content/user/assistant for messages)
     messages_column: Optional[str] = None
@@ -101,6 +102,7 @@ class DataConfig(_Section):
     user_tag: Optional[str] = None
     assistant_tag: Optional[str] = None
     observation_tag: Optional[str] = None
+    function_tag: Optional[str] = None  # sharegpt's tool-call turn (default function_call)
     # Tokens per example; LLaMA-Factory's name cutoff_len works too.
     max_length: int = Field(128, ge=8, validation_alias=AliasChoices("max_length", "cutoff_len"))
     max_samples: Optional[int] = Field(None, ge=1)  # per dataset, before the eval split

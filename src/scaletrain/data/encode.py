@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from scaletrain.data.formats import Columns, to_conversation
-from scaletrain.data.templates import render
+from scaletrain.data.templates import render_records, supports_tools
 
 IGNORE_INDEX = -100  # label value the loss skips (prompt tokens, padding)
 
@@ -74,28 +74,39 @@ def encode_text(batch: dict[str, list], tokenizer, column: str, max_length: int)
     return {"input_ids": ids, "labels": ids, "_skip": skip, "_full": full}
 
 
+# The skip reason of a record with tools under a template that has no tool format (prepare makes it an error).
+NO_TOOL_FORMAT = "declares or calls tools, and the chat template has no tool format"
+
+
 def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
                 template_name: str, max_length: int, mask_history: bool, train_on_prompt: bool) -> dict[str, list]:
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
-    conversations, skip = [], []
+    chats, skip = [], []
+    tools_ok = supports_tools(template)
     for row in rows:
-        messages, why = to_conversation(row, formatting, columns)
-        conversations.append(messages)
+        chat, why = to_conversation(row, formatting, columns)
+        if chat is not None and chat.uses_tools and not tools_ok:
+            chat, why = None, NO_TOOL_FORMAT
+        chats.append(chat)
         skip.append(why)
-    good = [c for c in conversations if c is not None]
-    texts, spans = render(good, template, _special_tokens(tokenizer), template_name) if good else ([], [])
-    encodings = _encode(tokenizer, texts)
+    good = [i for i, c in enumerate(chats) if c is not None]
+    rendered = render_records([chats[i].messages for i in good], template, _special_tokens(tokenizer),
+                              [chats[i].tools for i in good])
+    for i, r in zip(good, rendered):
+        if isinstance(r, str):
+            chats[i], skip[i] = None, r
+    texts = {i: r for i, r in zip(good, rendered) if not isinstance(r, str)}
+    order = sorted(texts)
+    encodings = dict(zip(order, _encode(tokenizer, [texts[i][0] for i in order])))
     out_ids, out_labels, full = [], [], []
-    k = 0
-    for i, messages in enumerate(conversations):
-        if messages is None:
+    for i in range(len(chats)):
+        if i not in encodings:
             out_ids.append([])
             out_labels.append([])
             full.append(0)
             continue
-        encoding, turn_spans = encodings[k], spans[k]
+        encoding, turn_spans = encodings[i], texts[i][1]
         full.append(len(encoding.ids))
-        k += 1
         ids, mask = fit(encoding.ids, _assistant_mask(encoding.offsets, turn_spans), max_length,
                         keep_last=mask_history)
         if mask_history:  # the loss on the last assistant turn only

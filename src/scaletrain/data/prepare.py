@@ -28,12 +28,12 @@ from scaletrain.data import encode
 from scaletrain.data.formats import Columns
 from scaletrain.data.labels import Labels, resolve_labels
 from scaletrain.data.sources import Loaded, Source, content_hash, exists, load, require_columns, sources
-from scaletrain.data.templates import resolve_template
+from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
 from scaletrain.errors import DataError
 
 log = logging.getLogger("scaletrain.data")
 
-CACHE_VERSION = 1  # bump when the tokenization of the same inputs changes
+CACHE_VERSION = 2  # bump when the tokenization of the same inputs changes
 META = "meta.json"
 SHOW_BAD = 5  # record numbers listed per skip reason
 
@@ -207,11 +207,18 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
             bad.setdefault(why, []).append(raw.position(i))
     n_bad = sum(map(len, bad.values()))
     n_all = len(out) + sum(map(len, raw.bad.values()))
+    if encode.NO_TOOL_FORMAT in bad:  # never a silent drop: the model would learn calls to tools it never saw
+        rows = bad[encode.NO_TOOL_FORMAT]
+        raise DataError(f"{src.key}={src.path}: {len(rows)} records declare or call tools ({raw.unit} {rows[0]} is the "
+                        f"first), and data.template={template[0]} has no tool format; use the model's own template "
+                        f"(data.template=auto) or a built-in that has one: {', '.join(TOOL_TEMPLATES)}")
     if n_bad and n_bad > d.max_bad_ratio * n_all:
         first_reason = min(bad, key=lambda r: min(bad[r]))
+        fix = (render_advice(first_reason, template[0]) if first_reason.startswith("the chat template")
+               else "fix the data or the columns/formatting keys")
         raise DataError(f"{src.key}={src.path}: {n_bad} of {n_all} records cannot be trained on (more than "
                         f"data.max_bad_ratio={d.max_bad_ratio:g}); the first is {raw.unit} {min(bad[first_reason])}"
-                        f": {first_reason}; fix the data or the columns/formatting keys")
+                        f": {first_reason}; {fix}")
     if n_bad:
         keep = [i for i, why in enumerate(reasons) if not why]
         out = out.select(keep)

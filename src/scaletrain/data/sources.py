@@ -17,8 +17,9 @@ from scaletrain.errors import DataError
 from scaletrain.textfile import guess_encoding, not_utf8
 
 _SUFFIX_FORMAT = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
-                  ".arrow": "arrow"}
-_BUILDER = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
+                  ".arrow": "arrow", ".txt": "txt"}
+# "txt": a record per line (LLaMA-Factory's pre-training files, such as wiki_demo.txt), in a "text" column.
+_BUILDER = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow", "txt": "text"}
 INFO_FILE = "dataset_info.json"
 
 
@@ -62,16 +63,21 @@ def sources(d: DataConfig, task: str) -> list[Source]:
                            if k in entry), None)
             raise DataError(f"{key}: {info_path} gives it as {remote or 'no file_name'}; scaletrain never downloads: "
                             f"fetch it to a local file and give its file_name")
-        formatting = entry.get("formatting", "alpaca")
+        # Pre-training (data.formatting=text, LLaMA-Factory's stage: pt) reads every entry as text, and LF names
+        # a pt dataset's text column "prompt" ({"columns": {"prompt": "text"}}).
+        formatting = "text" if d.formatting == "text" else entry.get("formatting", "alpaca")
+        mapped = dict(entry.get("columns", {}))
+        if formatting == "text" and "prompt" in mapped:
+            mapped["text"] = mapped.pop("prompt")
         if formatting not in FORMATTINGS:
             raise DataError(f"{key}: formatting {formatting!r} in {info_path}; use one of {', '.join(FORMATTINGS)}")
         if entry.get("ranking"):
             raise DataError(f"{key}: a preference (ranking) dataset; scaletrain trains SFT only, remove it")
-        columns = Columns.from_config(d, formatting).with_overrides(entry.get("columns", {}), entry.get("tags", {}))
+        columns = Columns.from_config(d, formatting).with_overrides(mapped, entry.get("tags", {}))
         path = Path(entry["file_name"])
         path = path if path.is_absolute() else info_path.parent / path
         out.append(Source(name, str(path), key, formatting, columns, num_samples=entry.get("num_samples"),
-                          extra={"info": str(info_path), "mapped": set(entry.get("columns", {}))
+                          extra={"info": str(info_path), "mapped": set(mapped)
                                  | set(entry.get("tags", {}))}))
     return out
 
@@ -85,11 +91,11 @@ def file_format(path: str, fmt: str, key: str) -> str:
     found = _SUFFIX_FORMAT.get(p.suffix.lower())
     if not found:
         raise DataError(f"{key}={path}: cannot tell the format from '{p.suffix}'; set data.format to json, jsonl, "
-                        f"csv, parquet or arrow")
+                        f"csv, parquet, arrow or txt")
     return found
 
 
-TEXT_FORMATS = ("json", "jsonl", "csv")
+TEXT_FORMATS = ("json", "jsonl", "csv", "txt")
 
 
 @dataclass
@@ -145,6 +151,8 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
             raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
         loaded = _json_records(parse, p, fmt, key, _root_message(e))  # the line at fault, or the odd records
         ds = loaded.ds
+    if fmt == "txt":  # blank lines separate paragraphs; they are not records
+        ds = ds.filter(lambda r: bool(r["text"].strip()), keep_in_memory=True)
     if len(ds) == 0:
         raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
     return loaded or Loaded(ds, parse, fmt)

@@ -7,18 +7,24 @@ and the end-of-turn token the template writes, which the model must learn to emi
 A template without those marks (most tokenizers' own) gets its assistant spans from prefix renders: the text
 of turns 0..i with the generation prompt, against the text of turns 0..i+1.
 
-Built-ins reproduce the formats in their model cards (single-line Jinja; each ends a turn as the card does):
-- ``alpaca``: Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca, README "prompt"), "### Instruction:" /
-  "### Input:" / "### Response:", the reply followed by the EOS token; turns separated by a blank line.
-- ``chatml``: OpenAI ChatML as the Qwen2/Qwen2.5 tokenizer_config.json ``chat_template`` writes it
-  (``<|im_start|>{role}\\n{content}<|im_end|>\\n``), without Qwen's default system prompt.
-- ``llama3``: Meta Llama 3 model card, "Prompt format" (``<|begin_of_text|>``,
-  ``<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}<|eot_id|>``).
-- ``mistral``: Mistral-7B-Instruct model card, "Instruction format" (``<s>[INST] {user} [/INST]{reply}</s>``;
-  a system prompt goes before the first user message, as Mistral's v0.3 template does).
-- ``gemma``: Gemma model card, "Chat Template" (``<start_of_turn>user\\n...<end_of_turn>\\n<start_of_turn>model\\n``;
-  Gemma has no system role: it goes before the first user message).
-- ``vicuna``: FastChat's vicuna_v1.1 conversation template ("... USER: {user} ASSISTANT: {reply}</s>").
+Built-ins reproduce the model's own ``chat_template`` token for token (tested against the real strings in
+tests/fixtures/chat_templates, whose SOURCES.md names where each comes from), with ``{% generation %}`` marks:
+- ``qwen``: Qwen2.5-Instruct (ChatML, default system "You are Qwen, created by Alibaba Cloud. ...", tools in the
+  system prompt, ``<tool_call>`` blocks, results as ``<tool_response>`` in a user turn).
+- ``qwen2``: Qwen2-Instruct (ChatML, default system "You are a helpful assistant."; no tool format).
+- ``chatml``: bare ChatML (``<|im_start|>{role}\\n{content}<|im_end|>\\n``), no default system prompt.
+- ``llama3``: Meta-Llama-3-Instruct. ``llama3.1``: Llama-3.1-Instruct (its "Cutting Knowledge Date" header, tools
+  in the first user message, one JSON call per message, results in ``ipython`` turns).
+- ``mistral``: Mistral-7B-Instruct-v0.3 (``[INST] q[/INST] a</s>``, ``[AVAILABLE_TOOLS]``, ``[TOOL_CALLS]``,
+  ``[TOOL_RESULTS]``); the system prompt goes into the last user message, where the model's own template puts it
+  when the model answers (its template drops it from a conversation that ends with a reply).
+  ``mistral_v1``: v0.1's spacing (``[INST] q [/INST]a</s>``).
+- ``gemma``: gemma-2-it; Gemma has no system role, so the system prompt is folded into the first user turn (as
+  LLaMA-Factory does; the model's own template raises "System role not supported").
+- ``alpaca``: Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca, README "prompt"). ``vicuna``: FastChat's
+  vicuna_v1.1.
+A record a template cannot render (its ``raise_exception``, a missing field) is skipped and counted with the
+template's own words; tools under a template without a tool format are an error, never dropped.
 """
 
 from __future__ import annotations
@@ -27,9 +33,131 @@ import difflib
 import re
 from pathlib import Path
 
+from jinja2 import TemplateError
+
 from scaletrain.errors import ConfigError, DataError
 
 _GEN = "{% generation %}{{ message['content'] + eos_token }}{% endgeneration %}"
+
+QWEN2_SYSTEM = "You are a helpful assistant."
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+# Qwen2.5's tool preamble and its call format, as its tokenizer_config.json writes them.
+_QWEN_TOOLS_HEAD = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+                    "provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_QWEN_TOOLS_TAIL = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                    "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+# Llama 3.1's tool preamble (tools in the first user message, its default) and its fixed date header.
+_LLAMA31_TOOLS = ("Given the following functions, please respond with a JSON for a function call with its proper "
+                  "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+                  "\"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n")
+_LLAMA31_DATE = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+
+
+def _q(text: str) -> str:
+    """A Python string as a Jinja string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def _chatml(default_system: str | None, tools: bool) -> str:
+    """ChatML as Qwen writes it: an optional default system prompt, Qwen2.5's tool preamble, <tool_call> blocks
+    for an assistant's calls and tool results in one user turn of <tool_response> blocks."""
+    system = ("{% if messages and messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+              "{% set messages = messages[1:] %}{% else %}{% set system = none %}{% endif %}")
+    if default_system is not None:
+        fallback = "{% if system is none %}{% set system = " + _q(default_system) + " %}{% endif %}"
+    else:
+        fallback = ""
+    head = ("{% if tools %}{{ '<|im_start|>system\\n' + (system or '') + " + _q(_QWEN_TOOLS_HEAD) + " }}"
+            "{% for tool in tools %}{{ '\\n' + tool | tojson }}{% endfor %}{{ " + _q(_QWEN_TOOLS_TAIL) + " }}"
+            "{% elif system is not none %}{{ '<|im_start|>system\\n' + system + '<|im_end|>\\n' }}{% endif %}"
+            if tools else
+            "{% if system is not none %}{{ '<|im_start|>system\\n' + system + '<|im_end|>\\n' }}{% endif %}")
+    calls = ("{% for call in message['tool_calls'] or [] %}{% set f = call['function'] %}"
+             "{{ ('\\n' if (message['content'] or not loop.first) else '') + '<tool_call>\\n{\"name\": \"' + f['name']"
+             " + '\", \"arguments\": ' + f['arguments'] | tojson + '}\\n</tool_call>' }}{% endfor %}") if tools else ""
+    tool_turn = ("{% elif message['role'] == 'tool' %}"
+                 "{% if loop.first or loop.previtem['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+                 "{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+                 "{% if loop.last or loop.nextitem['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
+                 ) if tools else ""
+    return (system + fallback + head +
+            "{% for message in messages %}"
+            "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+            "{% generation %}{{ message['content'] or '' }}" + calls +
+            "{{ '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+            + tool_turn +
+            "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+            "{% endif %}"
+            "{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+_LLAMA_TURN = ("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+               " + '<|eot_id|>' }}")
+_LLAMA_REPLY = ("{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+                "{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}")
+_LLAMA_PROMPT = "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+
+_LLAMA31 = (
+    "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] | trim %}{% set messages = messages[1:] %}"
+    "{% else %}{% set system = '' %}{% endif %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' }}{% if tools %}{{ 'Environment: ipython\\n' }}{% endif %}"
+    "{{ " + _q(_LLAMA31_DATE) + " + system + '<|eot_id|>' }}"
+    "{% if tools %}{% if not messages %}{{ raise_exception('tools need a first user message to go in') }}{% endif %}"
+    "{{ '<|start_header_id|>user<|end_header_id|>\\n\\n' + " + _q(_LLAMA31_TOOLS) + " }}"
+    "{% for t in tools %}{{ t | tojson(indent=4) + '\\n\\n' }}{% endfor %}"
+    "{{ messages[0]['content'] | trim + '<|eot_id|>' }}{% set messages = messages[1:] %}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{% if message['tool_calls'] | length != 1 %}"
+    "{{ raise_exception('Llama 3.1 takes one tool call per assistant message') }}{% endif %}"
+    "{% set f = message['tool_calls'][0]['function'] %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% generation %}"
+    "{{ '{\"name\": \"' + f['name'] + '\", \"parameters\": ' + f['arguments'] | tojson + '}<|eot_id|>' }}"
+    "{% endgeneration %}"
+    "{% elif message['role'] == 'assistant' %}" + _LLAMA_REPLY +
+    # Llama 3.1's own template writes a tool result through tojson (a string too: it is iterable in Jinja)
+    "{% elif message['role'] in ('tool', 'ipython') %}"
+    "{{ '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message['content'] | tojson + '<|eot_id|>' }}"
+    "{% else %}" + _LLAMA_TURN + "{% endif %}{% endfor %}" + _LLAMA_PROMPT
+)
+
+_MISTRAL_TOOLS = (
+    "{{ '[AVAILABLE_TOOLS] [' }}{% for tool in tools %}{% set tool = tool['function'] %}"
+    "{{ '{\"type\": \"function\", \"function\": {' }}"
+    "{% for key, val in tool.items() if key != 'return' %}"
+    "{% if val is string %}{{ '\"' + key + '\": \"' + val + '\"' }}{% else %}{{ '\"' + key + '\": ' + val | tojson }}"
+    "{% endif %}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}{{ '}}' }}"
+    "{% if not loop.last %}{{ ', ' }}{% else %}{{ ']' }}{% endif %}{% endfor %}{{ '[/AVAILABLE_TOOLS]' }}"
+)
+# Mistral-7B-Instruct-v0.3: "[INST] q[/INST] a</s>", tools before the last user message, [TOOL_CALLS] with 9-char
+# ids, [TOOL_RESULTS]. Its own template writes the system prompt into the last user message only when that message
+# ends the conversation (so a training conversation loses it); this one writes it into the last user message
+# always: where the model sees it when it answers.
+_MISTRAL = (
+    "{% if messages and messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+    "{% set messages = messages[1:] %}{% else %}{% set system = '' %}{% endif %}"
+    "{% set user_messages = messages | selectattr('role', 'equalto', 'user') | list %}"
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}"
+    "{% if tools and message == user_messages[-1] %}" + _MISTRAL_TOOLS + "{% endif %}"
+    "{{ '[INST] ' + (system + '\\n\\n' if system and message == user_messages[-1] else '') + message['content']"
+    " + '[/INST]' }}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}{% generation %}{{ '[TOOL_CALLS] [' }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% if call['id'] is not defined or call['id'] | length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+    "{{ (call['function'] | tojson)[:-1] + ', \"id\": \"' + call['id'] + '\"}' }}"
+    "{% if not loop.last %}{{ ', ' }}{% else %}{{ ']' + eos_token }}{% endif %}{% endfor %}{% endgeneration %}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{% generation %}{{ ' ' + message['content'] | trim + eos_token }}{% endgeneration %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '[TOOL_RESULTS] {\"content\": ' + message['content'] | string + ', \"call_id\": \"' + message['tool_call_id']"
+    " + '\"}[/TOOL_RESULTS]' }}"
+    "{% endif %}{% endfor %}"
+)
 
 BUILTIN_TEMPLATES: dict[str, str] = {
     "alpaca": (
@@ -50,16 +178,17 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
     ),
+    "qwen": _chatml(QWEN_SYSTEM, tools=True),
+    "qwen2": _chatml(QWEN2_SYSTEM, tools=False),
     "llama3": (
         "{{ bos_token }}{% for message in messages %}"
-        "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}"
-        "{% if message['role'] == 'assistant' %}"
-        "{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
-        "{% else %}{{ message['content'] | trim + '<|eot_id|>' }}{% endif %}"
-        "{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+        "{% if message['role'] == 'assistant' %}" + _LLAMA_REPLY + "{% else %}" + _LLAMA_TURN + "{% endif %}"
+        "{% endfor %}" + _LLAMA_PROMPT
     ),
-    "mistral": (
+    "llama3.1": _LLAMA31,
+    "mistral": _MISTRAL,
+    # Mistral-7B-Instruct-v0.1's spacing: "[INST] q [/INST]a</s>"; a system prompt before the first user message.
+    "mistral_v1": (
         "{{ bos_token }}{% set ns = namespace(system='') %}"
         "{% for message in messages %}"
         "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
@@ -73,7 +202,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% for message in messages %}"
         "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
         "{% elif message['role'] == 'user' %}"
-        "{{ '<start_of_turn>user\n' + ns.system + message['content'] | trim + '<end_of_turn>\n' }}"
+        "{{ '<start_of_turn>user\n' + (ns.system + message['content']) | trim + '<end_of_turn>\n' }}"
         "{% set ns.system = '' %}"
         "{% elif message['role'] == 'assistant' %}{{ '<start_of_turn>model\n' }}"
         "{% generation %}{{ message['content'] | trim + '<end_of_turn>' }}{% endgeneration %}{{ '\n' }}"
@@ -88,6 +217,16 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% endfor %}"
     ),
 }
+# Built-ins that render tool declarations, calls and results in their model's own format.
+TOOL_TEMPLATES = ("qwen", "llama3.1", "mistral")
+_TOOLS_WORD = re.compile(r"\btool")
+
+
+def supports_tools(template: str) -> bool:
+    """Whether a template renders tools: a built-in of TOOL_TEMPLATES, or a model's own that mentions them."""
+    builtin = next((name for name, source in BUILTIN_TEMPLATES.items() if source == template), None)
+    return builtin in TOOL_TEMPLATES if builtin else bool(_TOOLS_WORD.search(template))
+
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -169,30 +308,80 @@ def _render_chatml(chat: list[dict], eos: str) -> tuple[str, list[tuple[int, int
 FAST_RENDERERS = {BUILTIN_TEMPLATES["alpaca"]: _render_alpaca, BUILTIN_TEMPLATES["chatml"]: _render_chatml}
 
 
-def render(conversations: list[list[dict]], template: str, special_tokens: dict, where: str
-           ) -> tuple[list[str], list[list[tuple[int, int]]]]:
-    """The rendered text of each conversation and the character spans of its assistant turns."""
-    import jinja2
+Rendered = tuple[str, list[tuple[int, int]]]  # a conversation's text and its assistant spans
+# What a template raises on a record it cannot render (raise_exception is a TemplateError; a missing key or a
+# value of the wrong type, a TypeError or ValueError from a filter).
+_RENDER_ERRORS = (TemplateError, TypeError, ValueError, KeyError)
+
+
+def render(conversations: list[list[dict]], template: str, special_tokens: dict, where: str,
+           tools: list[list[dict] | None] | None = None) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """The rendered text of each conversation and the character spans of its assistant turns; a conversation the
+    template cannot render is an error."""
+    out = render_records(conversations, template, special_tokens, tools)
+    for i, r in enumerate(out):
+        if isinstance(r, str):
+            raise DataError(f"data.template: {where}: conversation {i + 1}: {r}; fix the template")
+    return [t for t, _ in out], [s for _, s in out]
+
+
+def render_records(conversations: list[list[dict]], template: str, special_tokens: dict,
+                   tools: list[list[dict] | None] | None = None) -> list[Rendered | str]:
+    """Each conversation rendered (with its own tool declarations, if any), or why the template cannot render it
+    in the template's own words. Conversations without tools go through Jinja in one batch; one that fails sends
+    the batch through one by one, to name it."""
+    tools = tools or [None] * len(conversations)
+    plain = [i for i, t in enumerate(tools) if not t]
+    results: list[Rendered | str] = [""] * len(conversations)
+    if template in FAST_RENDERERS:
+        fast, eos = FAST_RENDERERS[template], special_tokens.get("eos_token", "")
+        batch = [fast(conversations[i], eos) for i in plain]
+    else:
+        try:
+            batch = _render_batch([conversations[i] for i in plain], template, special_tokens, None)
+        except _RENDER_ERRORS:
+            batch = [_render_one(conversations[i], template, special_tokens, None) for i in plain]
+    for i, r in zip(plain, batch):
+        results[i] = r
+    for i, t in enumerate(tools):
+        if t:
+            results[i] = _render_one(conversations[i], template, special_tokens, t)
+    return results
+
+
+def _render_one(chat: list[dict], template: str, special_tokens: dict, tools: list[dict] | None) -> Rendered | str:
+    try:
+        return _render_batch([chat], template, special_tokens, tools)[0]
+    except _RENDER_ERRORS as e:
+        return f"the chat template cannot render it: {e}"
+
+
+def _render_batch(conversations: list[list[dict]], template: str, special_tokens: dict,
+                  tools: list[dict] | None) -> list[Rendered]:
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    if template in FAST_RENDERERS:
-        fast = FAST_RENDERERS[template]
-        eos = special_tokens.get("eos_token", "")
-        rendered = [fast(chat, eos) for chat in conversations]
-        return [t for t, _ in rendered], [s for _, s in rendered]
-    try:
-        if has_generation_marks(template):
-            texts, spans = render_jinja_template(conversations, chat_template=template,
-                                                 return_assistant_tokens_mask=True, **special_tokens)
-            return texts, [list(s) for s in spans]
-        texts, _ = render_jinja_template(conversations, chat_template=template, **special_tokens)
-        return texts, [_prefix_spans(chat, text, template, special_tokens) for chat, text in zip(conversations, texts)]
-    except jinja2.TemplateError as e:
-        line = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
-        raise DataError(f"data.template: {where}{line} fails to render: {e}; fix the template") from None
+    if not conversations:
+        return []
+    if has_generation_marks(template):
+        texts, spans = render_jinja_template(conversations, tools=tools, chat_template=template,
+                                             return_assistant_tokens_mask=True, **special_tokens)
+        return [(t, list(s)) for t, s in zip(texts, spans)]
+    texts, _ = render_jinja_template(conversations, tools=tools, chat_template=template, **special_tokens)
+    return [(text, _prefix_spans(chat, text, template, special_tokens, tools))
+            for chat, text in zip(conversations, texts)]
 
 
-def _prefix_spans(chat: list[dict], text: str, template: str, special_tokens: dict) -> list[tuple[int, int]]:
+def render_advice(reason: str, template_name: str) -> str:
+    """The fix for records a template cannot render: a model template that refuses system prompts (gemma's) has a
+    built-in that folds them into the first user turn."""
+    if "system" in reason.lower():
+        return ("the model's template refuses system prompts: use data.template=gemma (folds the system prompt into "
+                "the first user turn, as LLaMA-Factory does) or drop the system column")
+    return f"fix those records, or choose another data.template (now {template_name})"
+
+
+def _prefix_spans(chat: list[dict], text: str, template: str, special_tokens: dict, tools: list[dict] | None = None
+                  ) -> list[tuple[int, int]]:
     """Assistant spans of a template without generation marks: what turn i adds after the generation prompt."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -200,9 +389,9 @@ def _prefix_spans(chat: list[dict], text: str, template: str, special_tokens: di
     for i, message in enumerate(chat):
         if message["role"] != "assistant":
             continue
-        (before,), _ = render_jinja_template([chat[:i]], chat_template=template, add_generation_prompt=True,
-                                            **special_tokens)
-        (through,), _ = render_jinja_template([chat[:i + 1]], chat_template=template, **special_tokens)
+        (before,), _ = render_jinja_template([chat[:i]], tools=tools, chat_template=template,
+                                            add_generation_prompt=True, **special_tokens)
+        (through,), _ = render_jinja_template([chat[:i + 1]], tools=tools, chat_template=template, **special_tokens)
         if not (text.startswith(through) and through.startswith(before)):
             raise DataError("data.template: the chat template renders a conversation's turns differently alone and "
                             "in the whole conversation, so its assistant turns cannot be isolated for the loss; "

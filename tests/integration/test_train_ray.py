@@ -121,6 +121,50 @@ def test_lora_sft_on_sharegpt_chat_data_with_two_workers(demo_dir, tmp_path, no_
     assert "data: cache hit" in (again.run_dir / "logs" / "main.log").read_text()
 
 
+def test_lora_on_a_glaive_style_tool_dataset_with_two_workers(tmp_path, no_orphans):
+    """LLaMA-Factory's tool-calling shape (sharegpt function_call/observation turns, a tools column) trains with the
+    tools declared in every prompt, in Mistral v0.3's own format (the most compact: the tiny model has 512
+    positions), and the trained tokens are the calls and replies."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    cities = ["Paris", "Rome", "Oslo", "Lima", "Cairo", "Quito", "Delhi", "Tokyo"]
+    tools = json.dumps([{"name": "get_weather", "description": "Weather of a city.",
+                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}])
+    rows = [{"conversations": [
+        {"from": "human", "value": f"Weather in {c}?"},
+        {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": c}})},
+        {"from": "observation", "value": json.dumps({"temp_c": 10 + i})},
+        {"from": "gpt", "value": f"It is {10 + i} C in {c}."}], "tools": tools}
+        for i, c in enumerate(cities * 4)]
+    lf = tmp_path / "lf"
+    lf.mkdir()
+    (lf / "glaive.json").write_text(json.dumps(rows))
+    entry = {"file_name": "glaive.json", "formatting": "sharegpt",
+             "columns": {"messages": "conversations", "tools": "tools"}}
+    (lf / "dataset_info.json").write_text(json.dumps({"glaive_demo": entry}))
+    cfg = {
+        "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "finetuning_type": "lora"},
+        "data": {"dataset_dir": str(lf), "dataset": "glaive_demo", "template": "mistral", "cutoff_len": 512,
+                 "eval_ratio": 0.125},
+        "train": {"per_device_train_batch_size": 2, "learning_rate": 5e-3, "max_steps": 4, "logging_steps": 2},
+        "scaling": {"num_workers": 2},
+    }
+    result = _run(cfg, tmp_path, "tools")
+    _check_run_dir(result.run_dir, 2, 4)
+    tok = AutoTokenizer.from_pretrained(str(result.run_dir / "final"))
+    source = json.loads((result.run_dir / "data" / "source.json").read_text())
+    train = datasets.load_from_disk(source["train"])
+    assert len(train) == 28 and not source["skipped"]
+    for ex in train.select(range(4)):
+        prompt = tok.decode(ex["input_ids"])
+        assert "[AVAILABLE_TOOLS]" in prompt and '"name": "get_weather"' in prompt and "[TOOL_RESULTS]" in prompt
+        trained = tok.decode([t for t, y in zip(ex["input_ids"], ex["labels"]) if y != -100])
+        assert trained.startswith('[TOOL_CALLS] [{"name": "get_weather"') and "temp_c" not in trained
+        assert trained.endswith(" C in " + prompt.split("Weather in ")[1].split("?")[0] + ".</s>")
+    assert "[TOOL_CALLS]" in tok.chat_template  # final/ keeps the template the run trained with
+
+
 @pytest.mark.parametrize("workers,lora", [(1, False), (2, False), (2, True)])
 def test_fsdp(classify_cfg, demo_dir, tmp_path, workers, lora, no_orphans):
     classify_cfg["train"].update(strategy="fsdp", max_steps=80, logging_steps=10)

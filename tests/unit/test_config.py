@@ -158,3 +158,15 @@ def test_elastic_range_in_rays_spelling():
         ours.min_workers, ours.max_workers, ours.elastic)
     with pytest.raises(ConfigError, match=r"scaling.max_workers=4 and scaling.num_workers=3 are both set"):
         validate({**base, "scaling": {"num_workers": 3, "max_workers": 4}})
+
+
+def test_the_records_an_epoch_leaves_out_are_said():
+    """LLaMA-Factory trains all 900 records; a whole-global-batch step cannot: the count is said at start."""
+    from scaletrain.config.batch import left_out_note
+    from scaletrain.config.schema import TrainConfig
+
+    train = TrainConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    note = left_out_note(900, train, world_size=2)  # global batch 16: 56 steps, 896 trained, 4 left
+    assert note.startswith("data: each epoch trains 896 of 900 examples: the last 4 do not fill a global batch of 16")
+    assert left_out_note(896, train, world_size=2) is None
+    assert "of 10 packed rows" in left_out_note(10, TrainConfig(per_device_train_batch_size=3), 1, "packed rows")

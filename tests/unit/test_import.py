@@ -29,7 +29,12 @@ def test_lora_example_maps_every_key_or_says_why():
     assert (c.data.template, c.data.max_length, c.data.max_samples, c.data.loader_workers) == ("llama3", 2048, 1000, 4)
     t = c.train
     assert (t.per_device_train_batch_size, t.gradient_accumulation_steps, t.learning_rate) == (1, 8, 1e-4)
-    assert c.train.bf16 and c.train.lr_scheduler_type == "cosine" and c.comm.timeout_s == 180000000
+    assert c.train.bf16 and c.train.lr_scheduler_type == "cosine"
+    assert c.comm.timeout_s == 1800  # 180000000 would switch hang detection off: kept, and said
+    assert "switch hang detection off" in _rows(rows)["ddp_timeout"].note
+    # LLaMA-Factory's defaults where its file is silent: no hold-out, lora_alpha = 2 x rank
+    assert c.data.eval_ratio == 0.0 and c.model.lora_alpha == 16 and c.model.lora_rank == 8
+    assert c.monitor.report_to == ["jsonl"]  # report_to: none
     assert (c.output.output_dir, c.output.run_name, c.checkpoint.save_steps) == ("saves/llama3-8b/lora", "sft", 500)
     by_key = _rows(rows)
     assert set(by_key) >= set(lf)  # every key of the file has a row
@@ -42,11 +47,36 @@ def test_full_example_with_zero3_becomes_fsdp_with_auto_values_from_the_training
     ds = __import__("json").loads((FIXTURES / "ds_z3_config.json").read_text())
     cfg, rows = from_llamafactory(lf, ds)
     c = validate(cfg)
-    assert c.train.strategy == "fsdp" and c.data.template == "chatml" and c.data.eval_ratio == 0.1
+    assert c.train.strategy == "fsdp" and c.data.template == "qwen" and c.data.eval_ratio == 0.1
     assert c.train.per_device_train_batch_size == 1 and c.train.gradient_accumulation_steps == 2
     by_key = _rows(rows)
     assert "ZeRO-3 = FSDP2" in by_key["zero_optimization.stage"].note
     assert by_key["train_micro_batch_size_per_gpu"].note == "auto: 1 from the training keys"
+    ds_leaves = {"fp16.loss_scale", "fp16.initial_scale_power", "zero_optimization.overlap_comm",
+                 "zero_optimization.stage3_max_live_parameters", "zero_allow_untested_optimizer", "train_batch_size",
+                 "zero_optimization.stage3_gather_16bit_weights_on_model_save", "bf16.enabled"}
+    assert ds_leaves <= set(by_key) and set(by_key) >= set(lf)  # every key of both files has a row
+    assert by_key["zero_optimization.overlap_comm"].note.startswith("ignored: DeepSpeed's bucket")
+
+
+def test_llamafactory_keys_keep_their_meaning():
+    lf = {"model_name_or_path": "/m", "stage": "sft", "finetuning_type": "lora", "lora_rank": 32,
+          "lora_target": "q_proj,v_proj", "dataset": "glaive_toolcall_en_demo", "eval_dataset": "alpaca_en_demo",
+          "template": "qwen", "neat_packing": True, "packing": True, "ray_num_workers": 4, "report_to": "wandb",
+          "group_by_length": True, "ddp_timeout": 3600, "output_dir": "saves/x"}
+    cfg, rows = from_llamafactory(lf)
+    c = validate(cfg)
+    assert c.model.lora_alpha == 64 and c.model.lora_target == ["q_proj", "v_proj"]
+    assert c.data.eval_dataset == ["alpaca_en_demo"] and c.data.eval_ratio == 0.1  # eval set given: no hold-out cut
+    assert c.data.packing and c.scaling.num_workers == 4 and c.monitor.report_to == ["jsonl", "wandb"]
+    assert c.data.balance_ranks and c.comm.timeout_s == 3600 and c.data.template == "qwen"
+    by_key = _rows(rows)
+    assert set(by_key) >= set(lf) and by_key["eval_dataset"].where == "data.eval_dataset"
+    for stage in ("dpo", "kto", "rm"):
+        _, rows = from_llamafactory({**lf, "stage": stage})
+        assert "#32" in _rows(rows)["stage"].note and _rows(rows)["stage"].where == ""
+    cfg, rows = from_llamafactory({**lf, "stage": "pt"})
+    assert validate(cfg).data.formatting == "text"
 
 
 def test_deepspeed_stages_and_offload():

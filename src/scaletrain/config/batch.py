@@ -93,6 +93,19 @@ def steps_per_epoch(num_train: int, train: TrainConfig, world_size: int) -> int:
     return per_rank // train.per_device_train_batch_size // train.gradient_accumulation_steps
 
 
+def left_out_note(num_train: int, train: TrainConfig, world_size: int, unit: str = "examples") -> str | None:
+    """What each epoch leaves out (the last partial global batch), said at start: a step is always a whole global
+    batch, so that 1 and N workers train the same steps with the same token-weighted loss (parity) and a resized
+    run keeps its arithmetic. The epoch order is reshuffled, so a different few are left out each epoch."""
+    batch = global_batch(train, world_size)
+    left = num_train - steps_per_epoch(num_train, train, world_size) * batch
+    if left <= 0:
+        return None
+    return (f"data: each epoch trains {num_train - left} of {num_train} {unit}: the last {left} do not fill a global "
+            f"batch of {batch} (a step is always a whole global batch); the order is reshuffled every epoch, so "
+            f"different ones are left out; to train all, make the count a multiple of {batch}")
+
+
 def total_steps(num_train: int, cfg: Config, world_size: int) -> int:
     spe = steps_per_epoch(num_train, cfg.train, world_size)
     if spe == 0:

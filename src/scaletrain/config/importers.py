@@ -48,7 +48,9 @@ DIRECT: dict[str, tuple[str, str]] = {
     "eval_steps": ("train", "eval_steps"),
     "save_steps": ("checkpoint", "save_steps"),
     "save_total_limit": ("checkpoint", "save_total_limit"),
-    "ddp_timeout": ("comm", "timeout_s"),
+    "ray_num_workers": ("scaling", "num_workers"),
+    "resources_per_worker": ("scaling", "resources_per_worker"),
+    "placement_strategy": ("scaling", "placement_strategy"),
 }
 # Keys that have no meaning (or no equivalent) here, with the reason shown to the user.
 NOT_MAPPED: dict[str, str] = {
@@ -57,22 +59,37 @@ NOT_MAPPED: dict[str, str] = {
     "trust_remote_code": "only transformers' own architectures load (no remote code)",
     "plot_loss": "every run writes report.md with its loss plot",
     "overwrite_output_dir": "a run directory is never overwritten: each run gets a new one",
-    "report_to": "set monitor.report_to (jsonl, tensorboard)",
     "save_only_model": "checkpoints always hold what an exact resume needs",
     "resume_from_checkpoint": "continue a run with scaletrain train --resume RUN_DIR",
     "eval_strategy": "evaluation follows train.eval_steps (0: only at the end)",
     "evaluation_strategy": "evaluation follows train.eval_steps (0: only at the end)",
     "save_strategy": "checkpoints follow checkpoint.save_steps",
     "logging_strategy": "records follow train.logging_steps",
-    "eval_dataset": "give data.eval_file (one file) or let data.eval_ratio hold out a share",
     "flash_attn": "the attention implementation is transformers' default for the model",
     "ray_run_name": "set output.run_name",
-    "ray_num_workers": "set scaling.num_workers",
-    "packing": "not yet supported (sequence packing)",
+    "ray_storage_path": "set output.output_dir (shared storage every node sees)",
+    "ray_init_kwargs": "scaletrain starts or joins Ray itself (scaling.address)",
+    "ddp_find_unused_parameters": "DDP here finds unused parameters itself where LoRA or a frozen part needs it",
+    "include_num_input_tokens_seen": "metrics.jsonl records the tokens seen at every step",
+    "disable_tqdm": "the console shows one line per logged step, no progress bar",
+    "dataloader_pin_memory": "pinned memory follows the device (on for GPUs)",
+    "run_name": "set output.run_name",
+    "eval_on_each_dataset": "one evaluation over all eval data (eval/loss); per-dataset evaluation is not yet in "
+                            "scaletrain",
 }
+# Stages LLaMA-Factory trains that scaletrain does not yet: the issue that covers them.
+NOT_YET = {"dpo": "preference tuning (DPO)", "kto": "preference tuning (KTO)", "rm": "reward models",
+           "ppo": "RL from a reward model (PPO)"}
+# LLaMA-Factory's report_to values -> monitor.report_to (jsonl is always written).
+REPORTERS = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "mlflow": ["mlflow"],
+             "all": ["tensorboard", "wandb", "mlflow"]}
+# ddp_timeout above this is LLaMA-Factory's "wait forever" (180000000 s in its examples): there it lets ranks wait
+# out rank 0's data preprocessing, which scaletrain does in the driver before any worker starts.
+FOREVER_S = 24 * 3600
 # LLaMA-Factory template names -> scaletrain built-ins (LF's own names where they are the same format).
-TEMPLATES = {"alpaca": "alpaca", "qwen": "chatml", "qwen2": "chatml", "qwen2_5": "chatml", "chatml": "chatml",
-             "llama3": "llama3", "mistral": "mistral", "gemma": "gemma", "vicuna": "vicuna"}
+# (LLaMA-Factory's qwen template writes Qwen2.5's default system prompt; its llama3 has no Llama-3.1 date header.)
+TEMPLATES = {"alpaca": "alpaca", "qwen": "qwen", "chatml": "chatml", "llama3": "llama3", "mistral": "mistral",
+             "gemma": "gemma", "gemma2": "gemma", "vicuna": "vicuna"}
 LF_MARKERS = ("model_name_or_path", "stage", "finetuning_type", "dataset", "template", "do_train")
 
 
@@ -100,28 +117,9 @@ def from_llamafactory(lf: dict, deepspeed: dict | None = None, deepspeed_path: s
     for key, value in lf.items():
         if key in DIRECT:
             section, name = DIRECT[key]
-            if key == "ddp_timeout":
-                value = int(value)
             put(key, section, name, value)
-        elif key == "stage":
-            if value == "sft":
-                put(key, "model", "task", "causal-lm")
-            elif value == "pt":
-                put(key, "model", "task", "causal-lm")
-                put(key, "data", "formatting", "text", "pre-training: loss on every token of a text column")
-            else:
-                rows.append(Row(key, value, "", f"stage {value} is not supported: scaletrain trains SFT and pt"))
-        elif key == "lora_target":
-            targets = [t.strip() for t in str(value).split(",") if t.strip()]
-            put(key, "model", "lora_target", "all-linear" if targets == ["all"] else targets)
-        elif key == "dataset":
-            put(key, "data", "dataset", [d.strip() for d in str(value).split(",") if d.strip()])
-        elif key == "template":
-            if value in TEMPLATES:
-                put(key, "data", "template", TEMPLATES[value])
-            else:
-                put(key, "data", "template", "auto", f"no built-in for LLaMA-Factory's {value!r}: the tokenizer's "
-                                                     f"own chat template is used (check it matches)")
+        elif key in SPECIAL:
+            SPECIAL[key](key, value, lf, put, rows)
         elif key == "output_dir":
             out = Path(str(value))
             cfg.setdefault("output", {}).update(output_dir=str(out.parent) if str(out.parent) != "." else ".",
@@ -134,14 +132,103 @@ def from_llamafactory(lf: dict, deepspeed: dict | None = None, deepspeed_path: s
             rows.append(Row(key, value, "", NOT_MAPPED[key]))
         else:
             rows.append(Row(key, value, "", "no scaletrain equivalent"))
-    if "dataset" in lf and "dataset_dir" not in lf:
-        cfg.setdefault("data", {})["dataset_dir"] = "data"
-        rows.append(Row("dataset_dir", "(default)", "data.dataset_dir", "LLaMA-Factory's default folder: data"))
+    _defaults(lf, cfg, rows)
     if deepspeed is not None:
         ds_train, ds_rows = from_deepspeed(deepspeed, cfg.get("train", {}), deepspeed_path)
         cfg.setdefault("train", {}).update(ds_train)
         rows += ds_rows
     return cfg, rows
+
+
+def _defaults(lf: dict, cfg: dict, rows: list[Row]) -> None:
+    """LLaMA-Factory's own defaults where its file leaves a key unset and scaletrain's default differs."""
+    data = cfg.setdefault("data", {})
+    if ("dataset" in lf or "eval_dataset" in lf) and "dataset_dir" not in lf:
+        data["dataset_dir"] = "data"
+        rows.append(Row("dataset_dir", "(default)", "data.dataset_dir", "LLaMA-Factory's default folder: data"))
+    if "val_size" not in lf and "eval_dataset" not in lf:
+        data["eval_ratio"] = 0.0
+        rows.append(Row("val_size", "(default 0)", "data.eval_ratio", "LLaMA-Factory holds nothing out unless "
+                        "val_size is set; scaletrain's own default is 0.1"))
+    if lf.get("finetuning_type", "lora") == "lora" and "lora_alpha" not in lf:
+        rank = int(lf.get("lora_rank", 8))
+        cfg.setdefault("model", {})["lora_alpha"] = 2 * rank
+        rows.append(Row("lora_alpha", f"(default 2 x lora_rank = {2 * rank})", "model.lora_alpha",
+                        "LLaMA-Factory's default; scaletrain's own is 16"))
+
+
+def _stage(key, value, lf, put, rows) -> None:
+    if value == "sft":
+        put(key, "model", "task", "causal-lm")
+    elif value == "pt":
+        put(key, "model", "task", "causal-lm")
+        put(key, "data", "formatting", "text", "pre-training: loss on every token; every dataset is read as text "
+                                               "(LLaMA-Factory's \"prompt\" column)")
+    else:
+        what = NOT_YET.get(value, f"stage {value}")
+        rows.append(Row(key, value, "", f"{what} is not yet in scaletrain (the preference-tuning issue, #32, "
+                                        f"covers dpo, kto and rm); this file cannot run until it lands"))
+
+
+def _lora_target(key, value, lf, put, rows) -> None:
+    targets = [t.strip() for t in str(value).split(",") if t.strip()]
+    put(key, "model", "lora_target", "all-linear" if targets == ["all"] else targets)
+
+
+def _names(key, value, lf, put, rows) -> None:
+    section, name = {"dataset": ("data", "dataset"), "eval_dataset": ("data", "eval_dataset")}[key]
+    put(key, section, name, [d.strip() for d in str(value).split(",") if d.strip()])
+
+
+def _template(key, value, lf, put, rows) -> None:
+    if value in TEMPLATES:
+        put(key, "data", "template", TEMPLATES[value])
+    else:
+        put(key, "data", "template", "auto", f"no built-in for LLaMA-Factory's {value!r}: the tokenizer's own chat "
+                                             f"template is used (check it matches)")
+
+
+def _packing(key, value, lf, put, rows) -> None:
+    if key == "packing" and "neat_packing" in lf:
+        rows.append(Row(key, value, "data.packing", "see neat_packing"))
+        return
+    on = bool(value) or bool(lf.get("neat_packing"))
+    note = ("" if key == "neat_packing" or not value else
+            "scaletrain packs with per-example attention (LLaMA-Factory's neat_packing): packed examples never "
+            "attend to each other, which LLaMA-Factory's plain packing lets them")
+    put(key, "data", "packing", on, note)
+
+
+def _report_to(key, value, lf, put, rows) -> None:
+    names = [value] if isinstance(value, str) else list(value or [])
+    out = ["jsonl"] + [r for n in names for r in REPORTERS.get(str(n), [])]
+    unknown = [n for n in names if str(n) not in REPORTERS]
+    put(key, "monitor", "report_to", out, "metrics.jsonl is always written" +
+        (f"; {', '.join(map(str, unknown))}: not a tracker scaletrain has" if unknown else ""))
+
+
+def _group_by_length(key, value, lf, put, rows) -> None:
+    on = value is True or value == "group_by_length"
+    put(key, "data", "balance_ranks", on, "each step's batches are formed so ranks hold similar token counts, "
+                                          "which is what grouping by length is for")
+
+
+def _ddp_timeout(key, value, lf, put, rows) -> None:
+    seconds = int(value)
+    if seconds > FOREVER_S:
+        rows.append(Row(key, value, "comm.timeout_s", f"not used: {seconds} s ({seconds / 3.156e7:.1f} years) would "
+                        f"switch hang detection off. LLaMA-Factory sets it so ranks wait out rank 0's data "
+                        f"preprocessing; scaletrain prepares the data before workers start, so comm.timeout_s keeps "
+                        f"1800 s: a collective stuck longer names its rank and the job restarts"))
+        return
+    put(key, "comm", "timeout_s", seconds, f"a collective waiting longer than {seconds} s is a hang: its rank is "
+                                           f"named and the job restarts")
+
+
+SPECIAL = {"stage": _stage, "lora_target": _lora_target, "dataset": _names, "eval_dataset": _names,
+           "template": _template, "packing": _packing, "neat_packing": _packing, "report_to": _report_to,
+           "group_by_length": _group_by_length, "train_sampling_strategy": _group_by_length,
+           "ddp_timeout": _ddp_timeout}
 
 
 def from_deepspeed(ds: dict, train: dict, source: str = "deepspeed") -> tuple[dict, list[Row]]:
@@ -196,4 +283,41 @@ def from_deepspeed(ds: dict, train: dict, source: str = "deepspeed") -> tuple[di
         if key in ds:
             rows.append(Row(key, ds[key].get("type", "?"), "", "scaletrain uses AdamW with "
                             "train.lr_scheduler_type; the training keys' values apply"))
+    done = {r.key for r in rows} | {"optimizer", "scheduler"}
+    for key, value in _leaves(ds):
+        if key not in done and not any(key.startswith(d + ".") for d in ("optimizer", "scheduler")):
+            rows.append(Row(key, value, "", _ds_note(key)))
     return out, rows
+
+
+def _leaves(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """A nested JSON object's keys as dotted paths to their values."""
+    out = []
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        out += _leaves(v, path + ".") if isinstance(v, dict) and v else [(path, v)]
+    return out
+
+
+# DeepSpeed keys that change nothing here, grouped by why.
+_DS_NOTES = (
+    (("train_batch_size",), "the global batch is per_device_train_batch_size x workers x "
+                            "gradient_accumulation_steps (config/batch.py); auto agrees with it"),
+    (("fp16.",), "loss scaling: train.fp16 uses torch's GradScaler with its own dynamic scale"),
+    (("bf16.",), "bf16 needs no loss scaling"),
+    (("zero_optimization.stage3_gather_16bit_weights_on_model_save",),
+     "final/ is always written whole, in the checkpoint dtype"),
+    (("zero_optimization.",), "DeepSpeed's bucket and prefetch tuning: FSDP2/DDP size their own buckets and "
+                              "prefetch one block ahead"),
+    (("zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"), "scaletrain's optimizer is AdamW, tested"),
+    (("steps_per_print", "wall_clock_breakdown", "flops_profiler", "comms_logger"),
+     "logging follows train.logging_steps; step times and MFU are in metrics.jsonl"),
+    (("activation_checkpointing.",), "set train.gradient_checkpointing"),
+)
+
+
+def _ds_note(key: str) -> str:
+    for prefixes, note in _DS_NOTES:
+        if any(key == p or (p.endswith(".") and key.startswith(p)) for p in prefixes):
+            return f"ignored: {note}"
+    return "no scaletrain equivalent"

@@ -62,6 +62,7 @@ class DataConfig(_Section):
     eval_file: Optional[str] = None
     dataset_dir: Optional[str] = None  # holds dataset_info.json and the files it names
     dataset: Optional[list[str]] = None  # names in dataset_info.json ("a,b" works too, as in LLaMA-Factory)
+    eval_dataset: Optional[list[str]] = None  # names in dataset_info.json to evaluate on (LLaMA-Factory's key)
     mix_strategy: Literal["concat", "interleave"] = "concat"
     mix_probs: Optional[list[float]] = None  # interleave: the probability of each dataset (seeded)
     # Held out from the training data (after max_samples) when eval_file is not given.
@@ -124,7 +125,7 @@ class DataConfig(_Section):
                              f"the same setting (cutoff_len is LLaMA-Factory's name for it); keep one")
         return data
 
-    @field_validator("dataset", mode="before")
+    @field_validator("dataset", "eval_dataset", mode="before")
     @classmethod
     def _names(cls, v):
         if isinstance(v, str):
@@ -161,6 +162,10 @@ class DataConfig(_Section):
             raise ValueError("data.train_file and data.dataset are both set; keep one of them")
         if self.dataset and not self.dataset_dir:
             raise ValueError("data.dataset needs data.dataset_dir (the folder of its dataset_info.json); set it")
+        if self.eval_dataset and not self.dataset_dir:
+            raise ValueError("data.eval_dataset needs data.dataset_dir (the folder of its dataset_info.json); set it")
+        if self.eval_dataset and self.eval_file:
+            raise ValueError("data.eval_file and data.eval_dataset are both set; keep one of them")
         if self.mix_probs is not None:
             if self.mix_strategy != "interleave":
                 raise ValueError("data.mix_probs applies to data.mix_strategy=interleave only; set it or remove "

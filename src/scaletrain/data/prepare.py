@@ -25,9 +25,17 @@ from pathlib import Path
 
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
-from scaletrain.data.formats import Columns
 from scaletrain.data.labels import Labels, resolve_labels
-from scaletrain.data.sources import Loaded, Source, content_hash, exists, load, require_columns, sources
+from scaletrain.data.sources import (
+    Loaded,
+    Source,
+    content_hash,
+    eval_sources,
+    exists,
+    load,
+    require_columns,
+    sources,
+)
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
 from scaletrain.errors import DataError
 
@@ -76,12 +84,11 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
 
     d = cfg.data
     train_sources = sources(d, cfg.model.task)
-    eval_source = (Source("eval_file", d.eval_file, "data.eval_file", d.formatting,
-                          Columns.from_config(d, d.formatting), d.format) if d.eval_file else None)
+    eval_srcs = eval_sources(d)
     template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
-    for src in train_sources + ([eval_source] if eval_source else []):
+    for src in train_sources + eval_srcs:
         exists(src)
-    fingerprint = _fingerprint(cfg, tokenizer, template[1], train_sources + ([eval_source] if eval_source else []))
+    fingerprint = _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
     root = Path(d.cache_dir or Path(cfg.output.output_dir) / ".cache" / "data").expanduser().resolve()
     entry = root / fingerprint
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -96,8 +103,8 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     with tempfile.TemporaryDirectory(prefix="scaletrain-hf-") as hf_cache:
         datasets.disable_progress_bars()
         loaded = [(src, _loaded(src, cfg, hf_cache)) for src in train_sources]
-        loaded_eval = (eval_source, _loaded(eval_source, cfg, hf_cache)) if eval_source else None
-        labels = _class_labels(cfg, loaded, loaded_eval)
+        loaded_evals = [(src, _loaded(src, cfg, hf_cache)) for src in eval_srcs]
+        labels = _class_labels(cfg, loaded, loaded_evals[0] if loaded_evals else None)
         parts, skipped, notes = [], {}, []
         for src, raw in loaded:
             notes += _placeholders(src, raw)
@@ -106,10 +113,14 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             _merge(skipped, notes, why, src, raw)
             notes += [cut] if cut else []
         train = _mix(parts, cfg)
-        if loaded_eval:
-            evals, why, cut = _tokenized(*loaded_eval, cfg, tokenizer, template, labels)
-            _merge(skipped, notes, why, *loaded_eval)
-            notes += [cut] if cut else []
+        if loaded_evals:
+            eval_parts = []
+            for src, raw in loaded_evals:
+                ds, why, cut = _tokenized(src, raw, cfg, tokenizer, template, labels)
+                eval_parts.append(ds)
+                _merge(skipped, notes, why, src, raw)
+                notes += [cut] if cut else []
+            evals = datasets.concatenate_datasets(eval_parts) if len(eval_parts) > 1 else eval_parts[0]
         else:
             train, evals = _split(train, cfg, train_sources[0])
         train = train.add_column("length", [len(ids) for ids in train["input_ids"]])  # for balanced ranks

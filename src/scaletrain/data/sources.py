@@ -42,6 +42,19 @@ def sources(d: DataConfig, task: str) -> list[Source]:
     if d.train_file:
         columns = Columns.from_config(d, d.formatting)
         return [Source("train_file", d.train_file, "data.train_file", d.formatting, columns, d.format)]
+    return _entries(d, d.dataset or [], "data.dataset")
+
+
+def eval_sources(d: DataConfig) -> list[Source]:
+    """The evaluation sources the config names (eval_file, or LLaMA-Factory's eval_dataset entries); none: the
+    evaluation set is held out of the training data (data.eval_ratio)."""
+    if d.eval_file:
+        return [Source("eval_file", d.eval_file, "data.eval_file", d.formatting, Columns.from_config(d, d.formatting),
+                       d.format)]
+    return _entries(d, d.eval_dataset, "data.eval_dataset") if d.eval_dataset else []
+
+
+def _entries(d: DataConfig, names: list[str], setting: str) -> list[Source]:
     info_path = Path(d.dataset_dir).expanduser() / INFO_FILE
     if not info_path.is_file():
         raise DataError(f"data.dataset_dir={d.dataset_dir}: no {INFO_FILE} there; point it at LLaMA-Factory's data "
@@ -51,13 +64,13 @@ def sources(d: DataConfig, task: str) -> list[Source]:
     except json.JSONDecodeError as e:
         raise DataError(f"{info_path}: line {e.lineno}: {e.msg}; fix the JSON") from None
     out = []
-    for i, name in enumerate(d.dataset or []):
+    for i, name in enumerate(names):
         if name not in info:
             near = difflib.get_close_matches(name, list(info), n=3, cutoff=0.5)
             hint = f"did you mean {' or '.join(near)}?" if near else f"it has {', '.join(sorted(info)[:12])}"
-            raise DataError(f"data.dataset: {name} is not in {info_path}; {hint}")
+            raise DataError(f"{setting}: {name} is not in {info_path}; {hint}")
         entry = info[name]
-        key = f"data.dataset[{i}] ({name})"
+        key = f"{setting}[{i}] ({name})"
         if "file_name" not in entry:
             remote = next((k for k in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
                            if k in entry), None)
@@ -72,7 +85,8 @@ def sources(d: DataConfig, task: str) -> list[Source]:
         if formatting not in FORMATTINGS:
             raise DataError(f"{key}: formatting {formatting!r} in {info_path}; use one of {', '.join(FORMATTINGS)}")
         if entry.get("ranking"):
-            raise DataError(f"{key}: a preference (ranking) dataset; scaletrain trains SFT only, remove it")
+            raise DataError(f"{key}: a preference (ranking) dataset: preference tuning is not yet in scaletrain "
+                            f"(issue #32); remove it")
         columns = Columns.from_config(d, formatting).with_overrides(mapped, entry.get("tags", {}))
         path = Path(entry["file_name"])
         path = path if path.is_absolute() else info_path.parent / path
@@ -319,9 +333,6 @@ def exists(src: Source) -> None:
 
 def check_files(d: DataConfig, task: str) -> None:
     """Every data file the config names exists and has a format scaletrain reads (doctor; train reads them)."""
-    found = sources(d, task)
-    if d.eval_file:
-        found.append(Source("eval_file", d.eval_file, "data.eval_file", d.formatting, Columns(), d.format))
-    for src in found:
+    for src in sources(d, task) + eval_sources(d):
         exists(src)
         file_format(src.path, src.file_format, src.key)

@@ -218,6 +218,10 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -
     """Complete ``final/``: the tokenizer beside the weights, and a merged model for LoRA when asked (in the
     dtype the checkpoint came in; ``compute``: the policy's compute dtype, a built-in's final dtype)."""
     final = RunDir(run_dir).final
+    if cfg.model.task == "causal-lm":  # the template the run trained with, so inference renders prompts the same
+        from scaletrain.data.templates import resolve_template
+
+        tokenizer.chat_template = resolve_template(cfg.data.template, tokenizer)[1]
     tokenizer.save_pretrained(str(final))
     if cfg.model.finetuning_type != "lora":
         return

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from scaletrain.config.batch import total_steps
+from scaletrain.config.batch import left_out_note, total_steps
 from scaletrain.config.schema import Config
 from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ConfigError
@@ -74,6 +74,9 @@ def preflight(cfg: Config) -> Preflight:
                           f"this run {cfg.model.num_labels}: it is re-initialised at the new size (the rest of "
                           f"the model is loaded)")
     total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
+    if left := left_out_note(len(data.train), cfg.train, cfg.scaling.num_workers,
+                             "packed rows" if cfg.data.packing else "examples"):
+        data.notes.append(left)
     try:
         shape, error = shape_for(cfg, vocab), ""
     except Exception as e:  # noqa: BLE001 - a model the meta pass cannot run: the run goes on without a plan

@@ -14,8 +14,8 @@ from scaletrain.rundir import RunDir
 # (the per-rank data order depends on world size, batch size and seed).
 RESUME_BREAKING = (
     "model.name_or_path", "model.task", "model.num_labels", "model.finetuning_type", "model.lora_rank",
-    "model.lora_target", "data.train_file", "data.eval_file", "data.eval_ratio", "data.max_length",
-    "data.max_samples", "train.per_device_train_batch_size", "train.gradient_accumulation_steps",
+    "model.lora_target", "data.train_file", "data.eval_file", "data.eval_dataset", "data.eval_ratio",
+    "data.max_length", "data.max_samples", "train.per_device_train_batch_size", "train.gradient_accumulation_steps",
     "train.seed", "train.max_steps", "train.num_train_epochs", "scaling.num_workers",
 )
 

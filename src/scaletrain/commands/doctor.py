@@ -57,7 +57,8 @@ def _path_errors(cfg) -> list[str]:
     from scaletrain.model import model_dir
 
     errors = []
-    for check in (lambda: model_dir(cfg.model.name_or_path), lambda: check_files(cfg.data, cfg.model.task)):
+    for check in (lambda: model_dir(cfg.model.name_or_path),
+                  lambda: check_files(cfg.data, cfg.model.task, cfg.train.stage)):
         try:
             check()
         except ScaletrainError as e:

@@ -95,6 +95,8 @@ class DataConfig(_Section):
     system_column: str = "system"
     history_column: str = "history"
     tools_column: str = "tools"  # a JSON list of function schemas the conversation may call (any formatting)
+    chosen_column: str = "chosen"  # train.stage=dpo: the preferred reply (a string or a turn object)
+    rejected_column: str = "rejected"
     # sharegpt / messages: the list of turns and its tags (defaults: conversations/from/value/human/gpt for
     # sharegpt, messages/role/content/user/assistant for messages)
     messages_column: Optional[str] = None
@@ -215,6 +217,16 @@ class TrainConfig(_Section):
     # 0: evaluate only at the end.
     eval_steps: int = Field(0, ge=0)
     seed: int = 42
+    # Preference tuning (LLaMA-Factory's names; worker/preference.py): stage dpo trains on chosen/rejected pairs
+    # with pref_loss (sigmoid = DPO, hinge, ipo, simpo, orpo; the last two need no reference model), pref_beta,
+    # an SFT term on the chosen reply weighted pref_ftx, simpo_gamma (SimPO's margin) and dpo_label_smoothing
+    # (conservative DPO).
+    stage: Literal["sft", "dpo", "kto", "rm"] = "sft"
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "simpo", "orpo"] = "sigmoid"
+    pref_beta: float = Field(0.1, gt=0)
+    pref_ftx: float = Field(0.0, ge=0)
+    simpo_gamma: float = Field(0.5, ge=0)
+    dpo_label_smoothing: float = Field(0.0, ge=0, lt=0.5)
 
     @field_validator("max_steps")
     @classmethod
@@ -225,6 +237,9 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _precision(self) -> "TrainConfig":
+        if self.stage in ("kto", "rm"):
+            raise ValueError(f"train.stage={self.stage} is not yet in scaletrain (issue #32: dpo with pref_loss "
+                             f"sigmoid, hinge, ipo, simpo and orpo has landed); use sft or dpo")
         if self.bf16 and self.fp16:
             raise ValueError("bf16 and fp16 are both true; set at most one of them")
         if self.strategy == "ddp":

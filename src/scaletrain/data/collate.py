@@ -34,6 +34,10 @@ class Collator:
         self.pad_token_id = pad_token_id
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        if "chosen_input_ids" in batch[0]:  # preference pairs: one batch of the chosen sides, then the rejected
+            sides = [{"input_ids": ex[f"{side}_input_ids"], "labels": ex[f"{side}_labels"]}
+                     for side in ("chosen", "rejected") for ex in batch]
+            return {**self(sides), "num_examples": torch.tensor(len(batch))}
         width = max(len(ex["input_ids"]) for ex in batch)
         packed = "position_ids" in batch[0]
         ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)

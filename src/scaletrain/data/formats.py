@@ -47,6 +47,8 @@ class Columns:
     observation_tag: str = "observation"
     function_tag: str = "function_call"
     tools: str = "tools"
+    chosen: str = "chosen"  # preference data: the preferred and the dispreferred reply
+    rejected: str = "rejected"
 
     @classmethod
     def from_config(cls, d: DataConfig, formatting: str) -> Columns:
@@ -58,7 +60,8 @@ class Columns:
                    role_tag=d.role_tag or role, content_tag=d.content_tag or content, user_tag=d.user_tag or user,
                    assistant_tag=d.assistant_tag or assistant,
                    observation_tag=d.observation_tag or ("tool" if formatting == "messages" else "observation"),
-                   function_tag=d.function_tag or "function_call", tools=d.tools_column)
+                   function_tag=d.function_tag or "function_call", tools=d.tools_column, chosen=d.chosen_column,
+                   rejected=d.rejected_column)
 
     def with_overrides(self, columns: dict[str, str], tags: dict[str, str]) -> Columns:
         """A dataset_info.json entry's ``columns`` and ``tags`` over these."""

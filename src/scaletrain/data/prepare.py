@@ -26,6 +26,7 @@ from pathlib import Path
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
 from scaletrain.data.labels import Labels, resolve_labels
+from scaletrain.data.pairs import PAIR_COLUMNS, encode_pairs
 from scaletrain.data.sources import (
     Loaded,
     Source,
@@ -83,8 +84,8 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     import datasets
 
     d = cfg.data
-    train_sources = sources(d, cfg.model.task)
-    eval_srcs = eval_sources(d)
+    train_sources = sources(d, cfg.model.task, cfg.train.stage)
+    eval_srcs = eval_sources(d, cfg.train.stage)
     template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
     for src in train_sources + eval_srcs:
         exists(src)
@@ -123,7 +124,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             evals = datasets.concatenate_datasets(eval_parts) if len(eval_parts) > 1 else eval_parts[0]
         else:
             train, evals = _split(train, cfg, train_sources[0])
-        train = train.add_column("length", [len(ids) for ids in train["input_ids"]])  # for balanced ranks
+        train = train.add_column("length", example_lengths(train))  # for balanced ranks
         if d.packing:
             from scaletrain.data.packing import pack
 
@@ -138,6 +139,13 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         _write_entry(entry, train, evals, meta)
     train, evals = datasets.load_from_disk(str(entry / "train")), datasets.load_from_disk(str(entry / "eval"))
     return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes, labels)
+
+
+def example_lengths(ds) -> list[int]:
+    """Tokens of each example: a preference pair counts both sides (one forward runs both)."""
+    if PAIR_COLUMNS[0] in ds.column_names:
+        return [len(a) + len(b) for a, b in zip(ds[PAIR_COLUMNS[0]], ds[PAIR_COLUMNS[2]])]
+    return [len(ids) for ids in ds["input_ids"]]
 
 
 PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
@@ -249,7 +257,8 @@ def _lf_mapped(mapped: set[str]) -> set[str]:
 def _cut(src: Source, out, d) -> str | None:
     """What data.max_length cut (a note: how many records, the longest, how many lost most of their tokens);
     an error when more than data.max_truncated_ratio of the records lose over half of their tokens."""
-    lengths = [(f, len(ids)) for f, ids in zip(out["_full"], out["input_ids"]) if f > len(ids)]
+    column = "input_ids" if "input_ids" in out.column_names else "chosen_input_ids"  # a pair: its longer side
+    lengths = [(f, len(ids)) for f, ids in zip(out["_full"], out[column]) if f > len(ids)]
     if not lengths:
         return None
     most = sum(1 for f, k in lengths if k < f / 2)
@@ -287,9 +296,22 @@ def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str],
         raise DataError(f"{src.key}={src.path}: the records are alpaca ({c.prompt}/{c.query}/{c.response} columns), "
                         f"not {src.formatting} turns; set data.formatting=alpaca"
                         + (f" (or the entry's \"formatting\" in {src.extra['info']})" if src.extra else ""))
+    preference = cfg.train.stage == "dpo"
     required = c.required(src.formatting)
+    if preference:
+        if src.formatting == "text":
+            raise DataError(f"{src.key}={src.path}: train.stage=dpo trains on chosen/rejected pairs, not text; "
+                            f"give a preference dataset (alpaca, sharegpt or messages with chosen/rejected)")
+        required = {k: v for k, v in required.items() if k != "output_column"}
+        required.update({"chosen_column": c.chosen, "rejected_column": c.rejected})
+    elif {c.chosen, c.rejected} <= set(ds.column_names) and c.response not in ds.column_names:
+        raise DataError(f"{src.key}={src.path}: the records are preference pairs ('{c.chosen}'/'{c.rejected}' "
+                        f"columns); set train.stage=dpo to train on them (or give SFT data)")
     info = src.extra.get("info") if src.extra and set(required) & _lf_mapped(src.extra["mapped"]) else None
     require_columns(ds, required, src.key, src.path, info=info)
+    if preference:
+        return partial(encode_pairs, tokenizer=tokenizer, formatting=src.formatting, columns=c,
+                       template=template[1], max_length=d.max_length)
     if src.formatting == "text":
         return partial(encode.encode_text, tokenizer=tokenizer, column=c.text, max_length=d.max_length)
     return partial(encode.encode_chat, tokenizer=tokenizer, formatting=src.formatting, columns=c,
@@ -372,7 +394,7 @@ def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source]) -> s
     keys = d.model_dump(exclude={"preprocessing_num_workers", "overwrite_cache", "cache_dir", "loader_workers",
                                  "train_file", "eval_file", "dataset_dir"})
     h = hashlib.sha256()
-    h.update(json.dumps({"version": CACHE_VERSION, "data": keys, "task": cfg.model.task,
+    h.update(json.dumps({"version": CACHE_VERSION, "data": keys, "task": cfg.model.task, "stage": cfg.train.stage,
                          "num_labels": cfg.model.num_labels, "seed": cfg.train.seed, "template": template,
                          "sources": [(s.name, s.formatting, repr(s.columns), s.num_samples, content_hash(s.path))
                                      for s in srcs],

@@ -37,24 +37,24 @@ class Source:
     extra: dict = field(default_factory=dict)
 
 
-def sources(d: DataConfig, task: str) -> list[Source]:
+def sources(d: DataConfig, task: str, stage: str = "sft") -> list[Source]:
     """The training sources of the config (dataset_info.json entries, or train_file)."""
     if d.train_file:
         columns = Columns.from_config(d, d.formatting)
         return [Source("train_file", d.train_file, "data.train_file", d.formatting, columns, d.format)]
-    return _entries(d, d.dataset or [], "data.dataset")
+    return _entries(d, d.dataset or [], "data.dataset", stage)
 
 
-def eval_sources(d: DataConfig) -> list[Source]:
+def eval_sources(d: DataConfig, stage: str = "sft") -> list[Source]:
     """The evaluation sources the config names (eval_file, or LLaMA-Factory's eval_dataset entries); none: the
     evaluation set is held out of the training data (data.eval_ratio)."""
     if d.eval_file:
         return [Source("eval_file", d.eval_file, "data.eval_file", d.formatting, Columns.from_config(d, d.formatting),
                        d.format)]
-    return _entries(d, d.eval_dataset, "data.eval_dataset") if d.eval_dataset else []
+    return _entries(d, d.eval_dataset, "data.eval_dataset", stage) if d.eval_dataset else []
 
 
-def _entries(d: DataConfig, names: list[str], setting: str) -> list[Source]:
+def _entries(d: DataConfig, names: list[str], setting: str, stage: str) -> list[Source]:
     info_path = Path(d.dataset_dir).expanduser() / INFO_FILE
     if not info_path.is_file():
         raise DataError(f"data.dataset_dir={d.dataset_dir}: no {INFO_FILE} there; point it at LLaMA-Factory's data "
@@ -84,9 +84,10 @@ def _entries(d: DataConfig, names: list[str], setting: str) -> list[Source]:
             mapped["text"] = mapped.pop("prompt")
         if formatting not in FORMATTINGS:
             raise DataError(f"{key}: formatting {formatting!r} in {info_path}; use one of {', '.join(FORMATTINGS)}")
-        if entry.get("ranking"):
-            raise DataError(f"{key}: a preference (ranking) dataset: preference tuning is not yet in scaletrain "
-                            f"(issue #32); remove it")
+        if bool(entry.get("ranking")) != (stage == "dpo"):
+            raise DataError(f"{key}: a preference (ranking) dataset; train on it with train.stage=dpo" if
+                            entry.get("ranking") else f"{key}: not a preference dataset (no \"ranking\": true in "
+                            f"{info_path}); train.stage=dpo trains on chosen/rejected pairs: give one")
         columns = Columns.from_config(d, formatting).with_overrides(mapped, entry.get("tags", {}))
         path = Path(entry["file_name"])
         path = path if path.is_absolute() else info_path.parent / path
@@ -331,8 +332,8 @@ def exists(src: Source) -> None:
         raise not_found(src.key, src.path)
 
 
-def check_files(d: DataConfig, task: str) -> None:
+def check_files(d: DataConfig, task: str, stage: str = "sft") -> None:
     """Every data file the config names exists and has a format scaletrain reads (doctor; train reads them)."""
-    for src in sources(d, task) + eval_sources(d):
+    for src in sources(d, task, stage) + eval_sources(d, stage):
         exists(src)
         file_format(src.path, src.file_format, src.key)

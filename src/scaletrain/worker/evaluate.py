@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 def evaluate(t: Trainer, data, collate: Collator) -> dict[str, float]:
     """The trainer's model on ``data`` (every rank its shard), in the trainer's precision."""
     cfg = t.cfg
+    if cfg.train.stage == "dpo":
+        from scaletrain.worker.preference import evaluate_pairs
+
+        return evaluate_pairs(t, data, collate)
     return evaluate_model(t.model, data, collate, t.ctx, cfg.train.per_device_eval_batch_size, cfg.model.task,
                           cfg.model.num_labels, t.precision.autocast)
 

@@ -13,6 +13,7 @@ from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
 from scaletrain.worker.breakdown import shares
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum
+from scaletrain.worker.preference import stat_means
 from scaletrain.worker.step_check import due
 from scaletrain.worker.trainer import Trainer
 
@@ -75,8 +76,8 @@ class Meter:
         progress = self.t.progress
         elapsed = time.perf_counter() - self.t0
         self.t.beat.enter("metrics", progress.step)
-        loss, samples, tokens, positions = all_reduce_sum([self.loss, self.samples, self.tokens, self.positions],
-                                                          self.ctx.device)
+        loss, samples, tokens, positions, *pref = all_reduce_sum(
+            [self.loss, self.samples, self.tokens, self.positions, *self.t.pref_sums], self.ctx.device)
         system = self.sampler.sample()
         per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
                                       self.tokens], self.ctx.device)
@@ -100,6 +101,9 @@ class Meter:
             "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
             "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,
         }
+        if self.cfg.train.stage == "dpo":  # TRL's names: rewards/chosen, rewards/accuracies, ...
+            record.update(stat_means(pref))
+            self.t.pref_sums[:] = [0.0] * len(self.t.pref_sums)
         if samples:
             f = self.t.facts.flops
             per_token = flops_per_token(f["n_params"], f["n_layers"], f["hidden"], int(tokens / samples),

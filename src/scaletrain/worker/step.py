@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.data import IGNORE_INDEX, model_inputs
+from scaletrain.worker import preference
 from scaletrain.worker.breakdown import device_sync, time_without_sync
 from scaletrain.worker.loss import chunked_labels
 from scaletrain.worker.parallel import all_reduce_async, grad_sync
@@ -49,6 +50,8 @@ def _grad_norm(t: Trainer) -> float:
 def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.Tensor:
     """This micro-batch's share of the step's loss (see the module's docstring). ``tokens_per_rank``: a function
     giving the step's target tokens over the world size (waited for on first use), or None for classification."""
+    if t.cfg.train.stage == "dpo":  # the pairs' mean (worker/preference.py)
+        return preference.micro_loss(t, batch, n_micro)
     if tokens_per_rank is None:
         return t.model(**model_inputs(batch)).loss / n_micro
     # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one
@@ -80,7 +83,8 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
     With ``timing`` (a breakdown probe step) the phases are timed with device syncs in between."""
     strategy, device = t.cfg.train.strategy, t.ctx.device
     loss_sum = 0.0
-    tokens_per_rank = _step_tokens(t, window) if t.cfg.model.task == "causal-lm" else None
+    token_mean = t.cfg.model.task == "causal-lm" and t.cfg.train.stage == "sft"
+    tokens_per_rank = _step_tokens(t, window) if token_mean else None
     if timing is not None:
         if t.ctx.world_size > 1:  # one worker has no gradient sync to expose
             timing["compute_s"] = time_without_sync(t.model, window, strategy, device, t.precision, t.optimizer)

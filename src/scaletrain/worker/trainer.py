@@ -7,8 +7,9 @@ trainer, instead of a dozen loose arguments.
 
 from __future__ import annotations
 
+import copy
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +28,8 @@ from scaletrain.worker.loss import is_installed, model_vocab, output_layer
 from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
+from scaletrain.worker.preference import STATS as PREF_STATS
+from scaletrain.worker.preference import needs_reference
 from scaletrain.worker.spec import JobSpec
 
 
@@ -76,6 +79,8 @@ class Trainer:
     checkpointer: Checkpointer
     memory: PeakMemory | None = None  # started before the model was built
     grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
+    reference: torch.nn.Module | None = None  # preference tuning, full fine-tuning: the frozen reference model
+    pref_sums: list[float] = field(default_factory=list)  # preference STATS sums since the last record
 
     @property
     def run_dir(self) -> RunDir:
@@ -120,7 +125,8 @@ class Trainer:
 
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat) -> Trainer:
-    preload(lora=cfg.model.finetuning_type == "lora")  # imports before the memory baseline: no training memory
+    lora = cfg.model.finetuning_type == "lora"
+    preload(lora=lora)  # imports before the memory baseline: no training memory
     memory = PeakMemory(ctx.device)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
     precision, progress = Precision(cfg, ctx.device), TrainState()
@@ -128,16 +134,27 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
                         frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
-    if cfg.model.task == "causal-lm" and (chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens,
-                                                                     model_vocab(model, spec.vocab.size))):
+    # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).
+    if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
+            chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):
         install_chunked_loss(model, chunk)  # before wrapping: DDP and FSDP then see an ordinary output layer
+    reference = frozen_reference(model, ctx, cfg, precision) if needs_reference(cfg.train) and not lora else None
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
     checkpointer = Checkpointer(RunDir(spec.run_dir).checkpoints, ctx, cfg.checkpoint, model, optimizer,
                                 trainable_only=cfg.model.finetuning_type == "lora",
                                 states={"train_state": progress, "scheduler": scheduler, "scaler": precision.scaler})
     return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
-                   memory)
+                   memory, reference=reference, pref_sums=[0.0] * (len(PREF_STATS) + 1))
+
+
+def frozen_reference(model: torch.nn.Module, ctx: DistContext, cfg: Config, precision: Precision) -> torch.nn.Module:
+    """The reference of full-fine-tuning DPO: a frozen copy of the initial model, in eval mode, sharded like the
+    policy under FSDP (each rank holds 1/N of it) and whole on each rank under DDP."""
+    reference = copy.deepcopy(model).requires_grad_(False).eval()
+    if cfg.train.strategy != "fsdp":
+        return reference.to(ctx.device)
+    return wrap_model(reference, ctx, cfg.train.model_copy(update={"gradient_checkpointing": False}), precision.policy)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,101 @@
+"""Preference pairs (train.stage: dpo): a prompt and two replies, chosen and rejected, in LLaMA-Factory's ranking
+formats, rendered with the same templates as SFT (tools included).
+
+``alpaca``: instruction / input (system, history) with ``chosen`` and ``rejected`` reply strings. ``sharegpt``
+and ``messages``: the prompt's turns (ending with the user's) with ``chosen`` and ``rejected`` turn objects
+(``{"from": "gpt", "value": ...}`` / ``{"role": "assistant", "content": ...}``; a bare string works too).
+Each side is rendered as its own conversation; its labels are the last reply only (prompt tokens never count).
+Both sides share the prompt's cut: LLaMA-Factory's ``infer_seqlen`` with the longer reply's length, so the
+prompt is the same tokens on both sides and each reply keeps the same budget. A pair whose replies are equal
+or empty is skipped and counted, as any record that cannot be trained on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.data.encode import (
+    IGNORE_INDEX,
+    NO_TOOL_FORMAT,
+    _assistant_mask,
+    _encode,
+    _special_tokens,
+    budget,
+)
+from scaletrain.data.formats import Chat, Columns, to_conversation
+from scaletrain.data.templates import render_records, supports_tools
+
+PAIR_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")
+
+
+def _reply(value, c: Columns, formatting: str) -> str | None:
+    """A reply's text: a string, a turn object, or a one-turn list."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, dict):
+        value = value.get("content" if formatting == "messages" else c.content_tag)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def to_pair(row: dict[str, Any], formatting: str, c: Columns) -> tuple[tuple[Chat, Chat] | None, str]:
+    """The chosen and the rejected conversation of a record (the same prompt), or why it is skipped."""
+    chosen, rejected = _reply(row.get(c.chosen), c, formatting), _reply(row.get(c.rejected), c, formatting)
+    if chosen is None or rejected is None:
+        return None, f"empty or missing '{c.chosen if chosen is None else c.rejected}'"
+    if chosen == rejected:
+        return None, "chosen and rejected are the same reply"
+    sides = []
+    for reply in (chosen, rejected):
+        if formatting == "alpaca":
+            side = {**row, c.response: reply}
+        else:
+            turn = ({"role": "assistant", "content": reply} if formatting == "messages"
+                    else {c.role_tag: c.assistant_tag, c.content_tag: reply})
+            side = {**row, c.messages: list(row.get(c.messages) or []) + [turn]}
+        chat, why = to_conversation(side, formatting, c)
+        if chat is None:
+            return None, why
+        sides.append(chat)
+    return (sides[0], sides[1]), ""
+
+
+def encode_pairs(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
+                 max_length: int) -> dict[str, list]:
+    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    pairs, skip = [], []
+    tools_ok = supports_tools(template)
+    for row in rows:
+        pair, why = to_pair(row, formatting, columns)
+        if pair is not None and pair[0].uses_tools and not tools_ok:
+            pair, why = None, NO_TOOL_FORMAT
+        pairs.append(pair)
+        skip.append(why)
+    good = [i for i, p in enumerate(pairs) if p is not None]
+    chats = [side for i in good for side in pairs[i]]
+    rendered = render_records([ch.messages for ch in chats], template, _special_tokens(tokenizer),
+                              [ch.tools for ch in chats])
+    out = {k: [[] for _ in rows] for k in PAIR_COLUMNS}
+    full = [0] * len(rows)
+    for k, i in enumerate(good):
+        sides = rendered[2 * k:2 * k + 2]
+        if any(isinstance(r, str) for r in sides):
+            skip[i] = next(r for r in sides if isinstance(r, str))
+            continue
+        encodings = _encode(tokenizer, [text for text, _ in sides])
+        parts = [_split(e.ids, _assistant_mask(e.offsets, spans[-1:])) for e, (_, spans) in zip(encodings, sides)]
+        (prompt, c_reply, c_mask), (_, r_reply, r_mask) = parts
+        full[i] = len(prompt) + max(len(c_reply), len(r_reply))
+        n_src, n_tgt = budget(len(prompt), max(len(c_reply), len(r_reply)), max_length)
+        for side, reply, mask in (("chosen", c_reply, c_mask), ("rejected", r_reply, r_mask)):
+            ids, m = prompt[:n_src] + reply[:n_tgt], [0] * n_src + mask[:n_tgt]
+            out[f"{side}_input_ids"][i] = ids
+            out[f"{side}_labels"][i] = [t if on else IGNORE_INDEX for t, on in zip(ids, m)]
+        if not any(c_mask[:n_tgt]) or not any(r_mask[:n_tgt]):
+            skip[i] = f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
+    return {**out, "_skip": skip, "_full": full}
+
+
+def _split(ids: list[int], mask: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """(the prompt's tokens, the reply's tokens from its first one to the end, the reply's mask)."""
+    first = mask.index(1) if 1 in mask else len(ids)
+    return ids[:first], ids[first:], mask[first:]

@@ -1,0 +1,181 @@
+"""Preference tuning (``train.stage: dpo``): the loss of a micro-batch of chosen/rejected pairs, its metrics, and
+the evaluation of pairs.
+
+A micro-batch of B pairs is one forward of 2B sequences (the chosen sides, then the rejected: data/collate.py).
+A sequence's log-probability is the sum of its completion tokens' (prompt tokens never count). The reference's
+comes from the same model with its LoRA adapters disabled (no second copy of the weights) or, for full
+fine-tuning, from a frozen copy (sharded like the policy under FSDP). Per pair, with
+Δ = (log π_c − log π_ref,c) − (log π_r − log π_ref,r) and β = ``pref_beta``:
+
+- ``sigmoid`` (DPO, Rafailov et al. 2023): −log σ(βΔ); ``dpo_label_smoothing`` ε makes it conservative DPO,
+  −(1−ε) log σ(βΔ) − ε log σ(−βΔ) (LLaMA-Factory's and TRL's cDPO).
+- ``hinge`` (SLiC): max(0, 1 − βΔ).
+- ``ipo``: (Δ' − 1/(2β))², Δ' with each side's log-ratio per completion token (TRL's normalisation, which the
+  IPO authors confirmed).
+- ``simpo`` (Meng et al. 2024): −log σ(β(ā_c − ā_r) − γ) with ā the mean log-probability per completion token
+  and γ = ``simpo_gamma``; no reference.
+- ``orpo`` (Hong et al. 2024): −ā_c − β log σ(log odds_c − log odds_r), odds = p/(1−p) of the mean per-token
+  probability; no reference.
+
+``pref_ftx`` adds ``pref_ftx`` × (−ā_c), an SFT term on the chosen reply (LLaMA-Factory's). The step's loss is
+the mean over the pairs of the global batch: every micro-batch of every rank holds the same number of pairs
+(whole global batches only), so this rank's mean / accumulation, averaged over ranks by DDP or FSDP, is that
+mean, on 1 worker or N. Rewards are TRL's: β × the log-ratio (DPO, hinge, IPO) or β × ā (SimPO, ORPO).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from scaletrain.data import IGNORE_INDEX, model_inputs
+from scaletrain.worker.parallel import all_reduce_sum, unwrap
+
+if TYPE_CHECKING:
+    from scaletrain.config.schema import TrainConfig
+    from scaletrain.worker.trainer import Trainer
+
+REFERENCE_FREE = ("simpo", "orpo")
+# What a step records about its pairs (sums over them, then means over the record's pairs): TRL's names.
+STATS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+         "logps/rejected")
+
+
+def needs_reference(train: TrainConfig) -> bool:
+    return train.stage == "dpo" and train.pref_loss not in REFERENCE_FREE
+
+
+@dataclass
+class Sides:
+    """Per-pair sums of completion log-probabilities (and completion token counts) of the chosen and rejected
+    sides."""
+
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    chosen_tokens: torch.Tensor
+    rejected_tokens: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, labels: torch.Tensor) -> Sides:
+        """From the logits of a [chosen; rejected] batch and its labels (-100 off the completions)."""
+        logps, tokens = sequence_logps(logits, labels)
+        (c, r), (nc, nr) = logps.chunk(2), tokens.chunk(2)
+        return cls(c, r, nc, nr)
+
+    def mean(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.chosen / self.chosen_tokens.clamp(min=1), self.rejected / self.rejected_tokens.clamp(min=1)
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's summed next-token log-probability over its labelled tokens (fp32), and their count."""
+    logits, labels = logits[:, :-1].float(), labels[:, 1:]
+    mask = labels != IGNORE_INDEX
+    picked = logits.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return (picked * mask).sum(-1), mask.sum(-1)
+
+
+def pair_losses(train: TrainConfig, policy: Sides, reference: Sides | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the loss of each pair, the chosen rewards, the rejected rewards) for ``train.pref_loss``."""
+    kind, beta, eps = train.pref_loss, train.pref_beta, train.dpo_label_smoothing
+    avg_c, avg_r = policy.mean()
+    if kind in REFERENCE_FREE:
+        if kind == "simpo":
+            logits = beta * (avg_c - avg_r) - train.simpo_gamma
+            losses = -(1 - eps) * F.logsigmoid(logits) - eps * F.logsigmoid(-logits)
+        else:
+            log_odds = (avg_c - avg_r) - (_log1mexp(avg_c) - _log1mexp(avg_r))
+            losses = -avg_c - beta * F.logsigmoid(log_odds)
+        chosen_rewards, rejected_rewards = beta * avg_c.detach(), beta * avg_r.detach()
+    else:
+        ratio_c, ratio_r = policy.chosen - reference.chosen, policy.rejected - reference.rejected
+        delta = ratio_c - ratio_r
+        if kind == "sigmoid":
+            losses = -(1 - eps) * F.logsigmoid(beta * delta) - eps * F.logsigmoid(-beta * delta)
+        elif kind == "hinge":
+            losses = torch.relu(1 - beta * delta)
+        else:  # ipo
+            per_token = ratio_c / policy.chosen_tokens.clamp(min=1) - ratio_r / policy.rejected_tokens.clamp(min=1)
+            losses = (per_token - 1 / (2 * beta)) ** 2
+        chosen_rewards, rejected_rewards = beta * ratio_c.detach(), beta * ratio_r.detach()
+    if train.pref_ftx > 0:
+        losses = losses + train.pref_ftx * -avg_c
+    return losses, chosen_rewards, rejected_rewards
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 − exp(x)) for x < 0, stable on both sides of −log 2 (Mächler 2012)."""
+    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def stat_sums(policy: Sides, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> list[float]:
+    """Sums over the pairs of STATS (and the number of pairs last)."""
+    margins = chosen_rewards - rejected_rewards
+    return [float(chosen_rewards.sum()), float(rejected_rewards.sum()), float((margins > 0).float().sum()),
+            float(margins.sum()), float(policy.chosen.detach().sum()), float(policy.rejected.detach().sum()),
+            float(len(margins))]
+
+
+def stat_means(sums: list[float], prefix: str = "") -> dict[str, float]:
+    n = max(sums[-1], 1.0)
+    return {f"{prefix}{name}": value / n for name, value in zip(STATS, sums)}
+
+
+def _forward(model, batch: dict) -> torch.Tensor:
+    return model(**model_inputs(batch, labels=False), use_cache=False).logits
+
+
+@torch.no_grad()
+def reference_sides(t: Trainer, batch: dict) -> Sides | None:
+    """The reference model's sides: the adapters disabled (LoRA), or the frozen copy (full fine-tuning)."""
+    if not needs_reference(t.cfg.train):
+        return None
+    model = unwrap(t.model)
+    context = model.disable_adapter() if t.lora else contextlib.nullcontext()
+    with context:
+        logits = _forward(model if t.lora else t.reference, batch)
+    return Sides.of(logits, batch["labels"])
+
+
+def micro_loss(t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:
+    """This micro-batch's share of the step's loss (the pairs' mean / the accumulation); its STATS sums are added
+    to ``t.pref_sums`` for the step's record."""
+    reference = reference_sides(t, batch)
+    policy = Sides.of(_forward(t.model, batch), batch["labels"])
+    losses, chosen_rewards, rejected_rewards = pair_losses(t.cfg.train, policy, reference)
+    for i, v in enumerate(stat_sums(policy, chosen_rewards, rejected_rewards)):
+        t.pref_sums[i] += v
+    return losses.mean() / n_micro
+
+
+@torch.no_grad()
+def evaluate_pairs(t: Trainer, data, collate) -> dict[str, float]:
+    """The preference loss and STATS over the eval pairs (every rank its shard, the same number of forwards on
+    every rank, sums all-reduced)."""
+    if len(data) == 0:
+        return {}
+    was_training = t.model.training
+    t.model.eval()
+    ctx, size = t.ctx, t.cfg.train.per_device_eval_batch_size
+    mine = list(range(ctx.world_rank, len(data), ctx.world_size))
+    n_batches = math.ceil(math.ceil(len(data) / ctx.world_size) / size)
+    sums, loss_sum = [0.0] * (len(STATS) + 1), 0.0
+    for b in range(n_batches):
+        idx = mine[b * size:(b + 1) * size]
+        batch = collate([data[i] for i in (idx or [0])])
+        batch = {k: v.to(ctx.device) for k, v in batch.items()}
+        with t.precision.autocast():
+            reference = reference_sides(t, batch)
+            policy = Sides.of(_forward(t.model, batch), batch["labels"])
+        losses, chosen_rewards, rejected_rewards = pair_losses(t.cfg.train, policy, reference)
+        if idx:  # a rank out of examples still runs the forward (FSDP gathers collectively), counts nothing
+            loss_sum += float(losses.sum())
+            sums = [a + v for a, v in zip(sums, stat_sums(policy, chosen_rewards, rejected_rewards))]
+    *sums, loss_sum = all_reduce_sum([*sums, loss_sum], ctx.device)
+    t.model.train(was_training)
+    return {"eval/loss": loss_sum / max(sums[-1], 1.0), "eval/pairs": sums[-1], **stat_means(sums, "eval/")}

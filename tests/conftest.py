@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scaletrain.demo_data import alpaca_rows, sentiment_rows, sharegpt_rows
+from scaletrain.demo_data import alpaca_rows, preference_rows, sentiment_rows, sharegpt_rows
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 # Set by .ci/run: there the reference folder is laid beside the clone, so a missing file is a failure, not a skip.
@@ -31,6 +31,9 @@ def demo_dir(tmp_path_factory) -> Path:
     (d / "alpaca.json").write_text(json.dumps(alpaca_rows(240, seed=1)))
     with open(d / "chat.jsonl", "w") as f:
         for r in sharegpt_rows(240, seed=1):
+            f.write(json.dumps(r) + "\n")
+    with open(d / "preference.jsonl", "w") as f:
+        for r in preference_rows(600, seed=2):
             f.write(json.dumps(r) + "\n")
     return d
 

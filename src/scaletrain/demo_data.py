@@ -77,6 +77,19 @@ def sharegpt_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+def preference_rows(n: int, seed: int = 0) -> list[dict]:
+    """Preference pairs in LLaMA-Factory's alpaca ranking format: the alpaca tasks with the right answer chosen, in
+    a sentence, and a wrong one (the word itself, or the other sentiment) rejected, bare: a trait a small model
+    learns in a few dozen steps (the chosen replies' form), and one it learns later (their content)."""
+    rows = []
+    for r in alpaca_rows(n, seed=seed):
+        wrong = (("negative" if r["output"] == "positive" else "positive") if r["output"] in ("positive", "negative")
+                 else r["input"])
+        rows.append({"instruction": r["instruction"], "input": r["input"], "chosen": f"The answer is {r['output']}.",
+                     "rejected": wrong})
+    return rows
+
+
 def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int = 600,
                     n_reviews: int = 1200) -> Path:
     out = Path(out_dir)
@@ -95,6 +108,9 @@ def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int 
     (out / "alpaca.json").write_text(json.dumps(alpaca_rows(n_alpaca), indent=1))
     with open(out / "chat.jsonl", "w") as f:
         for r in sharegpt_rows(n_alpaca):
+            f.write(json.dumps(r) + "\n")
+    with open(out / "preference.jsonl", "w") as f:
+        for r in preference_rows(n_alpaca, seed=2):
             f.write(json.dumps(r) + "\n")
     return out
 

@@ -72,7 +72,7 @@ def test_llamafactory_keys_keep_their_meaning():
     assert c.data.balance_ranks and c.comm.timeout_s == 3600 and c.data.template == "qwen"
     by_key = _rows(rows)
     assert set(by_key) >= set(lf) and by_key["eval_dataset"].where == "data.eval_dataset"
-    for stage in ("dpo", "kto", "rm"):
+    for stage in ("kto", "rm"):
         _, rows = from_llamafactory({**lf, "stage": stage})
         assert "#32" in _rows(rows)["stage"].note and _rows(rows)["stage"].where == ""
     cfg, rows = from_llamafactory({**lf, "stage": "pt"})
@@ -118,3 +118,13 @@ def test_train_on_a_llamafactory_file_says_which_command_converts_it(tmp_path):
     proc = _cli("train", tmp_path / "lf.yaml")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "is a LLaMA-Factory config; convert it first: scaletrain import llamafactory" in proc.stderr
+
+
+def test_a_llamafactory_dpo_file_becomes_a_dpo_job():
+    """After LLaMA-Factory's examples/train_lora/llama3_lora_dpo.yaml (our own fixture)."""
+    lf = yaml.safe_load((FIXTURES / "llama3_lora_dpo.yaml").read_text())
+    cfg, rows = from_llamafactory(lf)
+    c = validate(cfg)
+    assert (c.train.stage, c.train.pref_loss, c.train.pref_beta, c.train.pref_ftx) == ("dpo", "sigmoid", 0.1, 0.0)
+    assert c.data.dataset == ["dpo_en_demo"] and c.model.finetuning_type == "lora"
+    assert set(_rows(rows)) >= set(lf)

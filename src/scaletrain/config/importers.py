@@ -49,6 +49,11 @@ DIRECT: dict[str, tuple[str, str]] = {
     "save_steps": ("checkpoint", "save_steps"),
     "save_total_limit": ("checkpoint", "save_total_limit"),
     "ray_num_workers": ("scaling", "num_workers"),
+    "pref_beta": ("train", "pref_beta"),
+    "pref_loss": ("train", "pref_loss"),
+    "pref_ftx": ("train", "pref_ftx"),
+    "simpo_gamma": ("train", "simpo_gamma"),
+    "dpo_label_smoothing": ("train", "dpo_label_smoothing"),
     "resources_per_worker": ("scaling", "resources_per_worker"),
     "placement_strategy": ("scaling", "placement_strategy"),
 }
@@ -74,12 +79,16 @@ NOT_MAPPED: dict[str, str] = {
     "disable_tqdm": "the console shows one line per logged step, no progress bar",
     "dataloader_pin_memory": "pinned memory follows the device (on for GPUs)",
     "run_name": "set output.run_name",
+    "pref_bco_weight": "BCO's extra term is not in scaletrain's DPO",
+    "use_ref_model": "the reference is the base with the adapters off (LoRA) or a frozen copy (full), as needed",
+    "ref_model": "the reference is the initial model (a separate reference checkpoint is not yet supported)",
+    "kto_chosen_weight": "KTO is not yet in scaletrain (#32)",
+    "kto_rejected_weight": "KTO is not yet in scaletrain (#32)",
     "eval_on_each_dataset": "one evaluation over all eval data (eval/loss); per-dataset evaluation is not yet in "
                             "scaletrain",
 }
 # Stages LLaMA-Factory trains that scaletrain does not yet: the issue that covers them.
-NOT_YET = {"dpo": "preference tuning (DPO)", "kto": "preference tuning (KTO)", "rm": "reward models",
-           "ppo": "RL from a reward model (PPO)"}
+NOT_YET = {"kto": "preference tuning with KTO", "rm": "reward models", "ppo": "RL from a reward model (PPO)"}
 # LLaMA-Factory's report_to values -> monitor.report_to (jsonl is always written).
 REPORTERS = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "mlflow": ["mlflow"],
              "all": ["tensorboard", "wandb", "mlflow"]}
@@ -158,8 +167,10 @@ def _defaults(lf: dict, cfg: dict, rows: list[Row]) -> None:
 
 
 def _stage(key, value, lf, put, rows) -> None:
-    if value == "sft":
+    if value in ("sft", "dpo"):
         put(key, "model", "task", "causal-lm")
+        if value == "dpo":
+            put(key, "train", "stage", "dpo", "preference tuning on chosen/rejected pairs (ranking datasets)")
     elif value == "pt":
         put(key, "model", "task", "causal-lm")
         put(key, "data", "formatting", "text", "pre-training: loss on every token; every dataset is read as text "
@@ -167,7 +178,7 @@ def _stage(key, value, lf, put, rows) -> None:
     else:
         what = NOT_YET.get(value, f"stage {value}")
         rows.append(Row(key, value, "", f"{what} is not yet in scaletrain (the preference-tuning issue, #32, "
-                                        f"covers dpo, kto and rm); this file cannot run until it lands"))
+                                        f"covers kto and rm; dpo has landed); this file cannot run until it does"))
 
 
 def _lora_target(key, value, lf, put, rows) -> None:

@@ -23,13 +23,23 @@ def _cfg(demo_dir, loss: str, finetuning: str = "lora", steps: int = 40) -> dict
 
 @pytest.mark.parametrize("loss", ["sigmoid", "simpo", "orpo"])
 def test_a_tiny_llama_learns_a_synthetic_preference(demo_dir, tmp_path, loss):
-    _, _, spec = local_spec(_cfg(demo_dir, loss), tmp_path / "run")
+    cfg, _, spec = local_spec(_cfg(demo_dir, loss), tmp_path / "run")
     summary = run_in_process(spec)
     records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     first, last = records[0]["rewards/accuracies"], sum(r["rewards/accuracies"] for r in records[-5:]) / 5
     assert first < 0.75 and last > 0.9, (loss, first, last)
     assert records[-1]["rewards/margins"] > records[0]["rewards/margins"]
     assert summary["final"]["eval/rewards/accuracies"] > 0.9 and summary["final"]["eval/pairs"] == 60
+    if loss == "sigmoid":  # the report: the reward plot and the eval rewards
+        import yaml
+
+        from scaletrain.report.markdown import write_report
+        from scaletrain.rundir import RunDir
+
+        RunDir(tmp_path / "run").resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        report = write_report(tmp_path / "run").read_text()
+        assert "![rewards](rewards.png)" in report and "| eval/rewards/accuracies |" in report
+        assert (tmp_path / "run" / "rewards.png").stat().st_size > 10_000
 
 
 def _trainer(cfg_dict: dict, run_dir):

@@ -255,3 +255,21 @@ def test_the_cpu_peak_counts_tensors_not_the_file_pages_a_run_touches(tmp_path):
     x = torch.ones(64 * mib // 4)  # a 64 MiB tensor, freed before the peak is read
     del x
     assert 60 * mib < memory.peak_bytes() < 100 * mib
+
+
+def test_the_plan_counts_the_preference_reference_and_both_sides_of_a_pair(vocab):
+    from scaletrain.memory.plan import advice, shape_for
+
+    shape = _shape(_cfg(), vocab)
+    full = estimate(_cfg(stage="dpo"), shape, 1, "gpu")
+    assert full.reference == shape.total * 4  # a frozen fp32 copy of the initial model
+    assert estimate(_cfg(stage="dpo", strategy="fsdp"), shape, 2, "gpu").reference == shape.total * 4 // 2
+    assert estimate(_cfg(stage="dpo", finetuning_type="lora"), shape, 1, "gpu").reference == 0  # adapters off
+    assert estimate(_cfg(stage="dpo", pref_loss="simpo"), shape, 1, "gpu").reference == 0
+    assert estimate(_cfg(), shape, 1, "gpu").reference == 0
+    assert full.train_peak == estimate(_cfg(stage="dpo", pref_loss="simpo"), shape, 1, "gpu").train_peak + full.reference
+    # a micro-batch of 4 pairs is 8 sequences: the shape of SFT at batch 8
+    dpo = shape_for(_cfg(stage="dpo"), Vocab(vocab, 0))
+    assert dpo == model_shape(_cfg(), Vocab(vocab, 0), 8, 512, 8)
+    squeezed = type(device_named("a100-40gb"))("test", full.train_peak - full.reference // 2)
+    assert "the frozen reference model holds" in advice(_cfg(stage="dpo"), shape, 1, squeezed)

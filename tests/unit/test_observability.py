@@ -289,3 +289,17 @@ def test_report_out_never_replaces_another_runs_files(tmp_path):
     assert write_report(a, shared) == first and first.read_text().startswith("# scaletrain report: run-a\n")
     with pytest.raises(ConfigError, match=r"already holds report.md not written for run-b"):
         write_report(b, shared)
+
+
+def test_preference_alerts_name_a_stuck_accuracy_and_a_runaway_margin():
+    from scaletrain.metrics.alerts import PreferenceHealth
+
+    rule = PreferenceHealth(stuck=3, margin_max=20.0)
+    fired = []
+    for step, (acc, margin) in enumerate([(0.5, 0.0), (0.52, 0.1), (0.49, 0.1), (0.5, 0.1), (0.9, 3.0),
+                                          (1.0, 25.0), (1.0, 30.0)], 1):
+        fired += [(step, a.message) for a in rule.observe({"kind": "train", "step": step,
+                                                          "rewards/accuracies": acc, "rewards/margins": margin})]
+    assert [s for s, _ in fired] == [3, 6]  # once when stuck for 3 records, once when the margin runs away
+    assert "at chance (0.49) for 3 records" in fired[0][1] and "beyond 20" in fired[1][1]
+    assert PreferenceHealth(0, 0).observe({"kind": "train", "rewards/accuracies": 0.5, "rewards/margins": 99}) == []

@@ -96,7 +96,7 @@ def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool) 
     say(f"scaletrain plan: {cfg.model.name_or_path} on {device.key} ({gib:.0f} GiB per device), {dtype}")
     timed = {r["workers"]: r for r in timing}
     print(f"{'devices':>7} {'peak GiB':>9}  {'largest part':<26} {'fits':<4} {'step s':>7} {'speedup':>8}")
-    parts = ("parameters", "gradients", "optimizer", "activations", "buffers", "overhead")
+    parts = ("parameters", "gradients", "optimizer", "activations", "buffers", "overhead", "reference")
     for r in (r for r in rows if r["variant"] == "configured"):
         largest = max(parts, key=lambda k: r[k])
         what = f"{largest} {r[largest]:.1f}" + (f" ({r['peak_phase']})" if largest == "activations" else "")

@@ -87,6 +87,12 @@ def scaled_learning_rate(train: TrainConfig, world_size: int) -> float:
     return train.learning_rate * (ratio if train.lr_scaling == "linear" else math.sqrt(ratio))
 
 
+def sequences_per_micro_batch(train: TrainConfig, eval_batch: bool = False) -> int:
+    """Sequences one forward runs: a preference pair is two (chosen and rejected go through one forward)."""
+    per = train.per_device_eval_batch_size if eval_batch else train.per_device_train_batch_size
+    return per * (2 if train.stage == "dpo" else 1)
+
+
 def steps_per_epoch(num_train: int, train: TrainConfig, world_size: int) -> int:
     # Each rank drops its last partial micro-batch, and a partial accumulation window is dropped too.
     per_rank = num_train // world_size

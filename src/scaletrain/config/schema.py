@@ -376,6 +376,10 @@ class AlertsConfig(_Section):
     memory_growth_pct: float = Field(25.0, ge=0)  # RSS or device memory grew steadily by more than this %
     data_wait_pct: float = Field(30.0, ge=0, le=100)  # share of step time spent waiting for data
     grad_norm_spike: float = Field(10.0, ge=0)  # gradient norm above this x its running median (or not finite)
+    # preference tuning: rewards/accuracies at chance (0.45-0.55) for this many train records in a row; the reward
+    # margin's size above this (the policy runs away from the reference)
+    pref_accuracy_stuck: int = Field(10, ge=0)
+    pref_margin_max: float = Field(20.0, ge=0)
 
 
 class MonitorConfig(_Section):

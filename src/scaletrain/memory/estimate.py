@@ -69,10 +69,12 @@ class Breakdown:
     host: int  # what offload keeps on the host instead
     build: int  # CPU only: the full model each rank builds before sharding (peak if it exceeds training)
     phase: str = ""  # when the training peak happens: backward start / backward end / eval
+    reference: int = 0  # preference tuning, full fine-tuning: the frozen reference model (sharded under FSDP)
 
     @property
     def train_peak(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers + self.overhead
+        return (self.parameters + self.gradients + self.optimizer + self.activations + self.buffers + self.overhead
+                + self.reference)
 
     @property
     def peak(self) -> int:
@@ -193,15 +195,17 @@ def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     """(the logits' gradient at the start of backward, what the loss keeps for backward, the evaluation's
     peak): the whole fp32 logits on the plain path; one chunk's logits and softmax with the chunked loss
     (worker/loss.py), which keeps none of them, and the gradients it computed in forward."""
-    from scaletrain.config.batch import chunk_tokens_for
+    from scaletrain.config.batch import chunk_tokens_for, sequences_per_micro_batch
 
     t, seq = cfg.train, cfg.data.max_length
-    tokens = t.per_device_train_batch_size * seq
+    tokens = sequences_per_micro_batch(t) * seq
     per_token = shape.logits // max(1, tokens)
-    chunk = chunk_tokens_for(t.loss_chunk_tokens, per_token // BYTES_FP32) if cfg.model.task == "causal-lm" else 0
+    # preference tuning reads whole-sequence log-probabilities from the logits: the plain path
+    chunked = cfg.model.task == "causal-lm" and t.stage == "sft"
+    chunk = chunk_tokens_for(t.loss_chunk_tokens, per_token // BYTES_FP32) if chunked else 0
     if not chunk:  # cross-entropy's backward: the logits' gradient and the softmax it is made from
         return 2 * shape.logits, shape.act_loss, 2 * shape.eval_logits  # eval: the fp32 logits and their softmax
-    eval_tokens = t.per_device_eval_batch_size * seq
+    eval_tokens = sequences_per_micro_batch(t, eval_batch=True) * seq
     # one chunk's logits, logsumexp's temporary and the softmax made in place (measured: benchmarks/memory.py
     # --part vocab); the gradients computed in forward wait for backward: the hidden states' (tokens x hidden)
     # and, when the output layer trains, its weight's (fp32)
@@ -255,6 +259,10 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     build = 0
     if not gpu:  # the full model on every rank, then (FSDP) its shards beside it
         build = weights + (weights // group if fsdp else 0)
+    reference = 0
+    if cfg.train.stage == "dpo" and cfg.model.finetuning_type != "lora" and cfg.train.pref_loss not in ("simpo",
+                                                                                                          "orpo"):
+        reference = shape.total * BYTES[prec.master] // group  # a frozen copy of the initial model, sharded like it
     return Breakdown(parameters=params, gradients=grads_at_peak, optimizer=optim, activations=activations,
                      buffers=buffers, overhead=int(GPU_OVERHEAD_BYTES) if gpu else 0, host=host, build=build,
-                     phase=when)
+                     phase=when, reference=reference)

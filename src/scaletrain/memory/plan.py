@@ -64,8 +64,10 @@ CONFIGURED, CKPT, ZERO3, ZERO2, OFFLOAD_CKPT = "configured", "+checkpointing", "
 
 
 def shape_for(cfg: Config, vocab: Vocab) -> Shape:
-    return model_shape(cfg, vocab, cfg.train.per_device_train_batch_size, cfg.data.max_length,
-                       cfg.train.per_device_eval_batch_size)
+    from scaletrain.config.batch import sequences_per_micro_batch
+
+    return model_shape(cfg, vocab, sequences_per_micro_batch(cfg.train), cfg.data.max_length,
+                       sequences_per_micro_batch(cfg.train, eval_batch=True))
 
 
 def verdict(cfg: Config, shape: Shape, n: int, device: Device) -> tuple[bool, str]:
@@ -87,6 +89,11 @@ def advice(cfg: Config, shape: Shape, n: int, device: Device, most: int = 64) ->
         chunked = cfg.model_copy(update={"train": cfg.train.model_copy(update={"loss_chunk_tokens": None})})
         if fits(chunked, n):
             return "unset train.loss_chunk_tokens (the loss then runs chunk by chunk, never the whole logits)"
+    if now.reference and fits(cfg.model_copy(update={"train": cfg.train.model_copy(update={"pref_loss": "simpo"})}),
+                              n):
+        return (f"the frozen reference model holds {now.reference / GIB:.1f} GiB per device: use "
+                f"model.finetuning_type=lora (its reference is the base with the adapters off, no copy) or "
+                f"train.pref_loss simpo or orpo (no reference), or more devices with train.strategy=fsdp")
     if now.peak_phase == "eval":
         smaller = cfg.model_copy(update={"train": cfg.train.model_copy(update={"per_device_eval_batch_size": 1})})
         if fits(smaller, n):
@@ -120,7 +127,11 @@ def step_time_s(cfg: Config, shape: Shape, device: Device, dtype: str) -> float 
     per_token = flops_per_token(non_embedding, shape.layers, shape.hidden, cfg.data.max_length, lora)
     if cfg.train.gradient_checkpointing:
         per_token += 2 * non_embedding  # the forward again, block by block, in backward
-    tokens = cfg.train.per_device_train_batch_size * cfg.data.max_length * cfg.train.gradient_accumulation_steps
+    from scaletrain.config.batch import sequences_per_micro_batch
+
+    tokens = sequences_per_micro_batch(cfg.train) * cfg.data.max_length * cfg.train.gradient_accumulation_steps
+    if cfg.train.stage == "dpo" and cfg.train.pref_loss not in ("simpo", "orpo"):
+        per_token += flops_per_token(non_embedding, shape.layers, shape.hidden, cfg.data.max_length, None) / 3
     return per_token * tokens / (peak * 1e12 * ASSUMED_MFU)
 
 

@@ -237,10 +237,40 @@ class GradNormSpike(Rule):
         return out
 
 
+class PreferenceHealth(Rule):
+    """Preference tuning that learns nothing (rewards/accuracies at chance for ``stuck`` records in a row: swapped
+    or near-identical pairs, a learning rate or beta too small) or runs away (the reward margin's size above
+    ``margin_max``: the policy far from its reference, the usual start of reward hacking and degenerate text)."""
+
+    name = "preference"
+
+    def __init__(self, stuck: int, margin_max: float):
+        self.stuck, self.margin_max = stuck, margin_max
+        self.at_chance = 0
+        self.runaway = Episode()
+
+    def observe(self, r: dict) -> list[Alert]:
+        accuracy, margin = r.get("rewards/accuracies"), r.get("rewards/margins")
+        if r.get("kind") != "train" or accuracy is None:
+            return []
+        out = []
+        self.at_chance = self.at_chance + 1 if 0.45 <= accuracy <= 0.55 else 0
+        if self.stuck and self.at_chance == self.stuck:
+            out.append(Alert(self.name, f"rewards/accuracies has been at chance ({accuracy:.2f}) for {self.stuck} "
+                                        f"records: the policy does not tell chosen from rejected; check the pairs "
+                                        f"(swapped or near-identical?), raise train.learning_rate or "
+                                        f"train.pref_beta", step=r.get("step")))
+        if self.margin_max and margin is not None and self.runaway.starts(abs(margin) > self.margin_max):
+            out.append(Alert(self.name, f"rewards/margins is {margin:.3g}, beyond {self.margin_max:g}: the policy "
+                                        f"runs away from its reference; lower train.learning_rate or raise "
+                                        f"train.pref_beta", step=r.get("step")))
+        return out
+
+
 def build_rules(cfg: AlertsConfig) -> list[Rule]:
     return [LowGpuUtil(cfg.gpu_util_min_pct, cfg.gpu_util_intervals), Straggler(cfg.straggler_factor),
             ThroughputDrop(cfg.throughput_drop_pct), MemoryGrowth(cfg.memory_growth_pct), DataWait(cfg.data_wait_pct),
-            GradNormSpike(cfg.grad_norm_spike)]
+            GradNormSpike(cfg.grad_norm_spike), PreferenceHealth(cfg.pref_accuracy_stuck, cfg.pref_margin_max)]
 
 
 def write_alert(run_dir: str | Path, alert: Alert) -> None:

@@ -39,7 +39,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     summary = json.loads(rd.summary.read_text()) if rd.finished() else None
     checkpoints = [r for r in records if r.get("kind") == "checkpoint"]
     images = [p for p in (plots.loss(train, evals, out, checkpoints), plots.throughput(train, out, evals, checkpoints),
-                          plots.ranks(train, out),
+                          plots.rewards(train, evals, out), plots.ranks(train, out),
                           plots.utilization(system, out)) if p]
     status = "finished" if summary else ("failed" if "failure:" in _read(rd.events) else "running or stopped")
     lines = [f"{TITLE}{run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 
 FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
 LOSS, THROUGHPUT, RANKS, UTILIZATION = "loss.png", "throughput.png", "ranks.png", "utilization.png"
-FILES = (LOSS, THROUGHPUT, RANKS, UTILIZATION)
+REWARDS = "rewards.png"
+FILES = (LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS)
 
 
 def _save(fig, path: Path) -> Path:
@@ -51,6 +52,27 @@ def loss(train: list[dict], evals: list[dict], out: Path, checkpoints: list[dict
         lines, labels = lines + more[0], labels + more[1]
     ax.legend(lines, labels)
     return _save(fig, out / LOSS)
+
+
+def rewards(train: list[dict], evals: list[dict], out: Path) -> Path | None:
+    """Preference tuning: the chosen and rejected rewards and their margin, with the reward accuracy beside."""
+    rows = [r for r in train if "rewards/margins" in r]
+    if not rows:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=FIGSIZE)
+    steps = [r["step"] for r in rows]
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        a.plot(steps, [r[key] for r in rows], label=key.split("/")[1])
+    b.plot(steps, [r["rewards/accuracies"] for r in rows], label="train")
+    ev = [r for r in evals if "eval/rewards/accuracies" in r]
+    if ev:
+        b.plot([r["step"] for r in ev], [r["eval/rewards/accuracies"] for r in ev], "o-", label="eval")
+    b.axhline(0.5, color="tab:gray", linestyle=":", linewidth=0.8, label="chance")
+    a.set(xlabel="step", ylabel="reward (beta x log-ratio)", title="Rewards and margin")
+    b.set(xlabel="step", ylabel="share of pairs", title="Reward accuracy", ylim=(0, 1.05))
+    a.legend()
+    b.legend()
+    return _save(fig, out / REWARDS)
 
 
 def throughput(train: list[dict], out: Path, evals: list[dict] = (), checkpoints: list[dict] = ()) -> Path | None:

@@ -180,3 +180,12 @@ def test_bad_preference_input_is_one_line_before_any_worker(tmp_path, tok):
     with pytest.raises(ConfigError, match="train.stage=kto is not yet in scaletrain"):
         validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
                   "data": {"train_file": str(pairs)}, "train": {"stage": "kto"}})
+
+
+def test_stage_dpo_refuses_what_it_cannot_train(tmp_path):
+    base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"}, "data": {"train_file": "p.jsonl"},
+            "train": {"stage": "dpo"}}
+    with pytest.raises(ConfigError, match="data.packing with train.stage=dpo is not yet supported"):
+        validate({**base, "data": {"train_file": "p.jsonl", "packing": True}})
+    with pytest.raises(ConfigError, match="train.stage=dpo trains a causal LM; set model.task=causal-lm"):
+        validate({**base, "model": {"name_or_path": "builtin:tiny-bert", "task": "sequence-classification"}})

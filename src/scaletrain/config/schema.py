@@ -443,6 +443,11 @@ class Config(_Section):
         if self.data.packing and self.model.task != "causal-lm":
             raise ValueError(f"data.packing applies to model.task=causal-lm (the config has {self.model.task}); "
                              f"remove data.packing or set model.task=causal-lm")
+        if self.train.stage != "sft" and self.model.task != "causal-lm":
+            raise ValueError(f"train.stage={self.train.stage} trains a causal LM; set model.task=causal-lm")
+        if self.train.stage == "dpo" and self.data.packing:
+            raise ValueError("data.packing with train.stage=dpo is not yet supported (pairs go through one padded "
+                             "forward); remove data.packing")
         if self.model.task == "causal-lm" and self.model.num_labels is not None:
             # num_labels means nothing for a causal LM; a value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")

@@ -241,6 +241,15 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
     return model
 
 
+def trained_model_config(cfg: ModelConfig, stage: str) -> ModelConfig:
+    """The model a stage trains: a reward model (``train.stage: rm``) is the causal LM with a scalar head
+    (transformers' ForSequenceClassification with one label: the score of the sequence's last token), so that
+    ``final/`` loads with AutoModelForSequenceClassification; every other stage trains the model as configured."""
+    if stage != "rm":
+        return cfg
+    return cfg.model_copy(update={"task": "sequence-classification", "num_labels": 1})
+
+
 def set_dtypes(model, frozen_dtype) -> None:
     """Trainable parameters fp32 (master weights), frozen ones in ``frozen_dtype`` (precision policy)."""
     import torch

@@ -83,3 +83,26 @@ def test_resume_mid_run_is_bit_identical(demo_dir, tmp_path):
     a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
     b = load_file(tmp_path / "again" / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_reward_model_learns_the_preference_and_final_loads_as_a_scorer(demo_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from scaletrain.data import Collator, load_split
+    from scaletrain.launch.job import finish_final
+
+    cfg_dict = _cfg(demo_dir, "sigmoid", "full", steps=30)
+    cfg_dict["train"].update(stage="rm", learning_rate=1e-3)
+    cfg, tok, spec = local_spec(cfg_dict, tmp_path / "run")
+    summary = run_in_process(spec)
+    finish_final(cfg, tmp_path / "run", tok)
+    records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert records[-1]["rewards/accuracies"] > 0.9 and "logps/chosen" not in records[-1]
+    assert summary["final"]["eval/rewards/accuracies"] > 0.9 and summary["final"]["eval/loss"] < 0.3
+    scorer = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "final").eval()
+    assert scorer.config.num_labels == 1
+    batch = Collator(spec.pad_token_id)([load_split(spec.eval_path)[i] for i in range(8)])
+    with torch.no_grad():
+        chosen, rejected = scorer(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.chunk(2)
+    assert (chosen > rejected).float().mean() > 0.9  # the saved model scores as the run measured

@@ -72,9 +72,10 @@ def test_llamafactory_keys_keep_their_meaning():
     assert c.data.balance_ranks and c.comm.timeout_s == 3600 and c.data.template == "qwen"
     by_key = _rows(rows)
     assert set(by_key) >= set(lf) and by_key["eval_dataset"].where == "data.eval_dataset"
-    for stage in ("kto", "rm"):
-        _, rows = from_llamafactory({**lf, "stage": stage})
-        assert "#32" in _rows(rows)["stage"].note and _rows(rows)["stage"].where == ""
+    _, rows = from_llamafactory({**lf, "stage": "kto"})
+    assert "#32" in _rows(rows)["stage"].note and _rows(rows)["stage"].where == ""
+    cfg, rows = from_llamafactory({**lf, "stage": "rm", "packing": False, "neat_packing": False})
+    assert validate(cfg).train.stage == "rm"
     cfg, rows = from_llamafactory({**lf, "stage": "pt"})
     assert validate(cfg).data.formatting == "text"
 

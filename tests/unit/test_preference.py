@@ -189,3 +189,13 @@ def test_stage_dpo_refuses_what_it_cannot_train(tmp_path):
         validate({**base, "data": {"train_file": "p.jsonl", "packing": True}})
     with pytest.raises(ConfigError, match="train.stage=dpo trains a causal LM; set model.task=causal-lm"):
         validate({**base, "model": {"name_or_path": "builtin:tiny-bert", "task": "sequence-classification"}})
+
+
+def test_the_reward_model_loss_is_the_pairwise_logistic_loss():
+    from scaletrain.worker.preference import reward_losses
+
+    scores = torch.tensor([[2.0], [0.5], [1.0], [1.5]])  # chosen 2.0, 0.5; rejected 1.0, 1.5
+    model = lambda **kw: SimpleNamespace(logits=scores)  # a model that returns these scores
+    losses, chosen, rejected = reward_losses(model, {"input_ids": torch.zeros(4, 3, dtype=torch.long)})
+    expected = -torch.nn.functional.logsigmoid(torch.tensor([1.0, -1.0]))
+    assert torch.allclose(losses, expected) and chosen.tolist() == [2.0, 0.5] and rejected.tolist() == [1.0, 1.5]

@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # the schema imports this module for its elastic check
     from scaletrain.config.schema import Config, TrainConfig
 
 
+PAIR_STAGES = ("dpo", "rm")  # train.stage values that train on chosen/rejected pairs
+
+
 def global_batch(train: TrainConfig, world_size: int) -> int:
     return train.per_device_train_batch_size * train.gradient_accumulation_steps * world_size
 
@@ -90,7 +93,7 @@ def scaled_learning_rate(train: TrainConfig, world_size: int) -> float:
 def sequences_per_micro_batch(train: TrainConfig, eval_batch: bool = False) -> int:
     """Sequences one forward runs: a preference pair is two (chosen and rejected go through one forward)."""
     per = train.per_device_eval_batch_size if eval_batch else train.per_device_train_batch_size
-    return per * (2 if train.stage == "dpo" else 1)
+    return per * (2 if train.stage in PAIR_STAGES else 1)
 
 
 def steps_per_epoch(num_train: int, train: TrainConfig, world_size: int) -> int:

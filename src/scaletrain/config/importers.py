@@ -88,7 +88,7 @@ NOT_MAPPED: dict[str, str] = {
                             "scaletrain",
 }
 # Stages LLaMA-Factory trains that scaletrain does not yet: the issue that covers them.
-NOT_YET = {"kto": "preference tuning with KTO", "rm": "reward models", "ppo": "RL from a reward model (PPO)"}
+NOT_YET = {"kto": "preference tuning with KTO", "ppo": "RL from a reward model (PPO)"}
 # LLaMA-Factory's report_to values -> monitor.report_to (jsonl is always written).
 REPORTERS = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "mlflow": ["mlflow"],
              "all": ["tensorboard", "wandb", "mlflow"]}
@@ -167,10 +167,11 @@ def _defaults(lf: dict, cfg: dict, rows: list[Row]) -> None:
 
 
 def _stage(key, value, lf, put, rows) -> None:
-    if value in ("sft", "dpo"):
+    if value in ("sft", "dpo", "rm"):
         put(key, "model", "task", "causal-lm")
-        if value == "dpo":
-            put(key, "train", "stage", "dpo", "preference tuning on chosen/rejected pairs (ranking datasets)")
+        if value != "sft":
+            put(key, "train", "stage", value, "preference tuning on chosen/rejected pairs (ranking datasets)" if
+                value == "dpo" else "a reward model: a scalar head, the pairwise loss (ranking datasets)")
     elif value == "pt":
         put(key, "model", "task", "causal-lm")
         put(key, "data", "formatting", "text", "pre-training: loss on every token; every dataset is read as text "
@@ -178,7 +179,7 @@ def _stage(key, value, lf, put, rows) -> None:
     else:
         what = NOT_YET.get(value, f"stage {value}")
         rows.append(Row(key, value, "", f"{what} is not yet in scaletrain (the preference-tuning issue, #32, "
-                                        f"covers kto and rm; dpo has landed); this file cannot run until it does"))
+                                        f"covers kto; dpo and rm have landed); this file cannot run until it does"))
 
 
 def _lora_target(key, value, lf, put, rows) -> None:

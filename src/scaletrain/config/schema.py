@@ -217,10 +217,10 @@ class TrainConfig(_Section):
     # 0: evaluate only at the end.
     eval_steps: int = Field(0, ge=0)
     seed: int = 42
-    # Preference tuning (LLaMA-Factory's names; worker/preference.py): stage dpo trains on chosen/rejected pairs
-    # with pref_loss (sigmoid = DPO, hinge, ipo, simpo, orpo; the last two need no reference model), pref_beta,
-    # an SFT term on the chosen reply weighted pref_ftx, simpo_gamma (SimPO's margin) and dpo_label_smoothing
-    # (conservative DPO).
+    # Preference tuning (LLaMA-Factory's names; worker/preference.py): stage rm trains a reward model (a scalar
+    # head, the pairwise loss) on chosen/rejected pairs; stage dpo the policy, with pref_loss (sigmoid = DPO,
+    # hinge, ipo, simpo, orpo; the last two need no reference model), pref_beta, an SFT term on the chosen reply
+    # weighted pref_ftx, simpo_gamma (SimPO's margin) and dpo_label_smoothing (conservative DPO).
     stage: Literal["sft", "dpo", "kto", "rm"] = "sft"
     pref_loss: Literal["sigmoid", "hinge", "ipo", "simpo", "orpo"] = "sigmoid"
     pref_beta: float = Field(0.1, gt=0)
@@ -237,9 +237,9 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _precision(self) -> "TrainConfig":
-        if self.stage in ("kto", "rm"):
-            raise ValueError(f"train.stage={self.stage} is not yet in scaletrain (issue #32: dpo with pref_loss "
-                             f"sigmoid, hinge, ipo, simpo and orpo has landed); use sft or dpo")
+        if self.stage == "kto":
+            raise ValueError("train.stage=kto is not yet in scaletrain (issue #32: dpo with pref_loss sigmoid, "
+                             "hinge, ipo, simpo and orpo, and rm, have landed); use sft, dpo or rm")
         if self.bf16 and self.fp16:
             raise ValueError("bf16 and fp16 are both true; set at most one of them")
         if self.strategy == "ddp":
@@ -445,9 +445,9 @@ class Config(_Section):
                              f"remove data.packing or set model.task=causal-lm")
         if self.train.stage != "sft" and self.model.task != "causal-lm":
             raise ValueError(f"train.stage={self.train.stage} trains a causal LM; set model.task=causal-lm")
-        if self.train.stage == "dpo" and self.data.packing:
-            raise ValueError("data.packing with train.stage=dpo is not yet supported (pairs go through one padded "
-                             "forward); remove data.packing")
+        if self.train.stage in batch.PAIR_STAGES and self.data.packing:
+            raise ValueError(f"data.packing with train.stage={self.train.stage} is not yet supported (pairs go "
+                             f"through one padded forward); remove data.packing")
         if self.model.task == "causal-lm" and self.model.num_labels is not None:
             # num_labels means nothing for a causal LM; a value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")

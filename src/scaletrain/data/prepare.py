@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from scaletrain.config.batch import PAIR_STAGES
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
 from scaletrain.data.labels import Labels, resolve_labels
@@ -296,7 +297,7 @@ def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str],
         raise DataError(f"{src.key}={src.path}: the records are alpaca ({c.prompt}/{c.query}/{c.response} columns), "
                         f"not {src.formatting} turns; set data.formatting=alpaca"
                         + (f" (or the entry's \"formatting\" in {src.extra['info']})" if src.extra else ""))
-    preference = cfg.train.stage == "dpo"
+    preference = cfg.train.stage in PAIR_STAGES
     required = c.required(src.formatting)
     if preference:
         if src.formatting == "text":

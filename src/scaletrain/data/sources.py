@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scaletrain.config.batch import PAIR_STAGES
 from scaletrain.config.schema import DataConfig
 from scaletrain.data.formats import FORMATTINGS, Columns
 from scaletrain.errors import DataError
@@ -84,7 +85,7 @@ def _entries(d: DataConfig, names: list[str], setting: str, stage: str) -> list[
             mapped["text"] = mapped.pop("prompt")
         if formatting not in FORMATTINGS:
             raise DataError(f"{key}: formatting {formatting!r} in {info_path}; use one of {', '.join(FORMATTINGS)}")
-        if bool(entry.get("ranking")) != (stage == "dpo"):
+        if bool(entry.get("ranking")) != (stage in PAIR_STAGES):
             raise DataError(f"{key}: a preference (ranking) dataset; train on it with train.stage=dpo" if
                             entry.get("ranking") else f"{key}: not a preference dataset (no \"ranking\": true in "
                             f"{info_path}); train.stage=dpo trains on chosen/rejected pairs: give one")

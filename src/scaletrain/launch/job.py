@@ -227,11 +227,12 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -
         return
     import torch
 
-    from scaletrain.model import build_model
+    from scaletrain.model import build_model, trained_model_config
 
     # The same seed as the workers rebuilds the same base weights.
     torch.manual_seed(cfg.train.seed)
-    base = build_model(cfg.model.model_copy(update={"finetuning_type": "full"}), Vocab.of(tokenizer),
+    trained = trained_model_config(cfg.model, cfg.train.stage)
+    base = build_model(trained.model_copy(update={"finetuning_type": "full"}), Vocab.of(tokenizer),
                        cfg.data.label_names)
     if model_dir(cfg.model.name_or_path) is None:
         # A random-init built-in has no directory to load the base from: keep it beside the adapter, with the

@@ -1,5 +1,8 @@
-"""Preference tuning (``train.stage: dpo``): the loss of a micro-batch of chosen/rejected pairs, its metrics, and
-the evaluation of pairs.
+"""Preference tuning (``train.stage: dpo``) and reward models (``train.stage: rm``): the loss of a micro-batch of
+chosen/rejected pairs, its metrics, and the evaluation of pairs.
+
+A reward model scores each sequence with a scalar head on its last token (model.trained_model_config); its loss
+is the pairwise −log σ(r_c − r_r) (InstructGPT's, TRL's RewardTrainer's), its rewards the scores themselves.
 
 A micro-batch of B pairs is one forward of 2B sequences (the chosen sides, then the rejected: data/collate.py).
 A sequence's log-probability is the sum of its completion tokens' (prompt tokens never count). The reference's
@@ -121,9 +124,29 @@ def stat_sums(policy: Sides, chosen_rewards: torch.Tensor, rejected_rewards: tor
             float(len(margins))]
 
 
-def stat_means(sums: list[float], prefix: str = "") -> dict[str, float]:
+def stat_means(sums: list[float], prefix: str = "", stage: str = "dpo") -> dict[str, float]:
     n = max(sums[-1], 1.0)
-    return {f"{prefix}{name}": value / n for name, value in zip(STATS, sums)}
+    names = STATS if stage == "dpo" else STATS[:4]  # a reward model has rewards, no log-probabilities
+    return {f"{prefix}{name}": value / n for name, value in zip(names, sums)}
+
+
+def reward_losses(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A reward model's (pair losses, chosen scores, rejected scores) on a [chosen; rejected] batch."""
+    scores = model(**model_inputs(batch, labels=False)).logits.squeeze(-1).float()
+    chosen, rejected = scores.chunk(2)
+    return -F.logsigmoid(chosen - rejected), chosen.detach(), rejected.detach()
+
+
+def _losses(t: Trainer, batch: dict) -> tuple[torch.Tensor, list[float]]:
+    """The pair losses of a batch and their STATS sums, for the trainer's stage."""
+    if t.cfg.train.stage == "rm":
+        losses, chosen, rejected = reward_losses(t.model, batch)
+        zeros = Sides(torch.zeros_like(chosen), torch.zeros_like(rejected), chosen, rejected)  # no log-probs
+        return losses, stat_sums(zeros, chosen, rejected)
+    reference = reference_sides(t, batch)
+    policy = Sides.of(_forward(t.model, batch), batch["labels"])
+    losses, chosen_rewards, rejected_rewards = pair_losses(t.cfg.train, policy, reference)
+    return losses, stat_sums(policy, chosen_rewards, rejected_rewards)
 
 
 def _forward(model, batch: dict) -> torch.Tensor:
@@ -145,10 +168,8 @@ def reference_sides(t: Trainer, batch: dict) -> Sides | None:
 def micro_loss(t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:
     """This micro-batch's share of the step's loss (the pairs' mean / the accumulation); its STATS sums are added
     to ``t.pref_sums`` for the step's record."""
-    reference = reference_sides(t, batch)
-    policy = Sides.of(_forward(t.model, batch), batch["labels"])
-    losses, chosen_rewards, rejected_rewards = pair_losses(t.cfg.train, policy, reference)
-    for i, v in enumerate(stat_sums(policy, chosen_rewards, rejected_rewards)):
+    losses, sums = _losses(t, batch)
+    for i, v in enumerate(sums):
         t.pref_sums[i] += v
     return losses.mean() / n_micro
 
@@ -170,12 +191,11 @@ def evaluate_pairs(t: Trainer, data, collate) -> dict[str, float]:
         batch = collate([data[i] for i in (idx or [0])])
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
         with t.precision.autocast():
-            reference = reference_sides(t, batch)
-            policy = Sides.of(_forward(t.model, batch), batch["labels"])
-        losses, chosen_rewards, rejected_rewards = pair_losses(t.cfg.train, policy, reference)
+            losses, batch_sums = _losses(t, batch)
         if idx:  # a rank out of examples still runs the forward (FSDP gathers collectively), counts nothing
             loss_sum += float(losses.sum())
-            sums = [a + v for a, v in zip(sums, stat_sums(policy, chosen_rewards, rejected_rewards))]
+            sums = [a + v for a, v in zip(sums, batch_sums)]
     *sums, loss_sum = all_reduce_sum([*sums, loss_sum], ctx.device)
     t.model.train(was_training)
-    return {"eval/loss": loss_sum / max(sums[-1], 1.0), "eval/pairs": sums[-1], **stat_means(sums, "eval/")}
+    return {"eval/loss": loss_sum / max(sums[-1], 1.0), "eval/pairs": sums[-1],
+            **stat_means(sums, "eval/", t.cfg.train.stage)}

@@ -21,7 +21,7 @@ from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
-from scaletrain.model import build_model, count_parameters, preload
+from scaletrain.model import build_model, count_parameters, preload, trained_model_config
 from scaletrain.rundir import RunDir
 from scaletrain.worker.loss import install as install_chunked_loss
 from scaletrain.worker.loss import is_installed, model_vocab, output_layer
@@ -130,8 +130,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
     memory = PeakMemory(ctx.device)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
     precision, progress = Precision(cfg, ctx.device), TrainState()
-    model = build_model(cfg.model, spec.vocab, cfg.data.label_names, packed=cfg.data.packing,
-                        frozen_dtype=precision.policy.torch_dtype("frozen"))
+    model = build_model(trained_model_config(cfg.model, cfg.train.stage), spec.vocab, cfg.data.label_names,
+                        packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
     facts = ModelFacts(trainable, total, model_flops_facts(model))
     # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).

@@ -6,7 +6,7 @@ import pytest
 
 from scaletrain.launch.local import run_in_process
 from scaletrain.metrics.records import read_jsonl
-from tests.conftest import local_spec
+from tests.conftest import local_spec, train_losses
 
 pytestmark = pytest.mark.loop
 
@@ -106,3 +106,33 @@ def test_a_reward_model_learns_the_preference_and_final_loads_as_a_scorer(demo_d
     with torch.no_grad():
         chosen, rejected = scorer(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.chunk(2)
     assert (chosen > rejected).float().mean() > 0.9  # the saved model scores as the run measured
+
+
+def test_precomputed_reference_trains_as_the_live_one_holds_none_and_resumes_bit_identical(demo_dir, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = _cfg(demo_dir, "sigmoid", "full", steps=6)
+    cfg["checkpoint"] = {"save_steps": 3}
+    _, _, live = local_spec(cfg, tmp_path / "live")
+    run_in_process(live)
+    cfg["train"]["precompute_ref_logps"] = True
+    assert _trainer(cfg, tmp_path / "probe").reference is None  # no frozen copy while training
+    _, _, pre = local_spec(cfg, tmp_path / "pre")
+    run_in_process(pre)
+    cached = list((tmp_path / "pre").parent.glob("runs/.cache/data/*/reference_logps-*.pt"))
+    assert len(cached) == 1  # beside the tokenized data it was computed from
+    assert train_losses(tmp_path / "pre") == pytest.approx(train_losses(tmp_path / "live"), rel=1e-5)
+    _, _, again = local_spec(cfg, tmp_path / "again")  # killed after the step-3 checkpoint
+    shutil.copytree(tmp_path / "pre" / "checkpoints" / "step-3", tmp_path / "again" / "checkpoints" / "step-3")
+    run_in_process(again)  # reads the cached table: the initial model's numbers, not the resumed one's
+    a = load_file(tmp_path / "pre" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "again" / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cached[0].unlink()
+    _, _, gone = local_spec(cfg, tmp_path / "gone")
+    shutil.copytree(tmp_path / "pre" / "checkpoints" / "step-3", tmp_path / "gone" / "checkpoints" / "step-3")
+    with pytest.raises(Exception, match="reference_logps-.*is gone; a resumed run needs"):
+        run_in_process(gone)

@@ -266,6 +266,7 @@ def test_the_plan_counts_the_preference_reference_and_both_sides_of_a_pair(vocab
     assert estimate(_cfg(stage="dpo", strategy="fsdp"), shape, 2, "gpu").reference == shape.total * 4 // 2
     assert estimate(_cfg(stage="dpo", finetuning_type="lora"), shape, 1, "gpu").reference == 0  # adapters off
     assert estimate(_cfg(stage="dpo", pref_loss="simpo"), shape, 1, "gpu").reference == 0
+    assert estimate(_cfg(stage="dpo", precompute_ref_logps=True), shape, 1, "gpu").reference == 0
     assert estimate(_cfg(), shape, 1, "gpu").reference == 0
     free = estimate(_cfg(stage="dpo", pref_loss="simpo"), shape, 1, "gpu")
     assert full.train_peak == free.train_peak + full.reference

@@ -187,6 +187,10 @@ def test_stage_dpo_refuses_what_it_cannot_train(tmp_path):
             "train": {"stage": "dpo"}}
     with pytest.raises(ConfigError, match="data.packing with train.stage=dpo is not yet supported"):
         validate({**base, "data": {"train_file": "p.jsonl", "packing": True}})
+    with pytest.raises(ConfigError, match="train.pref_loss=simpo has no reference model; remove it"):
+        validate({**base, "train": {"stage": "dpo", "pref_loss": "simpo", "precompute_ref_logps": True}})
+    with pytest.raises(ConfigError, match="train.stage=rm has no reference model"):
+        validate({**base, "train": {"stage": "rm", "precompute_ref_logps": True}})
     with pytest.raises(ConfigError, match="train.stage=dpo trains a causal LM; set model.task=causal-lm"):
         validate({**base, "model": {"name_or_path": "builtin:tiny-bert", "task": "sequence-classification"}})
 

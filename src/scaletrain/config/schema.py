@@ -227,6 +227,9 @@ class TrainConfig(_Section):
     pref_ftx: float = Field(0.0, ge=0)
     simpo_gamma: float = Field(0.5, ge=0)
     dpo_label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    # the reference model's log-probabilities of every pair computed once before training and cached with the
+    # data, so that no reference is held in memory while training (full fine-tuning: no frozen copy)
+    precompute_ref_logps: bool = False
 
     @field_validator("max_steps")
     @classmethod
@@ -240,6 +243,9 @@ class TrainConfig(_Section):
         if self.stage == "kto":
             raise ValueError("train.stage=kto is not yet in scaletrain (issue #32: dpo with pref_loss sigmoid, "
                              "hinge, ipo, simpo and orpo, and rm, have landed); use sft, dpo or rm")
+        if self.precompute_ref_logps and (self.stage != "dpo" or self.pref_loss in ("simpo", "orpo")):
+            what = f"train.stage={self.stage}" if self.stage != "dpo" else f"train.pref_loss={self.pref_loss}"
+            raise ValueError(f"train.precompute_ref_logps: {what} has no reference model; remove it")
         if self.bf16 and self.fp16:
             raise ValueError("bf16 and fp16 are both true; set at most one of them")
         if self.strategy == "ddp":

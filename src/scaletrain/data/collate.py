@@ -14,8 +14,9 @@ def load_split(path: str):
     return datasets.load_from_disk(path)
 
 
-# What a batch says about itself besides the model's inputs: real (non-padding) tokens and examples in it.
-STATS = ("num_tokens", "num_examples")
+# What a batch says about itself besides the model's inputs: real (non-padding) tokens and examples in it, and
+# (preference pairs) the reference model's precomputed log-probabilities.
+STATS = ("num_tokens", "num_examples", "ref_logps")
 
 
 def model_inputs(batch: dict, labels: bool = True) -> dict:
@@ -37,7 +38,10 @@ class Collator:
         if "chosen_input_ids" in batch[0]:  # preference pairs: one batch of the chosen sides, then the rejected
             sides = [{"input_ids": ex[f"{side}_input_ids"], "labels": ex[f"{side}_labels"]}
                      for side in ("chosen", "rejected") for ex in batch]
-            return {**self(sides), "num_examples": torch.tensor(len(batch))}
+            out = {**self(sides), "num_examples": torch.tensor(len(batch))}
+            if "ref_logps" in batch[0]:  # [pairs, 2]: the reference's chosen and rejected log-probabilities
+                out["ref_logps"] = torch.tensor([ex["ref_logps"] for ex in batch], dtype=torch.float32)
+            return out
         width = max(len(ex["input_ids"]) for ex in batch)
         packed = "position_ids" in batch[0]
         ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)

@@ -260,8 +260,8 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     if not gpu:  # the full model on every rank, then (FSDP) its shards beside it
         build = weights + (weights // group if fsdp else 0)
     reference = 0
-    if cfg.train.stage == "dpo" and cfg.model.finetuning_type != "lora" and cfg.train.pref_loss not in ("simpo",
-                                                                                                          "orpo"):
+    if t.stage == "dpo" and cfg.model.finetuning_type != "lora" and t.pref_loss not in ("simpo", "orpo") and (
+            not t.precompute_ref_logps):
         reference = shape.total * BYTES[prec.master] // group  # a frozen copy of the initial model, sharded like it
     return Breakdown(parameters=params, gradients=grads_at_peak, optimizer=optim, activations=activations,
                      buffers=buffers, overhead=int(GPU_OVERHEAD_BYTES) if gpu else 0, host=host, build=build,

@@ -91,9 +91,10 @@ def advice(cfg: Config, shape: Shape, n: int, device: Device, most: int = 64) ->
             return "unset train.loss_chunk_tokens (the loss then runs chunk by chunk, never the whole logits)"
     if now.reference and fits(cfg.model_copy(update={"train": cfg.train.model_copy(update={"pref_loss": "simpo"})}),
                               n):
-        return (f"the frozen reference model holds {now.reference / GIB:.1f} GiB per device: use "
+        return (f"the frozen reference model holds {now.reference / GIB:.1f} GiB per device: set "
+                f"train.precompute_ref_logps (one pass before training, no reference while training), use "
                 f"model.finetuning_type=lora (its reference is the base with the adapters off, no copy) or "
-                f"train.pref_loss simpo or orpo (no reference), or more devices with train.strategy=fsdp")
+                f"train.pref_loss simpo or orpo (no reference)")
     if now.peak_phase == "eval":
         smaller = cfg.model_copy(update={"train": cfg.train.model_copy(update={"per_device_eval_batch_size": 1})})
         if fits(smaller, n):

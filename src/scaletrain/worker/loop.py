@@ -29,6 +29,7 @@ from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.faults import maybe_fire
 from scaletrain.worker.meter import Meter
 from scaletrain.worker.parallel import all_gather_floats, full_model_state, unwrap
+from scaletrain.worker.preference import with_reference_logps
 from scaletrain.worker.resize import resize_note
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
@@ -90,6 +91,9 @@ class Data:
         self.t = t
         self.train, self.eval = load_split(t.spec.train_path), load_split(t.spec.eval_path)
         self.collate = Collator(t.spec.pad_token_id)
+        if t.cfg.train.precompute_ref_logps:  # once, cached with the data: no reference model while training
+            splits = with_reference_logps(t, {"train": self.train, "eval": self.eval}, self.collate)
+            self.train, self.eval = splits["train"], splits["eval"]
         d, tr = t.cfg.data, t.cfg.train
         # Causal LM only: grouping by length could group a classification task's labels (short negative reviews).
         balance = t.cfg.model.task == "causal-lm" and d.balance_ranks and not d.packing

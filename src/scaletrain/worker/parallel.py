@@ -109,6 +109,11 @@ def all_reduce_sum(values: list[float], device: str) -> list[float]:
     return t.tolist()
 
 
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def all_reduce_max_async(values: list[float], device: str):
     """Start an element-wise MAX over ranks of ``values``; returns a function that waits and gives the result."""
     return all_reduce_async(values, device, dist.ReduceOp.MAX if dist.is_available() else None)

@@ -53,6 +53,11 @@ def needs_reference(train: TrainConfig) -> bool:
     return train.stage == "dpo" and train.pref_loss not in REFERENCE_FREE
 
 
+def holds_reference(train: TrainConfig, lora: bool) -> bool:
+    """Whether training keeps a frozen copy of the model (full fine-tuning, a reference, none precomputed)."""
+    return needs_reference(train) and not lora and not train.precompute_ref_logps
+
+
 @dataclass
 class Sides:
     """Per-pair sums of completion log-probabilities (and completion token counts) of the chosen and rejected
@@ -158,10 +163,13 @@ def reference_sides(t: Trainer, batch: dict) -> Sides | None:
     """The reference model's sides: the adapters disabled (LoRA), or the frozen copy (full fine-tuning)."""
     if not needs_reference(t.cfg.train):
         return None
+    if "ref_logps" in batch:  # precomputed before training (with_reference_logps)
+        ref = batch["ref_logps"]
+        return Sides(ref[:, 0], ref[:, 1], torch.zeros_like(ref[:, 0]), torch.zeros_like(ref[:, 1]))
     model = unwrap(t.model)
     context = model.disable_adapter() if t.lora else contextlib.nullcontext()
-    with context:
-        logits = _forward(model if t.lora else t.reference, batch)
+    with context:  # full fine-tuning without a copy: the precompute pass, before any step, on the initial model
+        logits = _forward(model if t.lora or t.reference is None else t.reference, batch)
     return Sides.of(logits, batch["labels"])
 
 
@@ -199,3 +207,62 @@ def evaluate_pairs(t: Trainer, data, collate) -> dict[str, float]:
     t.model.train(was_training)
     return {"eval/loss": loss_sum / max(sums[-1], 1.0), "eval/pairs": sums[-1],
             **stat_means(sums, "eval/", t.cfg.train.stage)}
+
+
+def reference_key(cfg) -> str:
+    """What the reference log-probabilities depend on besides the data (whose cache entry holds them): the initial
+    model (a built-in's random weights come from the seed) and the precision it runs in."""
+    import hashlib
+    import json
+
+    model = cfg.model.model_dump(mode="json", exclude={"lora_rank", "lora_alpha", "lora_dropout", "lora_target"})
+    what = {"model": model, "seed": cfg.train.seed, "bf16": cfg.train.bf16, "fp16": cfg.train.fp16}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def with_reference_logps(t: Trainer, splits: dict, collate) -> dict:
+    """Each split with a ``ref_logps`` column: the reference's [chosen, rejected] log-probabilities of every pair,
+    computed once by the initial model (every rank a share, summed over ranks) and kept beside the tokenized data
+    in its cache entry, so a resumed run reads the same numbers and training never holds a reference model."""
+    from pathlib import Path
+
+    from scaletrain.errors import TrainingError
+    from scaletrain.worker.parallel import barrier
+
+    path = Path(t.spec.train_path).parent / f"reference_logps-{reference_key(t.cfg)}.pt"
+    have = all_reduce_sum([0.0 if path.is_file() else 1.0], t.ctx.device)[0] == 0  # every rank sees it
+    if not have and t.progress.step > 0:
+        raise TrainingError(f"train.precompute_ref_logps: {path} is gone; a resumed run needs the reference "
+                            f"log-probabilities of its initial model: restore the file or start a new run")
+    if have:
+        table = torch.load(path)
+    else:
+        table = {name: _reference_table(t, ds, collate) for name, ds in splits.items()}
+        if t.ctx.is_main:
+            partial = path.with_suffix(".partial")
+            torch.save(table, partial)
+            partial.replace(path)  # whole or absent: never a half-written table
+        barrier()
+    return {name: ds.add_column("ref_logps", table[name].tolist()) for name, ds in splits.items()}
+
+
+@torch.no_grad()
+def _reference_table(t: Trainer, data, collate) -> torch.Tensor:
+    """[pairs, 2] reference log-probabilities of ``data`` (every rank its shard, the same number of forwards)."""
+    was_training = t.model.training
+    t.model.eval()
+    ctx, size = t.ctx, t.cfg.train.per_device_eval_batch_size
+    mine = list(range(ctx.world_rank, len(data), ctx.world_size))
+    n_batches = math.ceil(math.ceil(len(data) / ctx.world_size) / size) if len(data) else 0
+    table = torch.zeros(len(data), 2, dtype=torch.float64)
+    for b in range(n_batches):
+        idx = mine[b * size:(b + 1) * size]
+        batch = collate([data[i] for i in (idx or [0])])
+        batch = {k: v.to(ctx.device) for k, v in batch.items() if k != "ref_logps"}
+        with t.precision.autocast():
+            sides = reference_sides(t, batch)
+        if idx:
+            table[idx] = torch.stack([sides.chosen, sides.rejected], dim=1).double().cpu()
+    t.model.train(was_training)
+    flat = all_reduce_sum(table.flatten().tolist(), ctx.device) if len(data) else []
+    return torch.tensor(flat, dtype=torch.float32).reshape(len(data), 2)

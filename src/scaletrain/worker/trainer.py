@@ -29,7 +29,7 @@ from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
 from scaletrain.worker.preference import STATS as PREF_STATS
-from scaletrain.worker.preference import needs_reference
+from scaletrain.worker.preference import holds_reference
 from scaletrain.worker.spec import JobSpec
 
 
@@ -138,7 +138,7 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
     if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
             chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):
         install_chunked_loss(model, chunk)  # before wrapping: DDP and FSDP then see an ordinary output layer
-    reference = frozen_reference(model, ctx, cfg, precision) if needs_reference(cfg.train) and not lora else None
+    reference = frozen_reference(model, ctx, cfg, precision) if holds_reference(cfg.train, lora) else None
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
     checkpointer = Checkpointer(RunDir(spec.run_dir).checkpoints, ctx, cfg.checkpoint, model, optimizer,

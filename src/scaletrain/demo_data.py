@@ -90,6 +90,17 @@ def preference_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+def kto_rows(n: int, seed: int = 0) -> list[dict]:
+    """KTO's unpaired examples (alpaca with a ``kto_tag``): half the preference pairs' chosen replies tagged
+    desirable, half their rejected replies tagged undesirable."""
+    rows = []
+    for i, r in enumerate(preference_rows(n, seed=seed)):
+        good = i % 2 == 0
+        rows.append({"instruction": r["instruction"], "input": r["input"],
+                     "output": r["chosen"] if good else r["rejected"], "kto_tag": good})
+    return rows
+
+
 def write_demo_data(out_dir: str | Path, n_sentiment: int = 1200, n_alpaca: int = 600,
                     n_reviews: int = 1200) -> Path:
     out = Path(out_dir)

@@ -136,3 +136,21 @@ def test_precomputed_reference_trains_as_the_live_one_holds_none_and_resumes_bit
     shutil.copytree(tmp_path / "pre" / "checkpoints" / "step-3", tmp_path / "gone" / "checkpoints" / "step-3")
     with pytest.raises(Exception, match="reference_logps-.*is gone; a resumed run needs"):
         run_in_process(gone)
+
+
+def test_kto_learns_from_tagged_replies(demo_dir, tmp_path):
+    import json
+
+    from scaletrain.demo_data import kto_rows
+
+    data = tmp_path / "kto.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in kto_rows(400, seed=2)))
+    cfg = _cfg(demo_dir, "sigmoid", steps=30)
+    cfg["data"]["train_file"] = str(data)
+    cfg["train"].update(stage="kto", logging_steps=5)
+    _, _, spec = local_spec(cfg, tmp_path / "run")
+    summary = run_in_process(spec)
+    records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert records[-1]["rewards/margins"] > records[0]["rewards/margins"] + 0.5 and records[-1]["kl"] >= 0
+    final = summary["final"]
+    assert final["eval/rewards/chosen"] > 0 > final["eval/rewards/rejected"] and final["eval/pairs"] == 40

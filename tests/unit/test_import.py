@@ -72,10 +72,12 @@ def test_llamafactory_keys_keep_their_meaning():
     assert c.data.balance_ranks and c.comm.timeout_s == 3600 and c.data.template == "qwen"
     by_key = _rows(rows)
     assert set(by_key) >= set(lf) and by_key["eval_dataset"].where == "data.eval_dataset"
-    _, rows = from_llamafactory({**lf, "stage": "kto"})
-    assert "#32" in _rows(rows)["stage"].note and _rows(rows)["stage"].where == ""
-    cfg, rows = from_llamafactory({**lf, "stage": "rm", "packing": False, "neat_packing": False})
-    assert validate(cfg).train.stage == "rm"
+    _, rows = from_llamafactory({**lf, "stage": "ppo"})
+    assert "is not in scaletrain" in _rows(rows)["stage"].note and _rows(rows)["stage"].where == ""
+    for stage in ("rm", "kto"):
+        cfg, rows = from_llamafactory({**lf, "stage": stage, "packing": False, "neat_packing": False,
+                                       "kto_chosen_weight": 1.3})
+        assert validate(cfg).train.stage == stage and validate(cfg).train.kto_chosen_weight == 1.3
     cfg, rows = from_llamafactory({**lf, "stage": "pt"})
     assert validate(cfg).data.formatting == "text"
 

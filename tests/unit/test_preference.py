@@ -177,9 +177,9 @@ def test_bad_preference_input_is_one_line_before_any_worker(tmp_path, tok):
     with pytest.raises(ConfigError, match="pref_beta"):
         validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
                   "data": {"train_file": str(pairs)}, "train": {"stage": "dpo", "pref_beta": 0}})
-    with pytest.raises(ConfigError, match="train.stage=kto is not yet in scaletrain"):
+    with pytest.raises(ConfigError, match="train.precompute_ref_logps is not yet supported with train.stage=kto"):
         validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
-                  "data": {"train_file": str(pairs)}, "train": {"stage": "kto"}})
+                  "data": {"train_file": str(pairs)}, "train": {"stage": "kto", "precompute_ref_logps": True}})
 
 
 def test_stage_dpo_refuses_what_it_cannot_train(tmp_path):
@@ -203,3 +203,43 @@ def test_the_reward_model_loss_is_the_pairwise_logistic_loss():
     losses, chosen, rejected = reward_losses(model, {"input_ids": torch.zeros(4, 3, dtype=torch.long)})
     expected = -torch.nn.functional.logsigmoid(torch.tensor([1.0, -1.0]))
     assert torch.allclose(losses, expected) and chosen.tolist() == [2.0, 0.5] and rejected.tolist() == [1.0, 1.5]
+
+
+def test_kto_loss_equals_trls():
+    """TRL's KTOTrainer._compute_loss on the same logits, with the reference and KL log-probabilities given."""
+    from trl import KTOTrainer
+
+    from scaletrain.worker.preference import kto_losses, sequence_logps
+
+    logits, input_ids, completion, labels, _ = _batch(3)
+    g = torch.Generator().manual_seed(7)
+    ref, ref_kl, policy_kl = (torch.randn(2 * B, generator=g) * 3 - 20 for _ in range(3))
+    tags = torch.tensor([True, False, True, True, False, False])
+    accelerator = SimpleNamespace(device="cpu", gather_for_metrics=lambda x: x, gather=lambda x: x)
+    fake = SimpleNamespace(
+        model=SimpleNamespace(training=True), accelerator=accelerator, aux_loss_enabled=False,
+        precompute_ref_logps=True, calculate_KL=True, loss_type="kto", beta=0.3, desirable_weight=1.5,
+        undesirable_weight=0.7, _metrics=defaultdict(lambda: defaultdict(list)), _total_train_tokens=0, _tp_size=1,
+        _compute_kl_logps=lambda model, batch: policy_kl)
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "completion_mask": completion,
+              "label": tags, "ref_logps": ref, "ref_KL_logps": ref_kl}
+    theirs = KTOTrainer._compute_loss(fake, lambda **kw: SimpleNamespace(logits=a), inputs, False)
+    policy, _ = sequence_logps(b, labels)
+    kl = (policy_kl - ref_kl).mean().clamp(min=0)
+    train = TrainConfig(stage="kto", pref_beta=0.3, kto_chosen_weight=1.5, kto_rejected_weight=0.7)
+    ours = kto_losses(train, policy, ref, kl, tags)[0].mean()
+    theirs.backward()
+    ours.backward()
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-6) and theirs.item() > 0
+    assert torch.allclose(a.grad.float(), b.grad.float(), atol=1e-6) and a.grad.abs().sum() > 0
+
+
+def test_a_kto_dataset_without_tags_is_one_line_and_bad_tags_are_skipped(tmp_path, tok):
+    rows = [{"instruction": "q", "output": "a", "kto_tag": True}, {"instruction": "q", "output": "b", "kto_tag": "?"}]
+    data = {"train_file": str(_write(tmp_path / "k.jsonl", rows))}
+    prepared = prepare_data(_cfg(tmp_path, data, stage="kto"), tok)
+    assert len(prepared.train) == 1 and any("'kto_tag' is '?', not true or false" in k for k in prepared.skipped)
+    untagged = {"train_file": str(_write(tmp_path / "u.jsonl", [{"instruction": "q", "output": "a"}]))}
+    with pytest.raises(DataError, match="column 'kto_tag' is missing .* set data.kto_tag_column"):
+        prepare_data(_cfg(tmp_path, untagged, stage="kto"), tok)

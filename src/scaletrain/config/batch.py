@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the schema imports this module for its elastic check
 
 
 PAIR_STAGES = ("dpo", "rm")  # train.stage values that train on chosen/rejected pairs
+PREFERENCE_STAGES = (*PAIR_STAGES, "kto")  # ... and KTO's single replies tagged desirable or not
 
 
 def global_batch(train: TrainConfig, world_size: int) -> int:
@@ -91,9 +92,10 @@ def scaled_learning_rate(train: TrainConfig, world_size: int) -> float:
 
 
 def sequences_per_micro_batch(train: TrainConfig, eval_batch: bool = False) -> int:
-    """Sequences one forward runs: a preference pair is two (chosen and rejected go through one forward)."""
+    """Sequences one step's forwards run per example: a preference pair is two (chosen and rejected go through one
+    forward), a KTO example two (itself and its mismatched completion for the KL estimate)."""
     per = train.per_device_eval_batch_size if eval_batch else train.per_device_train_batch_size
-    return per * (2 if train.stage in PAIR_STAGES else 1)
+    return per * (2 if train.stage in PREFERENCE_STAGES else 1)
 
 
 def steps_per_epoch(num_train: int, train: TrainConfig, world_size: int) -> int:

@@ -54,6 +54,8 @@ DIRECT: dict[str, tuple[str, str]] = {
     "pref_ftx": ("train", "pref_ftx"),
     "simpo_gamma": ("train", "simpo_gamma"),
     "dpo_label_smoothing": ("train", "dpo_label_smoothing"),
+    "kto_chosen_weight": ("train", "kto_chosen_weight"),
+    "kto_rejected_weight": ("train", "kto_rejected_weight"),
     "resources_per_worker": ("scaling", "resources_per_worker"),
     "placement_strategy": ("scaling", "placement_strategy"),
 }
@@ -82,13 +84,11 @@ NOT_MAPPED: dict[str, str] = {
     "pref_bco_weight": "BCO's extra term is not in scaletrain's DPO",
     "use_ref_model": "the reference is the base with the adapters off (LoRA) or a frozen copy (full), as needed",
     "ref_model": "the reference is the initial model (a separate reference checkpoint is not yet supported)",
-    "kto_chosen_weight": "KTO is not yet in scaletrain (#32)",
-    "kto_rejected_weight": "KTO is not yet in scaletrain (#32)",
     "eval_on_each_dataset": "one evaluation over all eval data (eval/loss); per-dataset evaluation is not yet in "
                             "scaletrain",
 }
 # Stages LLaMA-Factory trains that scaletrain does not yet: the issue that covers them.
-NOT_YET = {"kto": "preference tuning with KTO", "ppo": "RL from a reward model (PPO)"}
+NOT_YET = {"ppo": "RL from a reward model (PPO)"}
 # LLaMA-Factory's report_to values -> monitor.report_to (jsonl is always written).
 REPORTERS = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "mlflow": ["mlflow"],
              "all": ["tensorboard", "wandb", "mlflow"]}
@@ -167,19 +167,21 @@ def _defaults(lf: dict, cfg: dict, rows: list[Row]) -> None:
 
 
 def _stage(key, value, lf, put, rows) -> None:
-    if value in ("sft", "dpo", "rm"):
+    if value in ("sft", "dpo", "rm", "kto"):
         put(key, "model", "task", "causal-lm")
         if value != "sft":
-            put(key, "train", "stage", value, "preference tuning on chosen/rejected pairs (ranking datasets)" if
-                value == "dpo" else "a reward model: a scalar head, the pairwise loss (ranking datasets)")
+            put(key, "train", "stage", value, {
+                "dpo": "preference tuning on chosen/rejected pairs (ranking datasets)",
+                "rm": "a reward model: a scalar head, the pairwise loss (ranking datasets)",
+                "kto": "KTO on replies tagged desirable or not (kto_tag)"}[value])
     elif value == "pt":
         put(key, "model", "task", "causal-lm")
         put(key, "data", "formatting", "text", "pre-training: loss on every token; every dataset is read as text "
                                                "(LLaMA-Factory's \"prompt\" column)")
     else:
         what = NOT_YET.get(value, f"stage {value}")
-        rows.append(Row(key, value, "", f"{what} is not yet in scaletrain (the preference-tuning issue, #32, "
-                                        f"covers kto; dpo and rm have landed); this file cannot run until it does"))
+        rows.append(Row(key, value, "", f"{what} is not in scaletrain (it trains sft, pt, dpo, kto and rm); this "
+                                        f"file cannot run here"))
 
 
 def _lora_target(key, value, lf, put, rows) -> None:

@@ -97,6 +97,7 @@ class DataConfig(_Section):
     tools_column: str = "tools"  # a JSON list of function schemas the conversation may call (any formatting)
     chosen_column: str = "chosen"  # train.stage=dpo: the preferred reply (a string or a turn object)
     rejected_column: str = "rejected"
+    kto_tag_column: str = "kto_tag"  # train.stage=kto: true for a desirable reply, false for an undesirable one
     # sharegpt / messages: the list of turns and its tags (defaults: conversations/from/value/human/gpt for
     # sharegpt, messages/role/content/user/assistant for messages)
     messages_column: Optional[str] = None
@@ -227,6 +228,9 @@ class TrainConfig(_Section):
     pref_ftx: float = Field(0.0, ge=0)
     simpo_gamma: float = Field(0.5, ge=0)
     dpo_label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    # stage kto (KTO, Ethayarajh et al. 2024): the weights of desirable and undesirable examples' losses
+    kto_chosen_weight: float = Field(1.0, gt=0)
+    kto_rejected_weight: float = Field(1.0, gt=0)
     # the reference model's log-probabilities of every pair computed once before training and cached with the
     # data, so that no reference is held in memory while training (full fine-tuning: no frozen copy)
     precompute_ref_logps: bool = False
@@ -240,10 +244,10 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _precision(self) -> "TrainConfig":
-        if self.stage == "kto":
-            raise ValueError("train.stage=kto is not yet in scaletrain (issue #32: dpo with pref_loss sigmoid, "
-                             "hinge, ipo, simpo and orpo, and rm, have landed); use sft, dpo or rm")
-        if self.precompute_ref_logps and (self.stage != "dpo" or self.pref_loss in ("simpo", "orpo")):
+        if self.stage == "kto" and self.precompute_ref_logps:
+            raise ValueError("train.precompute_ref_logps is not yet supported with train.stage=kto (its KL term "
+                             "pairs prompts and completions per batch); remove it")
+        if self.precompute_ref_logps and (self.stage not in ("dpo", "kto") or self.pref_loss in ("simpo", "orpo")):
             what = f"train.stage={self.stage}" if self.stage != "dpo" else f"train.pref_loss={self.pref_loss}"
             raise ValueError(f"train.precompute_ref_logps: {what} has no reference model; remove it")
         if self.bf16 and self.fp16:
@@ -451,9 +455,9 @@ class Config(_Section):
                              f"remove data.packing or set model.task=causal-lm")
         if self.train.stage != "sft" and self.model.task != "causal-lm":
             raise ValueError(f"train.stage={self.train.stage} trains a causal LM; set model.task=causal-lm")
-        if self.train.stage in batch.PAIR_STAGES and self.data.packing:
-            raise ValueError(f"data.packing with train.stage={self.train.stage} is not yet supported (pairs go "
-                             f"through one padded forward); remove data.packing")
+        if self.train.stage in batch.PREFERENCE_STAGES and self.data.packing:
+            raise ValueError(f"data.packing with train.stage={self.train.stage} is not yet supported (preference "
+                             f"examples go through padded forwards); remove data.packing")
         if self.model.task == "causal-lm" and self.model.num_labels is not None:
             # num_labels means nothing for a causal LM; a value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")

@@ -16,7 +16,7 @@ def load_split(path: str):
 
 # What a batch says about itself besides the model's inputs: real (non-padding) tokens and examples in it, and
 # (preference pairs) the reference model's precomputed log-probabilities.
-STATS = ("num_tokens", "num_examples", "ref_logps")
+STATS = ("num_tokens", "num_examples", "ref_logps", "kto_tag")
 
 
 def model_inputs(batch: dict, labels: bool = True) -> dict:
@@ -35,6 +35,8 @@ class Collator:
         self.pad_token_id = pad_token_id
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        if "kto_tag" in batch[0]:
+            return self._kto(batch)
         if "chosen_input_ids" in batch[0]:  # preference pairs: one batch of the chosen sides, then the rejected
             sides = [{"input_ids": ex[f"{side}_input_ids"], "labels": ex[f"{side}_labels"]}
                      for side in ("chosen", "rejected") for ex in batch]
@@ -66,3 +68,16 @@ class Collator:
         out["num_tokens"] = mask.sum()
         out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
         return out
+
+    def _kto(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        """KTO: the examples, then each prompt with the previous example's reply (TRL's mismatched pairs, for the
+        KL estimate; cut to the batch's longest example), and the tags."""
+        cap = max(len(ex["input_ids"]) for ex in batch)
+        mismatched = []
+        for ex, other in zip(batch, batch[-1:] + batch[:-1]):
+            n, m = ex["prompt_len"], other["prompt_len"]
+            mismatched.append({"input_ids": (ex["input_ids"][:n] + other["input_ids"][m:])[:cap],
+                               "labels": ([IGNORE_INDEX] * n + other["labels"][m:])[:cap]})
+        plain = [{"input_ids": ex["input_ids"], "labels": ex["labels"]} for ex in batch]
+        return {**self(plain + mismatched), "num_examples": torch.tensor(len(batch)),
+                "kto_tag": torch.tensor([bool(ex["kto_tag"]) for ex in batch])}

@@ -26,6 +26,7 @@ from scaletrain.data.formats import Chat, Columns, to_conversation
 from scaletrain.data.templates import render_records, supports_tools
 
 PAIR_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")
+KTO_COLUMNS = ("input_ids", "labels", "prompt_len", "kto_tag")
 
 
 def _reply(value, c: Columns, formatting: str) -> str | None:
@@ -99,3 +100,52 @@ def _split(ids: list[int], mask: list[int]) -> tuple[list[int], list[int], list[
     """(the prompt's tokens, the reply's tokens from its first one to the end, the reply's mask)."""
     first = mask.index(1) if 1 in mask else len(ids)
     return ids[:first], ids[first:], mask[first:]
+
+
+def _tag(value) -> bool | None:
+    """A KTO tag: true/false (LLaMA-Factory writes booleans; "true"/"false" strings and 1/0 are read too)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
+
+
+def encode_kto(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
+               max_length: int) -> dict[str, list]:
+    """KTO's examples (train.stage: kto): a conversation whose last reply is tagged desirable or not; its labels
+    are that reply; ``prompt_len`` marks where it starts (the KL term pairs each prompt with another reply)."""
+    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    chats, tags, skip = [], [], []
+    tools_ok = supports_tools(template)
+    for row in rows:
+        tag = _tag(row.get(columns.kto_tag))
+        chat, why = to_conversation(row, formatting, columns) if tag is not None else (
+            None, f"'{columns.kto_tag}' is {row.get(columns.kto_tag)!r}, not true or false")
+        if chat is not None and chat.uses_tools and not tools_ok:
+            chat, why = None, NO_TOOL_FORMAT
+        chats.append(chat)
+        tags.append(bool(tag))
+        skip.append(why)
+    good = [i for i, c in enumerate(chats) if c is not None]
+    rendered = render_records([chats[i].messages for i in good], template, _special_tokens(tokenizer),
+                              [chats[i].tools for i in good])
+    out = {k: [[] if k in ("input_ids", "labels") else 0 for _ in rows] for k in KTO_COLUMNS[:3]}
+    full = [0] * len(rows)
+    for i, r in zip(good, rendered):
+        if isinstance(r, str):
+            skip[i] = r
+            continue
+        text, spans = r
+        (encoding,) = _encode(tokenizer, [text])
+        prompt, reply, mask = _split(encoding.ids, _assistant_mask(encoding.offsets, spans[-1:]))
+        full[i] = len(prompt) + len(reply)
+        n_src, n_tgt = budget(len(prompt), len(reply), max_length)
+        ids, m = prompt[:n_src] + reply[:n_tgt], [0] * n_src + mask[:n_tgt]
+        out["input_ids"][i], out["prompt_len"][i] = ids, n_src
+        out["labels"][i] = [t if on else IGNORE_INDEX for t, on in zip(ids, m)]
+        if not any(m):
+            skip[i] = f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
+    return {**out, "kto_tag": tags, "_skip": skip, "_full": full}

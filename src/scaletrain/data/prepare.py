@@ -27,7 +27,7 @@ from scaletrain.config.batch import PAIR_STAGES
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
 from scaletrain.data.labels import Labels, resolve_labels
-from scaletrain.data.pairs import PAIR_COLUMNS, encode_pairs
+from scaletrain.data.pairs import PAIR_COLUMNS, encode_kto, encode_pairs
 from scaletrain.data.sources import (
     Loaded,
     Source,
@@ -299,6 +299,15 @@ def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str],
                         + (f" (or the entry's \"formatting\" in {src.extra['info']})" if src.extra else ""))
     preference = cfg.train.stage in PAIR_STAGES
     required = c.required(src.formatting)
+    if cfg.train.stage == "kto":
+        if src.formatting == "text":
+            raise DataError(f"{src.key}={src.path}: train.stage=kto trains on tagged replies, not text; give a KTO "
+                            f"dataset (a conversation and a '{c.kto_tag}' true/false column)")
+        required.update({"kto_tag_column": c.kto_tag})
+        info = src.extra.get("info") if src.extra and "kto_tag" in src.extra["mapped"] else None
+        require_columns(ds, required, src.key, src.path, info=info)
+        return partial(encode_kto, tokenizer=tokenizer, formatting=src.formatting, columns=c, template=template[1],
+                       max_length=d.max_length)
     if preference:
         if src.formatting == "text":
             raise DataError(f"{src.key}={src.path}: train.stage=dpo trains on chosen/rejected pairs, not text; "

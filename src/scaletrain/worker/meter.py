@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from scaletrain.config.batch import PAIR_STAGES, global_batch
+from scaletrain.config.batch import PREFERENCE_STAGES, global_batch
 from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
@@ -101,7 +101,7 @@ class Meter:
             "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
             "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,
         }
-        if self.cfg.train.stage in PAIR_STAGES:  # TRL's names: rewards/chosen, rewards/accuracies, ...
+        if self.cfg.train.stage in PREFERENCE_STAGES:  # TRL's names: rewards/chosen, rewards/accuracies, ...
             record.update(stat_means(pref, stage=self.cfg.train.stage))
             self.t.pref_sums[:] = [0.0] * len(self.t.pref_sums)
         if samples:

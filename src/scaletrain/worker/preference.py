@@ -50,7 +50,7 @@ STATS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/ma
 
 
 def needs_reference(train: TrainConfig) -> bool:
-    return train.stage == "dpo" and train.pref_loss not in REFERENCE_FREE
+    return train.stage == "kto" or (train.stage == "dpo" and train.pref_loss not in REFERENCE_FREE)
 
 
 def holds_reference(train: TrainConfig, lora: bool) -> bool:
@@ -116,6 +116,36 @@ def pair_losses(train: TrainConfig, policy: Sides, reference: Sides | None
     return losses, chosen_rewards, rejected_rewards
 
 
+def kto_losses(train: TrainConfig, policy: torch.Tensor, reference: torch.Tensor, kl: float | torch.Tensor,
+               desirable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KTO (Ethayarajh et al. 2024, Eq. 7; TRL's KTOTrainer): per example, with r = log π − log π_ref and z the
+    batch's KL estimate, a desirable reply's loss is w_d (1 − σ(β(r − z))), an undesirable one's w_u (1 − σ(β(z −
+    r))). Returns (the losses, the rewards β r)."""
+    beta, ratio = train.pref_beta, policy - reference
+    losses = torch.where(desirable.bool(), train.kto_chosen_weight * (1 - torch.sigmoid(beta * (ratio - kl))),
+                         train.kto_rejected_weight * (1 - torch.sigmoid(beta * (kl - ratio))))
+    return losses, beta * ratio.detach()
+
+
+def _kto(t: Trainer, batch: dict) -> tuple[torch.Tensor, list[float]]:
+    """KTO on a batch of [examples; mismatched prompt-reply pairs]: the examples' losses, and the KL estimate from
+    the mismatched ones (no gradient, the mean over every rank's batch, at least 0)."""
+    n = len(batch["kto_tag"])
+    own, mismatched = ({k: v[part] for k, v in batch.items() if k in ("input_ids", "labels", "attention_mask")}
+                       for part in (slice(0, n), slice(n, 2 * n)))
+    policy, _ = sequence_logps(_forward(t.model, own), own["labels"])
+    with torch.no_grad():
+        policy_kl, _ = sequence_logps(_forward(t.model, mismatched), mismatched["labels"])
+        reference, _ = sequence_logps(_reference_logits(t, own), own["labels"])
+        reference_kl, _ = sequence_logps(_reference_logits(t, mismatched), mismatched["labels"])
+    kl = max(0.0, all_reduce_sum([float((policy_kl - reference_kl).mean())], t.ctx.device)[0] / t.ctx.world_size)
+    desirable = batch["kto_tag"].bool()
+    losses, rewards = kto_losses(t.cfg.train, policy, reference, kl, desirable)
+    sums = [float(rewards[desirable].sum()), float(rewards[~desirable].sum()), float(desirable.sum()),
+            float((~desirable).sum()), kl, 1.0, float(n)]
+    return losses, sums
+
+
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     """log(1 − exp(x)) for x < 0, stable on both sides of −log 2 (Mächler 2012)."""
     return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
@@ -130,6 +160,10 @@ def stat_sums(policy: Sides, chosen_rewards: torch.Tensor, rejected_rewards: tor
 
 
 def stat_means(sums: list[float], prefix: str = "", stage: str = "dpo") -> dict[str, float]:
+    if stage == "kto":  # [desirable rewards, undesirable rewards, their counts, KL estimates, micro-batches, n]
+        chosen, rejected = sums[0] / max(sums[2], 1.0), sums[1] / max(sums[3], 1.0)
+        return {f"{prefix}rewards/chosen": chosen, f"{prefix}rewards/rejected": rejected,
+                f"{prefix}rewards/margins": chosen - rejected, f"{prefix}kl": sums[4] / max(sums[5], 1.0)}
     n = max(sums[-1], 1.0)
     names = STATS if stage == "dpo" else STATS[:4]  # a reward model has rewards, no log-probabilities
     return {f"{prefix}{name}": value / n for name, value in zip(names, sums)}
@@ -144,6 +178,8 @@ def reward_losses(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch
 
 def _losses(t: Trainer, batch: dict) -> tuple[torch.Tensor, list[float]]:
     """The pair losses of a batch and their STATS sums, for the trainer's stage."""
+    if t.cfg.train.stage == "kto":
+        return _kto(t, batch)
     if t.cfg.train.stage == "rm":
         losses, chosen, rejected = reward_losses(t.model, batch)
         zeros = Sides(torch.zeros_like(chosen), torch.zeros_like(rejected), chosen, rejected)  # no log-probs
@@ -166,11 +202,17 @@ def reference_sides(t: Trainer, batch: dict) -> Sides | None:
     if "ref_logps" in batch:  # precomputed before training (with_reference_logps)
         ref = batch["ref_logps"]
         return Sides(ref[:, 0], ref[:, 1], torch.zeros_like(ref[:, 0]), torch.zeros_like(ref[:, 1]))
+    return Sides.of(_reference_logits(t, batch), batch["labels"])
+
+
+@torch.no_grad()
+def _reference_logits(t: Trainer, batch: dict) -> torch.Tensor:
+    """The reference model's logits: the adapters disabled (LoRA), the frozen copy (full fine-tuning), or the model
+    itself before any step (the precompute pass of full fine-tuning, which holds no copy)."""
     model = unwrap(t.model)
     context = model.disable_adapter() if t.lora else contextlib.nullcontext()
-    with context:  # full fine-tuning without a copy: the precompute pass, before any step, on the initial model
-        logits = _forward(model if t.lora or t.reference is None else t.reference, batch)
-    return Sides.of(logits, batch["labels"])
+    with context:
+        return _forward(model if t.lora or t.reference is None else t.reference, batch)
 
 
 def micro_loss(t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from scaletrain.config.batch import PAIR_STAGES
+from scaletrain.config.batch import PREFERENCE_STAGES
 from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.worker import preference
 from scaletrain.worker.breakdown import device_sync, time_without_sync
@@ -51,7 +51,7 @@ def _grad_norm(t: Trainer) -> float:
 def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.Tensor:
     """This micro-batch's share of the step's loss (see the module's docstring). ``tokens_per_rank``: a function
     giving the step's target tokens over the world size (waited for on first use), or None for classification."""
-    if t.cfg.train.stage in PAIR_STAGES:  # the pairs' mean (worker/preference.py)
+    if t.cfg.train.stage in PREFERENCE_STAGES:  # the pairs' mean (worker/preference.py)
         return preference.micro_loss(t, batch, n_micro)
     if tokens_per_rank is None:
         return t.model(**model_inputs(batch)).loss / n_micro

@@ -1,6 +1,7 @@
 """Preference tuning on a shared local Ray: 1 and 2 workers optimise the same mean over the global batch's pairs
-(1e-5), LoRA DPO (DDP), full DPO under FSDP (its frozen reference sharded like the policy) and a reward model,
-and an imported LLaMA-Factory DPO file trains on 2 workers."""
+(1e-5): LoRA DPO (DDP), full DPO under FSDP with its frozen reference sharded like the policy and with the
+reference log-probabilities precomputed (2 ranks share the pass), and a reward model; and an imported
+LLaMA-Factory DPO file trains on 2 workers."""
 
 import json
 
@@ -27,14 +28,14 @@ def _data(tmp_path):
     return path
 
 
-def _run(tmp_path, name, finetuning, strategy, workers, batch, accum, stage="dpo"):
+def _run(tmp_path, name, finetuning, strategy, workers, batch, accum, stage="dpo", precompute=False):
     cfg = validate({
         "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0,
                   "finetuning_type": finetuning},
         "data": {"train_file": str(_data(tmp_path)), "eval_ratio": 0.0, "max_length": 64, "template": "chatml"},
         "train": {"stage": stage, "strategy": strategy, "per_device_train_batch_size": batch,
                   "gradient_accumulation_steps": accum, "learning_rate": 2e-3, "max_steps": 4, "logging_steps": 1,
-                  "seed": 3, "max_grad_norm": 0.0},
+                  "seed": 3, "max_grad_norm": 0.0, "precompute_ref_logps": precompute},
         "scaling": {"num_workers": workers},
         "monitor": {"report": False},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": name},
@@ -42,11 +43,14 @@ def _run(tmp_path, name, finetuning, strategy, workers, batch, accum, stage="dpo
     return run_job(cfg, tmp_path / f"{name}.yaml", show_progress=False).run_dir
 
 
-@pytest.mark.parametrize("stage,finetuning,strategy", [("dpo", "lora", "ddp"), ("dpo", "full", "fsdp"),
-                                                      ("rm", "full", "ddp")])
-def test_one_and_two_workers_give_the_same_curve(tmp_path, ray_local, no_orphans, stage, finetuning, strategy):
-    one = _run(tmp_path, "1x4", finetuning, strategy, workers=1, batch=2, accum=4, stage=stage)  # 8 pairs a step
-    two = _run(tmp_path, "2x2", finetuning, strategy, workers=2, batch=2, accum=2, stage=stage)
+@pytest.mark.parametrize("stage,finetuning,strategy,precompute", [
+    ("dpo", "lora", "ddp", False), ("dpo", "full", "fsdp", False), ("dpo", "full", "fsdp", True),
+    ("rm", "full", "ddp", False)])
+def test_one_and_two_workers_give_the_same_curve(tmp_path, ray_local, no_orphans, stage, finetuning, strategy,
+                                                 precompute):
+    kw = {"stage": stage, "precompute": precompute}
+    one = _run(tmp_path, "1x4", finetuning, strategy, workers=1, batch=2, accum=4, **kw)  # 8 pairs a step
+    two = _run(tmp_path, "2x2", finetuning, strategy, workers=2, batch=2, accum=2, **kw)
     reference = train_losses(one)
     assert len(reference) == 4 and reference[-1] < reference[0]
     result = compare(one, two)

@@ -35,6 +35,7 @@ class RunDir:
     SUMMARY = "summary.json"
     METRICS = "metrics.jsonl"
     ALERTS = "alerts.jsonl"
+    TIMELINE = "timeline.jsonl"  # the driver's and rank 0's phase times (metrics/goodput.py)
     STOP = "STOP"
     REPORT = "report.md"
     MAIN_LOG = "logs/main.log"
@@ -74,6 +75,10 @@ class RunDir:
     @property
     def alerts(self) -> Path:
         return self.root / self.ALERTS
+
+    @property
+    def timeline(self) -> Path:
+        return self.root / self.TIMELINE
 
     @property
     def report(self) -> Path:

@@ -89,6 +89,9 @@ def test_sigkill_mid_epoch_restarts_and_ends_bit_identical(classify_cfg, tmp_pat
     assert int((run_dir / "pids" / "rank-1.pid").read_text()) != killed["pid"]  # a new worker process
     assert result.summary["steps"] == 24
     assert _same(_weights(run_dir), reference)
+    g = result.summary  # the goodput account: one interruption, its restart, and the steps it trained again
+    assert g["goodput/interruptions"] == 1 and g["goodput/restart_s"] > 0 and g["goodput/lost_work_s"] >= 0
+    assert g["goodput/productive_s"] < g["goodput/wall_s"] and 0 < g["goodput/ratio"] < 1
 
 
 def test_more_failures_than_allowed_fails_grouped_by_rank(classify_cfg, tmp_path, monkeypatch, no_orphans):

@@ -48,6 +48,10 @@ def _check_run_dir(run_dir: Path, world: int, total_steps: int):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == world and summary["steps"] == total_steps
     assert summary["train_time_s"] > 0 and summary["eval_time_s"] > 0 and summary["final"]["eval/loss"] > 0
+    parts = [v for k, v in summary.items() if k.startswith("goodput/") and k.endswith("_s") and k != "goodput/wall_s"]
+    assert len(parts) == 11 and summary["goodput/interruptions"] == 0  # every category, adding up to the wall time
+    assert sum(parts) == pytest.approx(summary["goodput/wall_s"], rel=0.01) and summary["goodput/other_s"] >= 0
+    assert summary["goodput/productive_s"] > 0 and summary["goodput/cluster_start_s"] > 0
     return summary
 
 

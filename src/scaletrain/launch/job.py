@@ -27,6 +27,7 @@ from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
 from scaletrain.launch.preflight import Preflight, preflight
+from scaletrain.metrics.goodput import DriverClock, account
 from scaletrain.metrics.logs import EventLog
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers
@@ -58,22 +59,26 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
 def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show_progress: bool,
              launcher: Launcher, redact: Redactor) -> JobResult:
     _quiet_libraries()
+    clock = DriverClock()  # the goodput account's launch (metrics/goodput.py)
     resumed_from = _resume_notes(resume_dir) if resume_dir is not None else []  # in seconds, before anything
     platform = Platform.detect()
     if resume_dir is None:
         check_output_dir(cfg.output.output_dir, cfg.output.run_name)  # before the data cache is written there
     pre = preflight(cfg)
     cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
+    clock.mark("prepared")
     faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
     check_sinks(cfg.monitor)
     notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
+    clock.mark("cluster")
     notes += pre.fit_notes(plan.use_gpu)
     precision = pre.precision(plan.use_gpu)  # a combination that cannot train: one line, before any worker
     if cfg.train.fsdp_offload and not plan.use_gpu:
         notes.append("train.fsdp_offload: CPU workers keep everything on the host already; nothing to offload")
     run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
     rd = RunDir(run_dir)
+    clock.attach(run_dir)
     events = EventLog(run_dir, "driver", redact)
     resolved = redact.mapping(cfg.model_dump(mode="json"))  # what the run directory and the trackers keep
     if resume_dir is None:
@@ -91,6 +96,8 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
             with StopOnSignal(run_dir, events), monitor:
                 _run_with_hang_retries(lambda: launcher.run(spec, plan), spec, cfg, redact, events)
         finally:
+            clock.mark("end")
+            add_goodput(rd)
             if cfg.monitor.report:
                 _write_report(run_dir)
         if rd.stop.exists():
@@ -99,6 +106,14 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     finally:
         close_trackers(trackers, run_dir)  # the report, plots and final/ as the trackers' files, then their end
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
+
+
+def add_goodput(rd: RunDir) -> None:
+    """summary.json's goodput/* keys: where the run's wall time went, over every session (metrics/goodput.py)."""
+    if rd.summary.is_file():
+        summary = json.loads(rd.summary.read_text())
+        summary.update(account(rd.root))
+        rd.summary.write_text(json.dumps(summary, indent=1))
 
 
 def _resume_notes(run_dir: Path) -> list[str]:

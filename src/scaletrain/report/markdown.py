@@ -39,7 +39,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     summary = json.loads(rd.summary.read_text()) if rd.finished() else None
     checkpoints = [r for r in records if r.get("kind") == "checkpoint"]
     images = [p for p in (plots.loss(train, evals, out, checkpoints), plots.throughput(train, out, evals, checkpoints),
-                          plots.rewards(train, evals, out), plots.ranks(train, out),
+                          plots.rewards(train, evals, out), plots.goodput(summary or {}, out), plots.ranks(train, out),
                           plots.utilization(system, out)) if p]
     status = "finished" if summary else ("failed" if "failure:" in _read(rd.events) else "running or stopped")
     lines = [f"{TITLE}{run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]
@@ -59,7 +59,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     if padding:  # the median over the run's records: how much compute went to padding, how even the ranks were
         rows += [("padding", f"{sorted(padding)[len(padding) // 2]:.1f}% of positions"),
                  ("tokens per rank spread", f"{sorted(spread)[len(spread) // 2]:.3f} ((max - min) / mean)")]
-    rows += _precision(s)
+    rows += _precision(s) + _goodput(s)
     final = s.get("final") or (evals[-1] if evals else {})
     rows += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in final.items() if k.startswith("eval/")]
     lines += [f"| {k} | {v} |" for k, v in rows]
@@ -74,6 +74,19 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     path = out / REPORT
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _goodput(s: dict) -> list[tuple[str, str]]:
+    """Where the wall time went, by category (seconds and share), over every session of the run."""
+    wall = s.get("goodput/wall_s")
+    if not wall:
+        return []
+    from scaletrain.metrics.goodput import CATEGORIES
+
+    rows = [("goodput", f"{s['goodput/ratio']:.1%} of {wall:.1f} s wall ({s['goodput/interruptions']} "
+                        f"interruption(s), {s['goodput/sessions']} session(s))")]
+    return rows + [(f"time: {c.replace('_', ' ')}", f"{s[f'goodput/{c}_s']:.1f} s "
+                    f"({s[f'goodput/{c}_s'] / wall:.1%})") for c in CATEGORIES if f"goodput/{c}_s" in s]
 
 
 def _precision(s: dict) -> list[tuple[str, str]]:

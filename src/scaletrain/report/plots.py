@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt
 
 FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
 LOSS, THROUGHPUT, RANKS, UTILIZATION = "loss.png", "throughput.png", "ranks.png", "utilization.png"
-REWARDS = "rewards.png"
-FILES = (LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS)
+REWARDS, GOODPUT = "rewards.png", "goodput.png"
+FILES = (LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT)
 
 
 def _save(fig, path: Path) -> Path:
@@ -73,6 +73,25 @@ def rewards(train: list[dict], evals: list[dict], out: Path) -> Path | None:
     a.legend()
     b.legend()
     return _save(fig, out / REWARDS)
+
+
+def goodput(summary: dict, out: Path) -> Path | None:
+    """One stacked bar: the run's wall time by where it went (metrics/goodput.py)."""
+    from scaletrain.metrics.goodput import CATEGORIES
+
+    if not summary.get("goodput/wall_s"):
+        return None
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0], 2.5))
+    left = 0.0
+    for name in CATEGORIES:
+        seconds = summary.get(f"goodput/{name}_s", 0.0)
+        if seconds > 0:
+            ax.barh(0, seconds, left=left, label=f"{name.replace('_', ' ')} {seconds:.1f} s")
+            left += seconds
+    ax.set(yticks=[], xlabel="seconds", title=f"Where the wall time went: goodput {summary['goodput/ratio']:.0%}, "
+                                              f"{summary.get('goodput/interruptions', 0)} interruption(s)")
+    ax.legend(ncol=4, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    return _save(fig, out / GOODPUT)
 
 
 def throughput(train: list[dict], out: Path, evals: list[dict] = (), checkpoints: list[dict] = ()) -> Path | None:

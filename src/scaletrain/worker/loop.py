@@ -18,6 +18,7 @@ from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
 from scaletrain.errors import StorageError
 from scaletrain.memory.measure import held_bytes, memory_summary
+from scaletrain.metrics.goodput import mark
 from scaletrain.metrics.gpu import reader_for
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
@@ -42,6 +43,8 @@ log = logging.getLogger(WORKER_LOGGER)  # the per-rank log file (metrics/logs.py
 
 def train(ctx: DistContext, spec: JobSpec) -> dict:
     os.umask(RUN_UMASK)
+    if ctx.is_main:  # a worker group starts (the first, or a restart): the goodput account's worker start
+        mark(spec.run_dir, "worker_start")
     cfg = for_world_size(Config.model_validate(spec.config), ctx.world_size)  # elastic: this size's accumulation
     redact = Redactor.from_environment()
     setup_worker_logging(spec.run_dir, ctx.world_rank, redact)
@@ -74,6 +77,8 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbe
         if note := resize_note(t):
             events("resize", note)
     beat.finished_step(t.progress.step)
+    if ctx.is_main:
+        mark(spec.run_dir, "model_ready")  # built and restored: training can start
     events("placement", placement(ctx))
     events("workers up", t.describe())
     data = Data(t)
@@ -180,6 +185,8 @@ def _tokens(t: Trainer, window: list[dict]) -> int | None:
 def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict:
     """The final evaluation, ``final/`` and (rank 0) ``summary.json``."""
     train_time = clock.train_s()
+    if t.ctx.is_main:
+        mark(t.spec.run_dir, "train_end")  # the goodput account's finish: the final eval, save and teardown
     t.checkpointer.flush()  # an async save still being written
     final_eval = run_eval(t, data, metrics, events, clock, final=True)
     t.beat.enter("final", t.progress.step)
@@ -205,7 +212,8 @@ def run_eval(t: Trainer, data: Data, metrics: Meter, events, clock: Clock, final
     seconds = clock.timed_eval(lambda: out.update(evaluate(t, data.eval, data.collate)))
     step = t.progress.step
     metrics.exclude(seconds)
-    metrics.write({"kind": "eval", "step": step, **out, **({} if final else {"time/eval_s": seconds})})
+    timed = "time/final_eval_s" if final else "time/eval_s"  # the final one is not a pause between steps
+    metrics.write({"kind": "eval", "step": step, **out, timed: seconds})
     if final:
         log.info("eval step %d: %s", step, json.dumps(out, sort_keys=True))
     events("eval", _fmt(out) if final else f"step {step}: {_fmt(out)}")

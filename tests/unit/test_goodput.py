@@ -1,0 +1,58 @@
+"""The goodput account of a run directory: every category from the driver's and rank 0's marks and the metric
+records, restarts and the work they redid, several driver sessions."""
+
+import json
+
+import pytest
+
+from scaletrain.metrics.goodput import account
+from scaletrain.rundir import RunDir
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _run(tmp_path, marks, records):
+    rd = RunDir(tmp_path)
+    _write(rd.timeline, [{"event": e, "time": t} for e, t in marks])
+    _write(rd.metrics, records)
+    return account(tmp_path)
+
+
+def _train(step, at, window=5, per=1.0):
+    return {"kind": "train", "step": step, "time": at, "window_steps": window, "time/step_s": per}
+
+
+def _one_restart():
+    marks = [("launch", 0), ("prepared", 10), ("cluster", 15), ("worker_start", 20), ("model_ready", 23),
+             ("worker_start", 45), ("model_ready", 47), ("train_end", 59), ("end", 65)]
+    records = [_train(5, 30), {"kind": "checkpoint", "step": 5, "time": 31, "time/checkpoint_s": 2.0},
+               _train(10, 37),  # lost: the group dies before its next checkpoint
+               _train(10, 53),  # the restart resumed from step 5: steps 6-10 trained again
+               _train(15, 58), {"kind": "eval", "step": 15, "time": 61, "time/final_eval_s": 3.0}]
+    return marks, records
+
+
+def test_a_run_with_one_restart_is_accounted_to_the_second(tmp_path):
+    g = _run(tmp_path, *_one_restart())
+    assert g["goodput/wall_s"] == 65 and g["goodput/interruptions"] == 1 and g["goodput/sessions"] == 1
+    expected = {"data_prep": 10, "cluster_start": 5, "worker_start": 5, "model_load": 5, "restart": 8,
+                "productive": 15, "lost_work": 5, "checkpoint": 2, "eval": 3, "finish": 3}
+    assert {k: g[f"goodput/{k}_s"] for k in expected} == expected
+    assert g["goodput/other_s"] == 65 - sum(expected.values())  # teardown, idle: what no category claims
+    assert sum(g[f"goodput/{k}_s"] for k in (*expected, "other")) == pytest.approx(g["goodput/wall_s"], rel=0.01)
+    assert g["goodput/ratio"] == pytest.approx(15 / 65) == g["goodput/ettr"]
+
+
+def test_a_stopped_and_resumed_run_has_one_account_over_its_sessions(tmp_path):
+    first = [("launch", 0), ("prepared", 2), ("cluster", 3), ("worker_start", 4), ("model_ready", 5), ("end", 20)]
+    second = [("launch", 100), ("prepared", 101), ("cluster", 102), ("worker_start", 103), ("model_ready", 106),
+              ("end", 120)]
+    records = [_train(5, 12, per=2.0), {"kind": "checkpoint", "step": 5, "time": 13, "time/checkpoint_s": 1.0},
+               _train(10, 115, per=2.0)]
+    g = _run(tmp_path, first + second, records)
+    assert g["goodput/sessions"] == 2 and g["goodput/wall_s"] == 20 + 20 and g["goodput/interruptions"] == 0
+    assert g["goodput/productive_s"] == 20 and g["goodput/model_load_s"] == 1 + 3
+    unfinished = _run(tmp_path, first + second[:3], records)  # a driver killed mid-session: its time is unknown
+    assert unfinished["goodput/sessions"] == 1 and unfinished["goodput/wall_s"] == 20

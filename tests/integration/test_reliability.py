@@ -94,6 +94,25 @@ def test_sigkill_mid_epoch_restarts_and_ends_bit_identical(classify_cfg, tmp_pat
     assert g["goodput/productive_s"] < g["goodput/wall_s"] and 0 < g["goodput/ratio"] < 1
 
 
+def test_chaos_kills_three_random_workers_and_the_run_ends_bit_identical(classify_cfg, tmp_path, reference,
+                                                                         no_orphans):
+    """fault_tolerance.chaos: 3 seeded SIGKILLs at random steps; the run completes with the uninterrupted run's
+    weights, and its goodput account shows the 3 interruptions and what they cost."""
+    cfg = _cfg(classify_cfg, tmp_path, "chaos", train={"max_steps": 24, "logging_steps": 1},
+               checkpoint={"save_steps": 4, "save_total_limit": 2},
+               fault_tolerance={"max_failures": 3, "chaos": {"kills": 3, "mtbf_steps": 6, "seed": 1}})
+    result = _run(cfg, tmp_path)
+    run_dir = tmp_path / "runs" / "chaos"
+    log = (run_dir / "logs" / "main.log").read_text()
+    assert re.search(r"chaos: 3 kill\(s\) of a worker \(seed 1\): rank \d at step \d+, rank", log)
+    assert len(re.findall(r"failure \d \(max_failures=3\)", log)) == 3
+    assert result.summary["steps"] == 24 and _same(_weights(run_dir), reference)
+    g = result.summary
+    assert g["goodput/interruptions"] == 3 and g["goodput/restart_s"] > 0 and g["goodput/lost_work_s"] > 0
+    parts = [v for k, v in g.items() if k.startswith("goodput/") and k.endswith("_s") and k != "goodput/wall_s"]
+    assert sum(parts) == pytest.approx(g["goodput/wall_s"], rel=0.01)
+
+
 def test_more_failures_than_allowed_fails_grouped_by_rank(classify_cfg, tmp_path, monkeypatch, no_orphans):
     monkeypatch.setenv("SCALETRAIN_FAULTS", "raise:1:3:5")  # fires on every attempt
     cfg = _cfg(classify_cfg, tmp_path, "fails", fault_tolerance={"max_failures": 1})

@@ -56,3 +56,28 @@ def test_a_stopped_and_resumed_run_has_one_account_over_its_sessions(tmp_path):
     assert g["goodput/productive_s"] == 20 and g["goodput/model_load_s"] == 1 + 3
     unfinished = _run(tmp_path, first + second[:3], records)  # a driver killed mid-session: its time is unknown
     assert unfinished["goodput/sessions"] == 1 and unfinished["goodput/wall_s"] == 20
+
+
+def test_chaos_kills_are_seeded_inside_the_run_and_refused_where_nothing_recovers():
+    from scaletrain.config import validate
+    from scaletrain.errors import ConfigError
+    from scaletrain.worker.faults import chaos_faults
+
+    kills = chaos_faults(3, 6.0, seed=1, target="worker", total_steps=24, world_size=2, ranks_per_node=2)
+    assert kills == chaos_faults(3, 6.0, seed=1, target="worker", total_steps=24, world_size=2, ranks_per_node=2)
+    steps = [f.step for f in kills]
+    assert len(set(steps)) == 3 and all(2 <= s <= 24 for s in steps) and {f.kind for f in kills} == {"exit"}
+    assert {f.rank for f in kills} <= {0, 1}
+    assert kills != chaos_faults(3, 6.0, seed=2, target="worker", total_steps=24, world_size=2, ranks_per_node=2)
+    node = chaos_faults(1, 6.0, seed=1, target="node", total_steps=24, world_size=4, ranks_per_node=2)
+    assert len(node) == 2 and node[0].step == node[1].step and {node[0].rank, node[1].rank} in ({0, 1}, {2, 3})
+    base = {"model": {"name_or_path": "builtin:tiny-bert"}, "data": {"train_file": "x.jsonl"},
+            "fault_tolerance": {"max_failures": 3, "chaos": {"kills": 3}}}
+    with pytest.raises(ConfigError, match="without checkpoint.save_steps nothing can be recovered"):
+        validate({**base, "checkpoint": {"save_steps": 0}})
+    with pytest.raises(ConfigError, match="needs fault_tolerance.max_failures >= 3 \\(now 1\\)"):
+        validate({**base, "checkpoint": {"save_steps": 4}, "fault_tolerance": {"max_failures": 1,
+                                                                               "chaos": {"kills": 3}}})
+    with pytest.raises(ConfigError, match="mtbf_steps"):
+        validate({**base, "checkpoint": {"save_steps": 4},
+                  "fault_tolerance": {"max_failures": 3, "chaos": {"kills": 3, "mtbf_steps": 0}}})

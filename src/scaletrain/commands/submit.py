@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--cpus-per-node", type=int)
     p.add_argument("--gpu-vendor", choices=["nvidia", "amd"], default="nvidia", help="--emit kuberay: the device "
                                                                                      "plugin's GPU resource")
+    p.add_argument("--chaos", action="store_true", help="allow fault_tolerance.chaos (it kills workers on purpose)")
     p.add_argument("--image", help="--emit kuberay: the container image with scaletrain installed")
     p.set_defaults(func=run_submit)
     j = sub.add_parser("jobs", parents=parents, help="list, follow and stop jobs on a Ray cluster")
@@ -52,6 +53,9 @@ def run_submit(args: argparse.Namespace) -> int:
 
     config = Path(args.config)
     cfg = load_config(config, args.overrides)  # a bad config fails here, before anything is sent
+    if cfg.fault_tolerance.chaos is not None and not args.chaos:
+        raise ConfigError(f"{config}: fault_tolerance.chaos kills workers on purpose (tests and drills); a submitted "
+                          f"job runs it only with --chaos, else remove fault_tolerance.chaos")
     if args.emit:
         if args.gpus_per_node < 1:
             raise ConfigError(f"--gpus-per-node {args.gpus_per_node}: must be >= 1")

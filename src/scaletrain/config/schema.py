@@ -370,11 +370,22 @@ class CheckpointConfig(_Section):
     async_save: bool = False
 
 
+class ChaosConfig(_Section):
+    # Kill N workers (SIGKILL) at random steps, mean mtbf_steps apart, seeded: proof that a run survives them
+    # (worker/faults.py). target: one worker, or every worker of one node.
+    kills: int = Field(1, ge=1)
+    mtbf_steps: float = Field(10.0, gt=0)
+    seed: int = 0
+    target: Literal["worker", "node"] = "worker"
+
+
 class FaultToleranceConfig(_Section):
     # Worker-group restarts from the last checkpoint before the run is failed (-1: unlimited).
     max_failures: int = Field(0, ge=-1)
     # Restarts after a hang (a collective that hit comm.timeout_s), on top of max_failures (-1: unlimited).
     hang_retries: int = Field(1, ge=-1)
+    # Tests, benchmarks and failure drills only: off by default, refused by `submit` unless --chaos.
+    chaos: Optional[ChaosConfig] = None
 
 
 class AlertsConfig(_Section):
@@ -458,6 +469,15 @@ class Config(_Section):
         if self.train.stage in batch.PREFERENCE_STAGES and self.data.packing:
             raise ValueError(f"data.packing with train.stage={self.train.stage} is not yet supported (preference "
                              f"examples go through padded forwards); remove data.packing")
+        chaos = self.fault_tolerance.chaos
+        if chaos is not None:
+            if not self.checkpoint.save_steps:
+                raise ValueError("fault_tolerance.chaos kills workers, and without checkpoint.save_steps nothing can "
+                                 "be recovered (every kill would restart from step 0); set checkpoint.save_steps")
+            failures = self.fault_tolerance.max_failures
+            if 0 <= failures < chaos.kills:
+                raise ValueError(f"fault_tolerance.chaos.kills={chaos.kills} needs fault_tolerance.max_failures >= "
+                                 f"{chaos.kills} (now {failures}): each kill is a failure the run must survive")
         if self.model.task == "causal-lm" and self.model.num_labels is not None:
             # num_labels means nothing for a causal LM; a value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")

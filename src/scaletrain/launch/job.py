@@ -35,7 +35,7 @@ from scaletrain.model import Vocab, model_dir
 from scaletrain.precision import final_dtype, set_config_dtype, torch_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
-from scaletrain.worker.faults import parse_faults
+from scaletrain.worker.faults import chaos_faults, parse_faults
 from scaletrain.worker.spec import JobSpec
 
 
@@ -67,7 +67,6 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     pre = preflight(cfg)
     cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
     clock.mark("prepared")
-    faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
     check_sinks(cfg.monitor)
     notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
@@ -84,7 +83,8 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     if resume_dir is None:
         rd.resolved_config.write_text(yaml.safe_dump(resolved, sort_keys=False))
     rd.stop.unlink(missing_ok=True)  # a stop request of the previous session is done
-    spec = replace(build_spec(pre, run_dir, plan.backend), faults=faults)
+    spec = build_spec(pre, run_dir, plan.backend)
+    spec = replace(spec, faults=injected_faults(cfg, spec.total_steps, events))
     _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
     trackers = start_trackers(cfg.monitor, run_dir, cfg.output.output_dir, Path(config_path).stem, resolved,
@@ -106,6 +106,20 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     finally:
         close_trackers(trackers, run_dir)  # the report, plots and final/ as the trackers' files, then their end
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
+
+
+def injected_faults(cfg: Config, total_steps: int, events) -> tuple:
+    """SCALETRAIN_FAULTS (tests, drills) and fault_tolerance.chaos's seeded kills (said in main.log)."""
+    faults = parse_faults(envvars.read(envvars.SCALETRAIN_FAULTS) or "")
+    chaos = cfg.fault_tolerance.chaos
+    if chaos is None:
+        return faults
+    world = cfg.scaling.min_workers or cfg.scaling.num_workers  # ranks that exist at any size of an elastic run
+    kills = chaos_faults(chaos.kills, chaos.mtbf_steps, chaos.seed, chaos.target, total_steps, world,
+                         world // max(1, cfg.scaling.nnodes))
+    events("chaos", f"{chaos.kills} kill(s) of a {chaos.target} (seed {chaos.seed}): "
+                    + ", ".join(f"rank {f.rank} at step {f.step}" for f in kills))
+    return faults + kills
 
 
 def add_goodput(rd: RunDir) -> None:

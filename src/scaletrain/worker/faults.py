@@ -49,6 +49,31 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
+def chaos_faults(kills: int, mtbf_steps: float, seed: int, target: str, total_steps: int, world_size: int,
+                 ranks_per_node: int) -> tuple[Fault, ...]:
+    """``kills`` SIGKILLs at random steps (exponential gaps of mean ``mtbf_steps``, a Poisson process of failures,
+    the usual model of hardware faults) of a random worker, or of every worker of a random node; seeded, so a run
+    and its benchmark repeat the same failures. Steps stay inside the run (2 .. total_steps) and distinct."""
+    import random
+
+    rng = random.Random(seed)
+    steps, at = [], 1.0
+    while len(steps) < kills:
+        at += max(1.0, rng.expovariate(1.0 / mtbf_steps))
+        step = 2 + (int(at) - 2) % max(1, total_steps - 1)  # wrap around: every kill lands inside the run
+        while step in steps:
+            step = 2 + (step - 1) % max(1, total_steps - 1)
+        steps.append(step)
+    faults = []
+    for step in sorted(steps):
+        if target == "node":
+            node = rng.randrange(max(1, world_size // ranks_per_node))
+            faults += [Fault("exit", r, step) for r in range(node * ranks_per_node, (node + 1) * ranks_per_node)]
+        else:
+            faults.append(Fault("exit", rng.randrange(world_size), step))
+    return tuple(faults)
+
+
 def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int, only: str | None = None) -> bool:
     """Fire the faults due now. ``only="nan"`` handles the nan kind (returns True: poison this step's loss);
     otherwise the other kinds, which raise, die or hang."""

@@ -99,3 +99,29 @@ def _train_records(run_dir: Path):
     from scaletrain.metrics.records import read_jsonl
 
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize("on_error", ["fail", "warn"])
+def test_an_io_error_midway_through_a_checkpoint_keeps_the_previous_one(classify_cfg, tmp_path, on_error):
+    """Not a full disk: the device fails mid-write (SCALETRAIN_FAULTS' ioerror). The previous checkpoint stays
+    usable, the partial one is gone, one line names the path and the error; the run stops or goes on as
+    checkpoint.on_write_error says."""
+    from dataclasses import replace
+
+    from scaletrain.worker.faults import parse_faults
+
+    _, _, spec = local_spec(_job(classify_cfg, on_write_error=on_error), tmp_path / "run")
+    spec = replace(spec, faults=parse_faults("ioerror:0:8"))
+    root = tmp_path / "run" / "checkpoints"
+    if on_error == "fail":
+        with pytest.raises(StorageError) as e:
+            run_in_process(spec)
+        message = str(e.value)
+        assert "checkpoint step-8 could not be written to" in message and "Input/output error" in message
+        assert "check the storage" in message and "free space" not in message and "\n" not in message
+        assert [p.name for p in checkpoint.list_checkpoints(root)] == ["step-4"]
+    else:
+        run_in_process(spec)
+        assert [p.name for p in checkpoint.list_checkpoints(root)] == ["step-4", "step-12"]
+        assert "checkpoint failed" in (tmp_path / "run" / "logs" / "main.log").read_text()
+    assert checkpoint.verify(root / "step-4") is None and not [p for p in root.iterdir() if p.name.startswith(".")]

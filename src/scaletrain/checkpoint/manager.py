@@ -65,6 +65,7 @@ class Checkpointer:
         self.pending: _Pending | None = None
         self.restored: Restored | None = None
         self._group = None
+        self.fail_next_write = False  # fault injection (worker/faults.py: ioerror): the next save's write fails
 
     def save(self, step: int, meta: dict) -> Path:
         """Collective: every rank calls it. Keeps the newest ``cfg.save_total_limit``; returns the checkpoint's
@@ -82,7 +83,8 @@ class Checkpointer:
         st.agree(self.storage, failed, tmp)
         small = {**meta, **{name: s.state_dict() if s is not None else None for name, s in self.states.items()}}
         sharded = {"model": model_sd, "optim": optim_sd}
-        writer = self.storage.dcp_writer(tmp / st.STATE_DIR)
+        writer = (st.failing_writer if self.fail_next_write else self.storage.dcp_writer)(tmp / st.STATE_DIR)
+        self.fail_next_write = False
         import torch.distributed.checkpoint as dcp
 
         if self.cfg.async_save:

@@ -135,6 +135,22 @@ class LocalStorage:
 LOCAL = LocalStorage()
 
 
+def failing_writer(path: Path):
+    """A DCP writer whose write fails midway with an I/O error, after its first file exists (fault injection: a
+    storage fault that is not a full disk)."""
+    import errno
+
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Failing(FileSystemWriter):
+        def write_data(self, plan, planner):
+            Path(path).mkdir(parents=True, exist_ok=True)
+            (Path(path) / "__partial__.distcp").write_bytes(b"\0" * 4096)  # some bytes landed, then the device failed
+            raise OSError(errno.EIO, "Input/output error (injected)", str(path))
+
+    return Failing(str(path))
+
+
 class _KeepsWriteError:
     """A file torch.save writes through that keeps the OSError of a failed write: torch's zip writer turns it
     into a RuntimeError without the errno ("unexpected pos ..."), which says nothing about a full disk."""
@@ -259,9 +275,12 @@ def agree(storage: Storage, failed: str | None, tmp: Path) -> None:
     root = tmp.parent
     free = storage.free_bytes(root)
     ranks = ", ".join(f"rank {r}: {p}" for r, p in bad)
+    text = " ".join(p for _, p in bad).lower()
+    fix = ("free space" if "no space" in text or "quota" in text else "fix permissions" if "permission" in text
+           else "check the storage (its device, mount or network: the error above)")
     raise StorageError(f"checkpoint {tmp.name.removeprefix(TMP_PREFIX)} could not be written to {root} ({ranks}; "
-                       f"{free / 2**20:.0f} MiB free there); the previous checkpoint is intact: free space (or "
-                       f"fix permissions), then scaletrain train --resume {root.parent}")
+                       f"{free / 2**20:.0f} MiB free there); the previous checkpoint is intact: {fix}, then "
+                       f"scaletrain train --resume {root.parent}")
 
 
 def barrier() -> None:

@@ -1,7 +1,8 @@
 """Fault injection for tests and failure drills: ``SCALETRAIN_FAULTS=KIND:RANK:STEP[:TIMES],...``.
 
 KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill), ``hang`` (the rank
-sleeps forever before its next collective) or ``nan`` (that step's loss becomes NaN). A fault fires at the start of
+sleeps forever before its next collective), ``nan`` (that step's loss becomes NaN) or ``ioerror`` (the rank's
+next checkpoint write fails midway with an I/O error). A fault fires at the start of
 optimizer step STEP on rank RANK, at most TIMES times per run (counted in ``faults/`` of the run directory, so a
 restarted worker group does not fire it again unless TIMES allows).
 """
@@ -18,7 +19,8 @@ from pathlib import Path
 from scaletrain.errors import ConfigError
 
 log = logging.getLogger("scaletrain.faults")
-KINDS = ("raise", "exit", "hang", "nan")
+KINDS = ("raise", "exit", "hang", "nan", "ioerror")
+ARMED = ("nan", "ioerror")  # kinds that change what the step does rather than end it: maybe_fire(only=KIND)
 
 
 class InjectedFault(RuntimeError):
@@ -75,10 +77,11 @@ def chaos_faults(kills: int, mtbf_steps: float, seed: int, target: str, total_st
 
 
 def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int, only: str | None = None) -> bool:
-    """Fire the faults due now. ``only="nan"`` handles the nan kind (returns True: poison this step's loss);
-    otherwise the other kinds, which raise, die or hang."""
+    """Fire the faults due now. ``only="nan"`` / ``"ioerror"`` handles that kind (returns True: poison this step's
+    loss, fail the next checkpoint write); otherwise the other kinds, which raise, die or hang."""
     for f in faults:
-        if f.rank != rank or f.step != step or (f.kind == "nan") != (only == "nan"):
+        if f.rank != rank or f.step != step or (f.kind in ARMED and f.kind != only) or (
+                f.kind not in ARMED and only is not None):
             continue
         marker = Path(run_dir) / "faults" / f"{f.kind}-rank{rank}-step{step}"
         fired = int(marker.read_text()) if marker.exists() else 0
@@ -87,7 +90,7 @@ def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int, on
         marker.parent.mkdir(exist_ok=True)
         marker.write_text(str(fired + 1))
         log.warning("injected fault '%s' at step %d on rank %d (%d of %d)", f.kind, step, rank, fired + 1, f.times)
-        if f.kind == "nan":
+        if f.kind in ARMED:
             return True
         if f.kind == "raise":
             raise InjectedFault(f"injected fault at step {step} on rank {rank}")

@@ -152,6 +152,8 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
             if window is None:
                 break  # epoch exhausted (a partial accumulation window is dropped)
             poison = maybe_fire(spec.faults, spec.run_dir, t.ctx.world_rank, step, "nan")
+            if maybe_fire(spec.faults, spec.run_dir, t.ctx.world_rank, step, "ioerror"):
+                t.checkpointer.fail_next_write = True
             timing = {} if metrics.probe_due(step) else None
             loss = train_step(t, window, step, poison, timing)
             beat.enter("step-check", step)

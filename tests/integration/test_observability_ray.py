@@ -57,3 +57,21 @@ def test_nan_loss_stops_the_run_with_the_alert(classify_cfg, tmp_path, monkeypat
     assert "Status: **failed**" in (run / "report.md").read_text()
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert max(steps) <= 6
+
+
+def test_a_slowed_rank_is_named_with_its_node_and_cause_within_20_steps(classify_cfg, tmp_path, monkeypatch,
+                                                                         no_orphans):
+    """One rank's device made slow (SCALETRAIN_FAULTS slow: 250 ms more per step from step 3): in synchronous
+    training every rank's step time becomes the slow one's, yet the alert names rank 1, its node, what the
+    others wait and the device as the cause, by step 23."""
+    monkeypatch.setenv("SCALETRAIN_FAULTS", "slow:1:3:250")
+    cfg = _cfg(classify_cfg, tmp_path, "slow")
+    cfg.train.max_steps, cfg.train.logging_steps = 24, 1
+    run_job(cfg, tmp_path / "c.yaml", show_progress=False)
+    alerts = [a for a in read_jsonl(tmp_path / "runs" / "slow" / "alerts.jsonl") if a["rule"] == "straggler"]
+    assert alerts and alerts[0]["rank"] == 1 and alerts[0]["step"] <= 23, alerts
+    message = alerts[0]["message"]
+    assert "rank 1 on node " in message and "the other ranks wait" in message and "cause: device" in message
+    train = [r for r in read_jsonl(tmp_path / "runs" / "slow" / "metrics.jsonl") if r["kind"] == "train"]
+    late = train[-1]["ranks/ready_s"]
+    assert late[1] - late[0] > 0.2  # the slow rank reaches the sync 250 ms later; its step time is everyone's

@@ -53,10 +53,27 @@ def test_straggler_names_padding_imbalance_when_the_slow_rank_had_more_tokens():
     rule = Straggler(1.5)
     slow = {**train_rec(6, ranks=(0.1, 0.1, 0.4)), "ranks/tokens": [1000.0, 1100.0, 3900.0]}
     (alert,) = feed(rule, [slow])
-    assert "cause: padding imbalance, it had 3.5x the median rank's tokens" in alert.message
+    assert "cause: data, padding imbalance: it had 3.5x the median rank's tokens" in alert.message
     other = Straggler(1.5)
     (plain,) = feed(other, [{**train_rec(6, ranks=(0.1, 0.1, 0.4)), "ranks/tokens": [1000.0, 1000.0, 1000.0]}])
     assert "padding" not in plain.message  # equal tokens: the cause is elsewhere (a slow node, contention)
+
+
+def test_a_straggler_is_named_with_its_node_the_others_wait_and_its_cause():
+    def rec(**extra):
+        return {**train_rec(6, ranks=(0.5, 0.5)), "time/step_s": 0.5, "ranks/ready_s": [0.1, 0.4],
+                "ranks/node": ["n1", "n2"], "ranks/tokens": [100.0, 100.0], "ranks/data_wait_s": [0.0, 0.0],
+                "ranks/cpu_pct": [180.0, 175.0], **extra}
+
+    (device,) = feed(Straggler(1.5), [rec()])
+    assert device.rank == 1 and "rank 1 on node n2 is a straggler: it reaches the gradient sync after 0.400 s" \
+        in device.message
+    assert "the other ranks wait 0.150 s of each 0.500 s step (30%)" in device.message  # (0.4 - median 0.25)
+    assert "cause: device" in device.message
+    (host,) = feed(Straggler(1.5), [rec(**{"ranks/cpu_pct": [180.0, 60.0]})])
+    assert "cause: host, its process gets 50% of the median rank's CPU" in host.message
+    (data,) = feed(Straggler(1.5), [rec(**{"ranks/data_wait_s": [0.0, 0.3]})])
+    assert "cause: input, it waits 0.300 s a step for batches" in data.message
 
 
 def test_throughput_drop():

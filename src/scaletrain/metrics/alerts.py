@@ -84,6 +84,12 @@ class LowGpuUtil(Rule):
 
 
 class Straggler(Rule):
+    """A rank that reaches the gradient sync later than the others (``ranks/ready_s``: its own work of the step;
+    in synchronous training every rank's step time is the slowest one's, so step times cannot tell), named with
+    its node, what the others wait, and the cause: its data (more tokens than the others: padding imbalance), its
+    input pipeline (it waits for batches), its host (its process gets less CPU than the others': other processes
+    compete) or else its device (the same work takes it longer)."""
+
     name = "straggler"
 
     def __init__(self, factor: float):
@@ -91,7 +97,7 @@ class Straggler(Rule):
         self.episodes: dict[int, Episode] = {}
 
     def observe(self, r: dict) -> list[Alert]:
-        times = r.get("ranks/step_s")
+        times = r.get("ranks/ready_s") or r.get("ranks/step_s")
         if not self.factor or r.get("kind") != "train" or not times or len(times) < 2:
             return []
         median = statistics.median(times)
@@ -99,22 +105,45 @@ class Straggler(Rule):
         for rank, t in enumerate(times):
             slow = median > 0 and t > self.factor * median
             if self.episodes.setdefault(rank, Episode()).starts(slow):
-                out.append(Alert(self.name, f"rank {rank} is a straggler: {t:.3f} s/step vs the median "
-                                            f"{median:.3f} s ({t / median:.1f}x, threshold {self.factor:g}x)"
-                                            f"{self._cause(r, rank)}", step=r.get("step"), rank=rank))
+                nodes = r.get("ranks/node") or []
+                where = f" on node {nodes[rank]}" if rank < len(nodes) else ""
+                step_s = r.get("time/step_s") or 0.0
+                waited = (f"; the other ranks wait {t - median:.3f} s of each {step_s:.3f} s step "
+                          f"({(t - median) / step_s:.0%})" if step_s else "")
+                what = "reaches the gradient sync after" if "ranks/ready_s" in r else "takes"
+                out.append(Alert(self.name, f"rank {rank}{where} is a straggler: it {what} {t:.3f} s vs the "
+                                            f"median rank's {median:.3f} s ({t / median:.1f}x, threshold "
+                                            f"{self.factor:g}x){waited}{self._cause(r, rank)}",
+                                 step=r.get("step"), rank=rank))
         return out
 
 
     @staticmethod
     def _cause(r: dict, rank: int) -> str:
-        """Padding imbalance, when the slow rank also had the most tokens to compute."""
-        tokens = r.get("ranks/tokens")
-        if not tokens or len(tokens) <= rank:
-            return ""
-        median = statistics.median(tokens)
-        if median > 0 and tokens[rank] > 1.2 * median:
-            return (f"; cause: padding imbalance, it had {tokens[rank] / median:.1f}x the median rank's tokens "
-                    f"(keep data.balance_ranks=true or set data.packing=true)")
+        """Data (more tokens), input (waiting for batches), host (less CPU) or device: the first that fits."""
+        def ratio(key: str) -> float | None:
+            values = r.get(key)
+            if not values or len(values) <= rank:
+                return None
+            median = statistics.median(values)
+            return values[rank] / median if median > 0 else None
+
+        tokens, wait, cpu = ratio("ranks/tokens"), r.get("ranks/data_wait_s"), ratio("ranks/cpu_pct")
+        times = r.get("ranks/ready_s") or r.get("ranks/step_s")
+        late = times[rank] - statistics.median(times)
+        if tokens is not None and tokens > 1.2:
+            return (f"; cause: data, padding imbalance: it had {tokens:.1f}x the median rank's tokens (keep "
+                    f"data.balance_ranks=true or set data.packing=true)")
+        others = [w for i, w in enumerate(wait or []) if i != rank]
+        if others and len(wait) > rank and wait[rank] - statistics.median(others) >= 0.5 * late:
+            return (f"; cause: input, it waits {wait[rank]:.3f} s a step for batches (raise data.loader_workers; "
+                    f"check its node's disk)")
+        if cpu is not None and cpu < 0.6:
+            return (f"; cause: host, its process gets {cpu:.0%} of the median rank's CPU: other processes compete "
+                    f"for its node's cores")
+        if "ranks/ready_s" in r:
+            return ("; cause: device, the same work takes it longer (a slow, throttled or faulty device: check its "
+                    "clocks and errors, nvidia-smi -q -d PERFORMANCE / amd-smi metric)")
         return ""
 
 

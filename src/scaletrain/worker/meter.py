@@ -18,6 +18,20 @@ from scaletrain.worker.step_check import due
 from scaletrain.worker.trainer import Trainer
 
 
+def _nodes(ctx) -> list[str]:
+    """Each rank's host name (a collective under torch.distributed)."""
+    import socket
+
+    import torch.distributed as dist
+
+    me = socket.gethostname()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [me]
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, me)
+    return everyone
+
+
 def device_name(device: str) -> str:
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
 
@@ -32,11 +46,12 @@ class Meter:
         self.sink = JsonlSink(trainer.run_dir.metrics) if self.ctx.is_main else None
         self.samples_total = self.tokens_total = 0.0
         self.last_wait = 0.0
+        self.nodes = _nodes(self.ctx)  # each rank's host, for naming a straggler's node
         self._reset()
 
     def _reset(self):
         self.t0 = time.perf_counter()
-        self.loss = self.samples = self.tokens = self.positions = self.wait = 0.0
+        self.loss = self.samples = self.tokens = self.positions = self.wait = self.ready = 0.0
         self.steps = 0
 
     def exclude(self, seconds: float) -> None:
@@ -65,6 +80,7 @@ class Meter:
             self._breakdown(step, timing)
             self.t0 += timing.get("probe_s", 0.0)
         self.steps += 1
+        self.ready += self.t.ready_s
         self.loss += loss
         self.samples += sum(int(b["num_examples"]) for b in window)
         self.tokens += sum(int(b["num_tokens"]) for b in window)
@@ -80,7 +96,7 @@ class Meter:
             [self.loss, self.samples, self.tokens, self.positions, *self.t.pref_sums], self.ctx.device)
         system = self.sampler.sample()
         per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
-                                      self.tokens], self.ctx.device)
+                                      self.tokens, self.ready / self.steps, system["system/cpu_pct"]], self.ctx.device)
         rank_tokens = [r[3] for r in per_rank]
         mean_tokens = sum(rank_tokens) / len(rank_tokens)
         slowest = max(r[0] for r in per_rank) * self.steps
@@ -97,6 +113,10 @@ class Meter:
             **system,
             "ranks/step_s": [r[0] for r in per_rank], "ranks/data_wait_s": [r[1] for r in per_rank],
             "ranks/rss_gib": [r[2] for r in per_rank], "ranks/tokens": rank_tokens,
+            # each rank's time to reach the gradient sync (its own work: the rest of its step is waiting for the
+            # slowest) and its process's CPU share: what tells a straggler's cause
+            "ranks/ready_s": [r[4] for r in per_rank], "ranks/cpu_pct": [r[5] for r in per_rank],
+            "ranks/node": self.nodes,
             # the share of computed positions that are padding, and how unevenly the ranks' tokens were dealt
             "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
             "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,

@@ -21,6 +21,7 @@ from scaletrain.config.batch import PREFERENCE_STAGES
 from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.worker import preference
 from scaletrain.worker.breakdown import device_sync, time_without_sync
+from scaletrain.worker.faults import delay_s
 from scaletrain.worker.loss import chunked_labels
 from scaletrain.worker.parallel import all_reduce_async, grad_sync
 from scaletrain.worker.trainer import Trainer
@@ -84,6 +85,9 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
     With ``timing`` (a breakdown probe step) the phases are timed with device syncs in between."""
     strategy, device = t.cfg.train.strategy, t.ctx.device
     loss_sum = 0.0
+    started = time.perf_counter()
+    if slow := delay_s(t.spec.faults, t.ctx.world_rank, step):  # fault injection: a straggler's slow device
+        time.sleep(slow)
     token_mean = t.cfg.model.task == "causal-lm" and t.cfg.train.stage == "sft"
     tokens_per_rank = _step_tokens(t, window) if token_mean else None
     if timing is not None:
@@ -102,6 +106,7 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
             loss = loss * float("nan")
         if last:
             t.beat.enter("sync", step)  # backward of the last micro-batch all-reduces gradients
+            t.ready_s = time.perf_counter() - started  # this rank's own work before it waits for the others
         t.precision.backward(loss)
         # Causal LM: this rank's token-loss sum x world size / the step's tokens; the meter's mean over ranks
         # of it is the step's token mean. Classification: the rank's mean, as before.

@@ -79,6 +79,7 @@ class Trainer:
     checkpointer: Checkpointer
     memory: PeakMemory | None = None  # started before the model was built
     grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
+    ready_s: float = 0.0  # of the last step: the time until this rank reached the gradient sync (stragglers)
     reference: torch.nn.Module | None = None  # preference tuning, full fine-tuning: the frozen reference model
     pref_sums: list[float] = field(default_factory=list)  # preference STATS sums since the last record
 

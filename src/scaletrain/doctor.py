@@ -55,6 +55,7 @@ class Facts:
     path_errors: list[str] = field(default_factory=list)
     data: tuple[bool, str, list[str]] | None = None  # (readable, what train would train on or why not, warnings)
     literal_secrets: list[str] = field(default_factory=list)  # config keys holding a credential in clear
+    gpu_health: list[dict] = field(default_factory=list)  # each local GPU's health() (metrics/gpu.py)
 
 
 Check = Callable[[Facts], "CheckResult | None"]
@@ -245,6 +246,22 @@ def check_topology(f: Facts) -> CheckResult | None:
     return CheckResult("topology", Status.OK, "no slow GPU pairs")
 
 
+def check_gpu_health(f: Facts) -> CheckResult | None:
+    """GPUs with uncorrectable ECC errors or a memory page retirement pending: a job on them is likely to fail."""
+    if not f.gpu_health:
+        return None
+    bad = [h for h in f.gpu_health if (h.get("ecc_uncorrected") or 0) > 0 or h.get("retirement_pending")]
+    if not bad:
+        return CheckResult("GPU health", Status.OK, f"{len(f.gpu_health)} GPU(s): no uncorrectable ECC errors, no "
+                                                    f"page retirement pending")
+    what = "; ".join(f"GPU {h.get('bus_id')}: " + ", ".join(
+        ([f"{h['ecc_uncorrected']} uncorrectable ECC error(s)"] if h.get("ecc_uncorrected") else [])
+        + (["a page retirement pending"] if h.get("retirement_pending") else [])) for h in bad)
+    return CheckResult("GPU health", Status.WARN, what,
+                       "reset the GPU (a pending retirement completes at reset) or keep the node out of the job; "
+                       "if uncorrectable errors keep rising, report the GPU to its vendor")
+
+
 def check_literal_secrets(f: Facts) -> CheckResult | None:
     if f.config is None:
         return None
@@ -267,7 +284,7 @@ def check_smoke(f: Facts) -> CheckResult | None:
 
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
                              check_nofile, check_disk, check_paths, check_data, check_batch_lr, check_rocm_hints,
-                             check_topology,
+                             check_topology, check_gpu_health,
                              check_literal_secrets, check_smoke)
 
 

@@ -114,3 +114,15 @@ def test_topology_and_smoke():
     assert check_topology(facts(gpu_count=8)).status is Status.OK
     assert check_smoke(facts(smoke=(False, "timed out"))).status is Status.FAIL
     assert check_smoke(facts()) is None
+
+
+def test_doctor_flags_gpus_with_uncorrectable_errors_or_a_pending_retirement():
+    from scaletrain.doctor import Status, check_gpu_health
+
+    healthy = {"bus_id": "0000:1b:00.0", "ecc_uncorrected": 0, "retirement_pending": False}
+    sick = {"bus_id": "0000:9a:00.0", "ecc_uncorrected": 3, "retirement_pending": True}
+    assert check_gpu_health(facts(gpu_health=[])) is None  # no reader: nothing to say
+    assert check_gpu_health(facts(gpu_health=[healthy])).status == Status.OK
+    r = check_gpu_health(facts(gpu_health=[healthy, sick]))
+    assert r.status == Status.WARN and "0000:1b" not in r.detail
+    assert "GPU 0000:9a:00.0: 3 uncorrectable ECC error(s), a page retirement pending" in r.detail

@@ -320,3 +320,58 @@ def test_preference_alerts_name_a_stuck_accuracy_and_a_runaway_margin():
     assert [s for s, _ in fired] == [3, 6]  # once when stuck for 3 records, once when the margin runs away
     assert "at chance (0.49) for 3 records" in fired[0][1] and "beyond 20" in fired[1][1]
     assert PreferenceHealth(0, 0).observe({"kind": "train", "rewards/accuracies": 0.5, "rewards/margins": 99}) == []
+
+
+def _nvml(uncorrected: list[int], pending: int = 0, rows=(0, 0, 0, 0)):
+    """A pynvml double answering as nvidia-ml-py does (ints, lists of addresses, the remapped-rows tuple); the
+    uncorrectable count takes the next value of ``uncorrected`` at each read."""
+    counts = iter(uncorrected)
+    consts = {"NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1, "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0, "NVML_VOLATILE_ECC": 0,
+              "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": 0,
+              "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": 1}
+    return types.SimpleNamespace(
+        **consts, nvmlInit=lambda: None, nvmlDeviceGetHandleByPciBusId=lambda bus: "h",
+        nvmlDeviceGetTotalEccErrors=lambda h, kind, counter: next(counts) if kind == 1 else 12,
+        nvmlDeviceGetRetiredPages=lambda h, cause: [0x1000] if cause == 1 else [],
+        nvmlDeviceGetRetiredPagesPendingStatus=lambda h: pending, nvmlDeviceGetRemappedRows=lambda h: rows)
+
+
+def test_gpu_health_names_a_likely_hardware_fault_when_uncorrectable_errors_rise():
+    from scaletrain.metrics.gpu import hardware_fault
+
+    reader = NvmlReader(_nvml([0, 2]), "0000:1b:00.0")
+    before, after = reader.health(), reader.health()
+    assert before == {"bus_id": "0000:1b:00.0", "ecc_uncorrected": 0, "ecc_corrected": 12, "retired_pages": 1,
+                      "retirement_pending": False}
+    assert hardware_fault(before, after) == "uncorrectable ECC errors rose by 2 (to 2)"
+    steady = NvmlReader(_nvml([3, 3]), "0000:1b:00.0")
+    assert hardware_fault(steady.health(), steady.health()) is None  # old errors: not this failure's cause
+    pending = NvmlReader(_nvml([0, 0], rows=(0, 1, 1, 0)), "0000:1b:00.0")
+    assert "retirement is pending" in hardware_fault(pending.health(), pending.health())
+    amd = types.SimpleNamespace(
+        amdsmi_init=lambda: None, amdsmi_get_processor_handle_from_bdf=lambda bus: "h",
+        amdsmi_get_gpu_total_ecc_count=lambda h: {"correctable_count": 5, "uncorrectable_count": 1,
+                                                  "deferred_count": 0},
+        amdsmi_get_gpu_bad_page_info=lambda h: [{"value": 0, "page_address": 4096, "page_size": 4096,
+                                                 "status": "RESERVED"},
+                                                {"value": 1, "page_address": 8192, "page_size": 4096,
+                                                 "status": "PENDING"}])
+    health = AmdSmiReader(amd, "0000:05:00.0").health()
+    assert health == {"bus_id": "0000:05:00.0", "ecc_uncorrected": 1, "ecc_corrected": 5, "retired_pages": 1,
+                      "retirement_pending": True}
+    broken = types.SimpleNamespace(amdsmi_init=lambda: None, amdsmi_get_processor_handle_from_bdf=lambda bus: "h")
+    assert AmdSmiReader(broken, "0000:05:00.0").health() == {"bus_id": "0000:05:00.0"}  # nothing known, no crash
+    assert hardware_fault(None, None) is None
+
+
+def test_a_failure_line_carries_the_hardware_note(caplog):
+    import logging
+
+    from scaletrain.metrics.logs import WORKER_LOGGER, log_failure, parse_failure
+
+    with caplog.at_level(logging.ERROR, logger=WORKER_LOGGER):
+        log_failure(1, 7, "forward", RuntimeError("CUDA error: an illegal memory access"),
+                    "likely hardware fault: GPU 0000:1b:00.0 on n2: uncorrectable ECC errors rose by 2 (to 2)")
+    line = f"[rank 1] ERROR {WORKER_LOGGER}: {caplog.records[-1].getMessage()}"
+    rank, what = parse_failure(line)
+    assert rank == 1 and what.startswith("RuntimeError: CUDA error: an illegal memory access [likely hardware fault")

@@ -41,7 +41,7 @@ def gather_facts(cfg, smoke: bool):
                   shm_bytes=shm, nofile_soft=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
                   disk_free_bytes=shutil.disk_usage(out).free,
                   port_free=port_free(int(environ.get(MASTER_PORT, 0) or 0)), kernel_cmdline=cmdline,
-                  topology_warnings=topo.warnings(), config=cfg)
+                  topology_warnings=topo.warnings(), config=cfg, gpu_health=_gpu_health(platform))
     if cfg is not None:
         facts.path_errors = _path_errors(cfg)
         if not facts.path_errors:
@@ -49,6 +49,21 @@ def gather_facts(cfg, smoke: bool):
         if smoke:
             facts.cluster, facts.smoke = _cluster_and_smoke(cfg, platform.vendor)
     return facts
+
+
+def _gpu_health(platform) -> list[dict]:
+    """Each local GPU's ECC and page-retirement counters, where the vendor library is installed (a reader that
+    fails gives nothing: a note in the check's absence, never a crash)."""
+    if not platform.has_gpu:
+        return []
+    from scaletrain.metrics.gpu import gpu_health, reader_for
+
+    found = []
+    for i in range(platform.device_count):
+        health = gpu_health(reader_for(f"cuda:{i}", platform.vendor))
+        if health:
+            found.append(health)
+    return found
 
 
 def _path_errors(cfg) -> list[str]:

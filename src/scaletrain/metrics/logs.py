@@ -14,7 +14,7 @@ from scaletrain.rundir import RunDir
 WORKER_LOGGER = "scaletrain.worker"
 _LINE_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 # A rank's failure, as the worker logs it and as the torchrun launcher reads it back from the log files.
-_FAILURE = "rank %d failed at step %d (phase %s): %s: %s"
+_FAILURE = "rank %d failed at step %d (phase %s): %s: %s%s"
 _FAILURE_LINE = re.compile(r"\[rank (\d+)\] ERROR " + re.escape(WORKER_LOGGER)
                            + r": rank \d+ failed at step \d+ \(phase [\w-]+\): (.*)$")
 
@@ -39,9 +39,11 @@ def setup_worker_logging(run_dir: str | Path, rank: int, redactor=None) -> loggi
     return logging.getLogger(WORKER_LOGGER)
 
 
-def log_failure(rank: int, step: int, phase: str, exc: BaseException) -> None:
-    """The line (with its traceback) that says this rank failed; ``parse_failure`` reads it back."""
-    logging.getLogger(WORKER_LOGGER).error(_FAILURE, rank, step, phase, type(exc).__name__, exc, exc_info=True)
+def log_failure(rank: int, step: int, phase: str, exc: BaseException, note: str = "") -> None:
+    """The line (with its traceback) that says this rank failed; ``parse_failure`` reads it back. ``note``: what
+    else the failure report should say (a likely hardware fault)."""
+    logging.getLogger(WORKER_LOGGER).error(_FAILURE, rank, step, phase, type(exc).__name__, exc,
+                                           f" [{note}]" if note else "", exc_info=True)
 
 
 def parse_failure(line: str) -> tuple[int, str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 
 import torch
@@ -19,7 +20,7 @@ from scaletrain.data import Collator, load_split
 from scaletrain.errors import StorageError
 from scaletrain.memory.measure import held_bytes, memory_summary
 from scaletrain.metrics.goodput import mark
-from scaletrain.metrics.gpu import reader_for
+from scaletrain.metrics.gpu import gpu_health, hardware_fault, reader_for
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
@@ -50,15 +51,20 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
     setup_worker_logging(spec.run_dir, ctx.world_rank, redact)
     events = EventLog(spec.run_dir, f"rank {ctx.world_rank}", redact) if ctx.is_main else (lambda *a, **k: None)
     beat = Heartbeat(spec.run_dir, ctx.world_rank, stall_s=max(5.0, cfg.comm.timeout_s / 2))
+    gpu = reader_for(ctx.device, Platform.detect().vendor)
+    health = gpu_health(gpu)  # ECC and retired pages now, to compare with at a failure
     system = SystemSampler(JsonlSink(RunDir(spec.run_dir).metrics), ctx.world_rank, ctx.device,
-                           cfg.monitor.interval_s, reader_for(ctx.device, Platform.detect().vendor)).start()
+                           cfg.monitor.interval_s, gpu).start()
     try:
         summary = run_loop(ctx, spec, cfg, events, beat, system)
         beat.close(clean=True)
         log.info("system sampler: %d samples, %.4f s spent sampling", system.samples, system.busy_s)
         return summary
     except BaseException as e:
-        log_failure(ctx.world_rank, beat.step_done, beat.phase, e)
+        after = gpu_health(gpu)
+        fault = hardware_fault(health, after)
+        note = f"likely hardware fault: GPU {after['bus_id']} on {socket.gethostname()}: {fault}" if fault else ""
+        log_failure(ctx.world_rank, beat.step_done, beat.phase, e, note)
         beat.close(clean=False)  # keep the phase it failed in: the driver's hang diagnosis reads it
         raise
     finally:

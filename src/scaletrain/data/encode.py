@@ -90,14 +90,14 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
         chats.append(chat)
         skip.append(why)
     good = [i for i, c in enumerate(chats) if c is not None]
-    rendered = render_records([chats[i].messages for i in good], template, _special_tokens(tokenizer),
+    rendered = render_records([chats[i].messages for i in good], template, special_tokens(tokenizer),
                               [chats[i].tools for i in good])
     for i, r in zip(good, rendered):
         if isinstance(r, str):
             chats[i], skip[i] = None, r
     texts = {i: r for i, r in zip(good, rendered) if not isinstance(r, str)}
     order = sorted(texts)
-    encodings = dict(zip(order, _encode(tokenizer, [texts[i][0] for i in order])))
+    encodings = dict(zip(order, encode_texts(tokenizer, [texts[i][0] for i in order])))
     out_ids, out_labels, full = [], [], []
     for i in range(len(chats)):
         if i not in encodings:
@@ -107,7 +107,7 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
             continue
         encoding, turn_spans = encodings[i], texts[i][1]
         full.append(len(encoding.ids))
-        ids, mask = fit(encoding.ids, _assistant_mask(encoding.offsets, turn_spans), max_length,
+        ids, mask = fit(encoding.ids, assistant_mask(encoding.offsets, turn_spans), max_length,
                         keep_last=mask_history)
         if mask_history:  # the loss on the last assistant turn only
             runs = [r for r in _runs(mask) if r[0]]
@@ -120,11 +120,11 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
     return {"input_ids": out_ids, "labels": out_labels, "_skip": skip, "_full": full}
 
 
-def _special_tokens(tokenizer) -> dict[str, Any]:
+def special_tokens(tokenizer) -> dict[str, Any]:
     return {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
 
 
-def _encode(tokenizer, texts: list[str]):
+def encode_texts(tokenizer, texts: list[str]):
     """Token ids and character offsets of each text, as ``tokenizer(texts, add_special_tokens=False)`` gives them
     (the fast tokenizer's Rust encoder, called directly: the Python wrapper's per-text conversion of its output
     costs a third of the encoding itself here)."""
@@ -144,7 +144,7 @@ class _Encoding:
         self.ids, self.offsets = ids, offsets
 
 
-def _assistant_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+def assistant_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
     """1 for every token overlapping an assistant span (as apply_chat_template's assistant_masks)."""
     starts = [s for s, _ in offsets]
     ends = [e for _, e in offsets]

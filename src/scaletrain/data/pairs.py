@@ -17,10 +17,10 @@ from typing import Any
 from scaletrain.data.encode import (
     IGNORE_INDEX,
     NO_TOOL_FORMAT,
-    _assistant_mask,
-    _encode,
-    _special_tokens,
+    assistant_mask,
     budget,
+    encode_texts,
+    special_tokens,
 )
 from scaletrain.data.formats import Chat, Columns, to_conversation
 from scaletrain.data.templates import render_records, supports_tools
@@ -73,7 +73,7 @@ def encode_pairs(batch: dict[str, list], tokenizer, formatting: str, columns: Co
         skip.append(why)
     good = [i for i, p in enumerate(pairs) if p is not None]
     chats = [side for i in good for side in pairs[i]]
-    rendered = render_records([ch.messages for ch in chats], template, _special_tokens(tokenizer),
+    rendered = render_records([ch.messages for ch in chats], template, special_tokens(tokenizer),
                               [ch.tools for ch in chats])
     out = {k: [[] for _ in rows] for k in PAIR_COLUMNS}
     full = [0] * len(rows)
@@ -82,8 +82,8 @@ def encode_pairs(batch: dict[str, list], tokenizer, formatting: str, columns: Co
         if any(isinstance(r, str) for r in sides):
             skip[i] = next(r for r in sides if isinstance(r, str))
             continue
-        encodings = _encode(tokenizer, [text for text, _ in sides])
-        parts = [_split(e.ids, _assistant_mask(e.offsets, spans[-1:])) for e, (_, spans) in zip(encodings, sides)]
+        encodings = encode_texts(tokenizer, [text for text, _ in sides])
+        parts = [_split(e.ids, assistant_mask(e.offsets, spans[-1:])) for e, (_, spans) in zip(encodings, sides)]
         (prompt, c_reply, c_mask), (_, r_reply, r_mask) = parts
         full[i] = len(prompt) + max(len(c_reply), len(r_reply))
         n_src, n_tgt = budget(len(prompt), max(len(c_reply), len(r_reply)), max_length)
@@ -130,7 +130,7 @@ def encode_kto(batch: dict[str, list], tokenizer, formatting: str, columns: Colu
         tags.append(bool(tag))
         skip.append(why)
     good = [i for i, c in enumerate(chats) if c is not None]
-    rendered = render_records([chats[i].messages for i in good], template, _special_tokens(tokenizer),
+    rendered = render_records([chats[i].messages for i in good], template, special_tokens(tokenizer),
                               [chats[i].tools for i in good])
     out = {k: [[] if k in ("input_ids", "labels") else 0 for _ in rows] for k in KTO_COLUMNS[:3]}
     full = [0] * len(rows)
@@ -139,8 +139,8 @@ def encode_kto(batch: dict[str, list], tokenizer, formatting: str, columns: Colu
             skip[i] = r
             continue
         text, spans = r
-        (encoding,) = _encode(tokenizer, [text])
-        prompt, reply, mask = _split(encoding.ids, _assistant_mask(encoding.offsets, spans[-1:]))
+        (encoding,) = encode_texts(tokenizer, [text])
+        prompt, reply, mask = _split(encoding.ids, assistant_mask(encoding.offsets, spans[-1:]))
         full[i] = len(prompt) + len(reply)
         n_src, n_tgt = budget(len(prompt), len(reply), max_length)
         ids, m = prompt[:n_src] + reply[:n_tgt], [0] * n_src + mask[:n_tgt]

@@ -100,6 +100,8 @@ def test_wandb_and_mlflow_get_config_series_report_and_resume_continues_them(cla
     assert sorted({m.step for m in history}) == [2, 4, 6, 8]
     run = client.get_run(ids["mlflow"])
     assert run.data.params["train.learning_rate"] == "0.001" and run.info.status == "FINISHED"
+    ratio = client.get_metric_history(ids["mlflow"], "goodput/ratio")  # the account, at the last step
+    assert ratio and 0 < ratio[-1].value < 1 and ratio[-1].step == 8
     assert run.data.params["comm.env.WANDB_API_KEY"] == "***"
     names = {a.path for a in client.list_artifacts(ids["mlflow"])}
     assert {"report.md", "loss.png", "final"} <= names

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -97,7 +98,8 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
                 _run_with_hang_retries(lambda: launcher.run(spec, plan), spec, cfg, redact, events)
         finally:
             clock.mark("end")
-            add_goodput(rd)
+            for sink in trackers:  # the account to W&B / MLflow too, at the run's last step
+                sink.write({"kind": "goodput", "time": time.time(), **add_goodput(rd)})
             if cfg.monitor.report:
                 _write_report(run_dir)
         if rd.stop.exists():
@@ -122,12 +124,15 @@ def injected_faults(cfg: Config, total_steps: int, events) -> tuple:
     return faults + kills
 
 
-def add_goodput(rd: RunDir) -> None:
-    """summary.json's goodput/* keys: where the run's wall time went, over every session (metrics/goodput.py)."""
-    if rd.summary.is_file():
-        summary = json.loads(rd.summary.read_text())
-        summary.update(account(rd.root))
-        rd.summary.write_text(json.dumps(summary, indent=1))
+def add_goodput(rd: RunDir) -> dict:
+    """summary.json's goodput/* keys: where the run's wall time went, over every session (metrics/goodput.py);
+    returns them with the run's last step (none when the run wrote no summary)."""
+    if not rd.summary.is_file():
+        return {}
+    summary = json.loads(rd.summary.read_text())
+    summary.update(account(rd.root))
+    rd.summary.write_text(json.dumps(summary, indent=1))
+    return {"step": summary.get("steps", 0), **{k: v for k, v in summary.items() if k.startswith("goodput/")}}
 
 
 def _resume_notes(run_dir: Path) -> list[str]:

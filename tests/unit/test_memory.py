@@ -80,8 +80,8 @@ def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
                    f"train: {{strategy: fsdp, bf16: true, per_device_train_batch_size: 1, "
                    f"per_device_eval_batch_size: 1, gradient_checkpointing: true}}\nscaling: {{num_workers: 8}}\n")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "scaletrain", "plan", str(cfg), "--device", "mi300x", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "scaletrain", "plan", str(cfg), "--device", "mi300x", "--json",
+                           "--mtbf-hours", "24"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert time.perf_counter() - t0 < 60
     import json
@@ -95,6 +95,9 @@ def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
     assert all(r["fits"] for r in configured.values())
     assert out["verdicts"]["8"].startswith("fits in 192 GiB with ")
     assert [r["workers"] for r in out["timing"]] == [1, 2, 4, 8] and out["timing"][0]["speedup"] == 1.0
+    ck = out["checkpoint_interval"]  # Young/Daly: sqrt(2 x checkpoint s x MTBF s), in steps of the plan's step
+    assert ck["interval_s"] == pytest.approx((2 * ck["checkpoint_s"] * 24 * 3600) ** 0.5)
+    assert ck["save_steps"] == max(1, round(ck["interval_s"] / ck["step_s"])) and "Young/Daly" in ck["note"]
     full = subprocess.run([sys.executable, "-m", "scaletrain", "plan", str(cfg), "--device", "h100", "--gpus", "1",
                            "model.finetuning_type=full", "train.gradient_checkpointing=false"],
                           capture_output=True, text=True, timeout=120)

@@ -20,6 +20,11 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--json", action="store_true", help="the numbers as JSON (everything)")
     p.add_argument("--all", action="store_true", help="also the table of memory levers (wider than 80 columns)")
+    p.add_argument("--mtbf-hours", type=float, help="mean time between failures of the job: suggests "
+                                                    "checkpoint.save_steps (Young/Daly)")
+    p.add_argument("--checkpoint-s", type=float, help="with --mtbf-hours: one checkpoint's cost in seconds "
+                                                      "(default: its size at an assumed 1 GB/s)")
+    p.add_argument("--step-s", type=float, help="with --mtbf-hours: one step's time (default: the plan's estimate)")
     p.set_defaults(func=run)
 
 
@@ -68,12 +73,18 @@ def run(args: argparse.Namespace) -> int:
             timing = [{"workers": n, "step_time_s": compute, "note": f"compute only: no network profile for "
                                                                      f"{device.key} (scaletrain predict --commbench)"}
                       for n in sizes]
+    interval = save_steps_for(args, cfg, shape, compute) if args.mtbf_hours is not None else None
     if args.json:
         print(json.dumps({"device": device.key, "device_memory_gib": device.memory_bytes / GIB, "rows": rows,
+                          **({"checkpoint_interval": interval} if interval else {}),
                           "verdicts": {n: v[1] for n, v in verdicts.items()}, "timing": timing,
                           "assumed_mfu": ASSUMED_MFU if compute is not None else None}, indent=1))
     else:
         _print(cfg, device, rows, verdicts, timing, compute, dtype, args.all)
+        if interval:
+            import textwrap
+
+            print(textwrap.fill(interval["note"], WIDTH, subsequent_indent="  ", break_long_words=False))
     if not any(ok for ok, _ in verdicts.values()):
         raise ConfigError(f"the job fits none of --gpus {args.gpus} on {device.key}: "
                           f"{verdicts[sizes[-1]][1].split('; ', 1)[1]}")
@@ -81,6 +92,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 WIDTH = 80  # the default output fits a terminal or a log of this width; numbers are never cut
+ASSUMED_WRITE_GBPS = 1.0  # checkpoint write speed when --checkpoint-s is not given (a network filesystem's order)
+
+
+def save_steps_for(args, cfg, shape, compute_s: float | None) -> dict:
+    """checkpoint.save_steps from the job's MTBF (Young/Daly), with what it assumed."""
+    from scaletrain.metrics.goodput import young_daly_s
+
+    if args.mtbf_hours <= 0:
+        raise ConfigError(f"--mtbf-hours {args.mtbf_hours:g}: must be > 0 (the mean time between failures)")
+    step_s = args.step_s or compute_s
+    if not step_s:
+        raise ConfigError("--mtbf-hours: no step time is known for this device; give --step-s (a measured step, "
+                          "e.g. time/step_s in metrics.jsonl)")
+    bytes_ = shape.trainable * 12  # what a checkpoint holds: the trainable fp32 weights and AdamW's two moments
+    cost = args.checkpoint_s if args.checkpoint_s else bytes_ / (ASSUMED_WRITE_GBPS * 1e9)
+    interval_s = young_daly_s(cost, args.mtbf_hours * 3600)
+    steps = max(1, round(interval_s / step_s))
+    said = "" if args.checkpoint_s else f" ({bytes_ / 1e9:.1f} GB at an assumed {ASSUMED_WRITE_GBPS:g} GB/s)"
+    return {"save_steps": steps, "interval_s": interval_s, "checkpoint_s": cost, "step_s": step_s,
+            "note": f"checkpoints: set checkpoint.save_steps={steps} (every {interval_s:.0f} s: Young/Daly "
+                    f"sqrt(2 x {cost:.1f} s checkpoint{said} x {args.mtbf_hours:g} h MTBF), at {step_s:.3g} s a "
+                    f"step)"}
 
 
 def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool) -> None:

@@ -26,6 +26,7 @@ for resources); a local run waits for none, so here it equals goodput, and the k
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -34,6 +35,13 @@ from scaletrain.rundir import RunDir
 
 CATEGORIES = ("data_prep", "cluster_start", "worker_start", "model_load", "productive", "lost_work", "eval",
               "checkpoint", "restart", "finish", "other")
+
+
+def young_daly_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """The checkpoint interval that loses the least time to checkpoints and failures together: sqrt(2 x C x M) for
+    a checkpoint that costs C seconds and a mean time between failures of M seconds (Young 1974; Daly 2006's
+    first-order term), valid while C is small against M."""
+    return math.sqrt(2 * checkpoint_s * mtbf_s)
 
 
 def mark(run_dir: str | Path, event: str, at: float | None = None) -> None:

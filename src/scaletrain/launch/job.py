@@ -98,8 +98,9 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
                 _run_with_hang_retries(lambda: launcher.run(spec, plan), spec, cfg, redact, events)
         finally:
             clock.mark("end")
+            goodput = add_goodput(rd)
             for sink in trackers:  # the account to W&B / MLflow too, at the run's last step
-                sink.write({"kind": "goodput", "time": time.time(), **add_goodput(rd)})
+                sink.write({"kind": "goodput", "time": time.time(), **goodput})
             if cfg.monitor.report:
                 _write_report(run_dir)
         if rd.stop.exists():

@@ -13,7 +13,11 @@ import re
 from collections import Counter
 
 # Variables whose values are secret whatever they look like.
-SECRET_NAME_PATTERNS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "*_API_KEY", "*_SECRET*", "*_TOKEN", "AWS_*",
+# (AWS: the credentials; AWS_ENDPOINT_URL, AWS_REGION or AWS_PROFILE are settings, kept readable in logs and in
+# storage.endpoint_url when it holds the same value.)
+SECRET_NAME_PATTERNS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "*_API_KEY", "*_SECRET*", "*_TOKEN",
+                        "AWS_ACCESS_KEY_ID", "AWS_SECURITY_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
+                        "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS_TOKEN",
                         "*PASSWORD*", "*_PASS", "*_PASSWD")
 # Variables whose long, random-looking values are secret (AUTH_HEADER, SERVICE_KEY, DB_PASS, GCP_CREDENTIALS).
 HINT_NAME_PARTS = ("AUTH", "KEY", "PASS", "CRED", "TOKEN", "SECRET")

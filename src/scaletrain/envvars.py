@@ -81,7 +81,10 @@ WORKER_ENV_DEFAULTS: dict[str, str] = {
 COMM_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "HSA_", "GLOO_")
 # Copied from the driver's shell to the workers, so `NCCL_DEBUG=INFO scaletrain train ...` behaves as users
 # expect (HF_: the hub cache and offline settings).
-PROPAGATED_PREFIXES = (*COMM_PREFIXES, "HF_")
+# Object storage (a run on s3:// etc.): the workers write checkpoints there with the driver's credentials; the
+# secret ones travel privately (comm/launch_env.py), never in Ray's runtime_env.
+STORAGE_PREFIXES = ("AWS_", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_")
+PROPAGATED_PREFIXES = (*COMM_PREFIXES, "HF_", *STORAGE_PREFIXES)
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -14,6 +14,7 @@ rename is one edit. A run directory is created once (``create_run_dir``) and nev
     final/                 a from_pretrained directory (LoRA: the adapter, base/, merged/)
     STOP                   created on Ctrl-C/SIGTERM: every rank checkpoints and stops
     .private-env.json      secret variables for the Ray workers while they run (0600; see comm/launch_env.py)
+    store.json             in the local mirror of a run on object storage: the run's URI (storage/mirror.py)
 """
 
 from __future__ import annotations
@@ -42,6 +43,20 @@ class RunDir:
     SPEC = "launch.json"  # the torchrun launcher's hand-off of the job spec
     TRACKERS = "trackers.json"  # W&B / MLflow run ids, so a resumed run continues the same tracker runs
     PRIVATE_ENV = ".private-env.json"  # secret variables for Ray workers (0600), removed when the workers end
+    STORE = "store.json"  # a mirror's home on object storage (storage/mirror.py)
+    CHECKPOINTS, DATA, FINAL = "checkpoints", "data", "final"
+    # A run on object storage (storage/): what the mirror never uploads (the store has its own checkpoints; Ray's
+    # bookkeeping, process ids and the secrets file belong to this machine), what a worker's forwarder never sends
+    # to the driver (checkpoints and final/ go to the store, the data came from it, fault markers and STOP are the
+    # worker's own), and what a fetch of the run leaves in the store (the workers read those from there).
+    NOT_UPLOADED = (CHECKPOINTS, "ray", PRIVATE_ENV, STORE, "pids", ".shared-storage-check")
+    NOT_FORWARDED = (DATA, FINAL, CHECKPOINTS, "faults", STOP)
+    NOT_FETCHED = (CHECKPOINTS, DATA, FINAL)
+
+    @staticmethod
+    def is_partial(name: str) -> bool:
+        """A file being written (written beside its final name, then renamed over it): never copied elsewhere."""
+        return name.startswith(".") or name.endswith(".tmp")
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -100,6 +115,10 @@ class RunDir:
     def private_env(self) -> Path:
         return self.root / self.PRIVATE_ENV
 
+    @property
+    def store(self) -> Path:
+        return self.root / self.STORE
+
     # --- logs -----------------------------------------------------------------------------------------
     @property
     def logs(self) -> Path:
@@ -140,15 +159,15 @@ class RunDir:
     # --- state ----------------------------------------------------------------------------------------
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / self.CHECKPOINTS
 
     @property
     def data(self) -> Path:
-        return self.root / "data"
+        return self.root / self.DATA
 
     @property
     def final(self) -> Path:
-        return self.root / "final"
+        return self.root / self.FINAL
 
     @property
     def tensorboard(self) -> Path:

@@ -1,5 +1,6 @@
 """Fault injection on a shared local Ray (gloo, 2 workers): kill, exceptions, hangs, Ctrl-C, secrets."""
 
+import contextlib
 import json
 import os
 import re
@@ -205,3 +206,145 @@ def test_secrets_never_reach_the_run_directory(classify_cfg, tmp_path, monkeypat
     assert result.run_dir.stat().st_mode & 0o777 == 0o750
     worker_log = (result.run_dir / "logs" / "worker-0.log").read_text()
     assert "WANDB_API_KEY" in worker_log and "***" in worker_log  # it was logged, redacted
+
+
+# --- a run on object storage (an S3 API server on loopback), the workers without the driver's disk ------------
+
+def _store_cfg(classify_cfg, tmp_path, endpoint, bucket, name, **sections):
+    cfg = _cfg(classify_cfg, tmp_path, name, train={"max_steps": 24, "logging_steps": 1},
+               checkpoint={"save_steps": 4, "save_total_limit": 2}, **sections).model_dump(mode="json")
+    cfg["output"] = {"output_dir": f"s3://{bucket}/runs", "run_name": name}
+    # the driver's mirror and the workers' node directory are different roots: workers only ever get the URI
+    cfg["storage"] = {"endpoint_url": endpoint, "mirror_dir": str(tmp_path / "driver"),
+                      "node_dir": str(tmp_path / "nodes"), "sync_interval_s": 1}
+    return cfg
+
+
+def _store_weights(endpoint, uri, tmp_path):
+    import fsspec
+
+    fs = fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True)
+    local = tmp_path / f"final-{time.time_ns()}.safetensors"
+    fs.get_file(f"{uri.removeprefix('s3://')}/final/model.safetensors", str(local))
+    return load_file(local)
+
+
+def _store_text(endpoint, key):
+    import fsspec
+
+    return fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True).cat_file(key).decode()
+
+
+def test_a_run_on_object_storage_survives_a_killed_worker_without_a_shared_disk(
+        classify_cfg, demo_dir, tmp_path, reference, s3_server, monkeypatch, no_orphans):
+    """s3:// run directory, data read from the store too: a worker SIGKILLed at step 10 restarts from the store's
+    checkpoint and the run ends with the uninterrupted run's weights; the workers' files reach the driver only
+    through Ray; no credential is written anywhere; `report s3://...` writes the report to the store."""
+    import fsspec
+
+    from tests.conftest import S3_SECRET, make_bucket
+
+    bucket = make_bucket(s3_server, "st-kill")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)  # for data.train_file's URI: the standard chain
+    fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
+    fs.put_file(str(demo_dir / "sentiment.jsonl"), f"{bucket}/input/sentiment.jsonl")
+    cfg = _store_cfg(classify_cfg, tmp_path, s3_server, bucket, "s3kill", fault_tolerance={"max_failures": 2})
+    cfg["data"]["train_file"] = f"s3://{bucket}/input/sentiment.jsonl"
+    mirror = tmp_path / "driver" / "s3" / bucket / "runs" / "s3kill"
+    killed = {}
+
+    def kill_rank1():
+        pid = int((mirror / "pids" / "rank-1.pid").read_text())  # arrived through the relay
+        os.kill(pid, signal.SIGKILL)
+        killed["pid"] = pid
+
+    watcher = _when_step(mirror, 10, kill_rank1)
+    result = _run(validate(cfg), tmp_path)
+    watcher.join(5)
+    assert killed and result.run_dir == mirror and result.summary["steps"] == 24
+    uri = f"s3://{bucket}/runs/s3kill"
+    log = _store_text(s3_server, f"{bucket}/runs/s3kill/logs/main.log")
+    assert re.search(r"failure 1 \(max_failures=2\): \[rank 1\]: worker process died", log)
+    # (the mirror learns of step 10 up to a second late: the kill lands a few steps later than on a local disk)
+    assert 8 <= int(re.search(r"resume: from step-(\d+): step \d+", log).group(1)) < 24
+    assert _same(_store_weights(s3_server, uri, tmp_path), reference)
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/runs/s3kill/checkpoints")) == ["step-20", "step-24"]
+    # the workers' world: their node directory and the store; the mirror's copies of their files came by Ray
+    nodes = tmp_path / "nodes" / "s3" / bucket / "runs" / "s3kill"
+    assert sorted(p.name for p in nodes.iterdir()) == ["data", "rank-0", "rank-1"]
+    worker_files = [p for p in nodes.rglob("*") if p.is_file()]
+    assert not any(str(tmp_path / "driver").encode() in p.read_bytes() for p in worker_files)
+    assert (mirror / "heartbeat" / "rank-1.json").is_file() and (mirror / "logs" / "worker-1.log").is_file()
+    # no credential anywhere: our files, the store's objects, Ray's logs
+    import ray
+
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    for p in [*tmp_path.rglob("*"), *session.rglob("*")]:
+        if p.is_file() and p.stat().st_size < 50 * 2**20:
+            assert S3_SECRET.encode() not in p.read_bytes(), f"the secret key is in {p}"
+    fs.invalidate_cache()
+    for key in fs.find(bucket):
+        assert S3_SECRET.encode() not in fs.cat_file(key), f"the secret key is in s3://{key}"
+    # `report s3://...` from another machine's view: fetched, written, uploaded
+    fs.rm_file(f"{bucket}/runs/s3kill/report.md")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # its mirror goes to ~/.cache/scaletrain/mirror
+    assert cli.main(["report", uri]) == 0
+    assert "s3kill" in _store_text(s3_server, f"{bucket}/runs/s3kill/report.md")
+
+
+def test_a_run_on_object_storage_outlives_its_driver(classify_cfg, tmp_path, reference, s3_server, monkeypatch,
+                                                      no_orphans):
+    """The driver (and the Ray it started) is SIGKILLed after the store holds step-8; `train --resume s3://...`
+    from another working directory, with another mirror, finishes the run with the uninterrupted run's weights
+    and the run's metrics history continued, not doubled."""
+    import subprocess
+    import sys
+
+    import psutil
+    import yaml
+
+    from tests.conftest import make_bucket
+
+    bucket = make_bucket(s3_server, "st-driver")
+    cfg = _store_cfg(classify_cfg, tmp_path, s3_server, bucket, "lost")
+    config = tmp_path / "lost.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    key = f"{bucket}/runs/lost"
+    import fsspec
+
+    fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
+    driver = subprocess.Popen([sys.executable, "-m", "scaletrain", "train", str(config), "--no-progress"],
+                              cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and driver.poll() is None:
+            fs.invalidate_cache()
+            if fs.exists(f"{key}/checkpoints/step-8/manifest.json"):
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, "the driver ended before it could be killed"
+    finally:
+        ours = [p for p in psutil.Process(driver.pid).children(recursive=True)]
+        os.killpg(driver.pid, signal.SIGKILL)  # the head machine is lost: the driver and the Ray it started
+        for p in ours:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        driver.wait()
+    psutil.wait_procs(ours, timeout=30)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert cli.main(["train", "--resume", f"s3://{key}", f"storage.mirror_dir={tmp_path / 'other'}",
+                     f"storage.node_dir={tmp_path / 'nodes2'}", "--no-progress"]) == 0
+    log = _store_text(s3_server, f"{key}/logs/main.log")
+    resumed = int(re.search(r"resume: from step-(\d+)", log).group(1))
+    assert resumed >= 8
+    assert _same(_store_weights(s3_server, f"s3://{key}", tmp_path), reference)
+    steps = [json.loads(line)["step"] for line in _store_text(s3_server, f"{key}/metrics.jsonl").splitlines()
+             if json.loads(line).get("kind") == "train"]
+    # the history the store kept is not doubled by the resume, and the resumed session logged every step after
+    # its checkpoint (steps the lost driver's workers trained past it, if uploaded, stay: the goodput's lost work)
+    assert [steps.count(s) for s in set(steps) if s <= resumed] == [1] * len({s for s in steps if s <= resumed})
+    assert steps[-(24 - resumed):] == list(range(resumed + 1, 25))
+    assert json.loads(_store_text(s3_server, f"{key}/summary.json"))["steps"] == 24

@@ -75,7 +75,8 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         self.flush()  # the previous async save first: one at a time, in order
-        final, tmp = self.root / st.step_name(step), self.root / f"{st.TMP_PREFIX}{st.step_name(step)}"
+        final = self.root / st.step_name(step)
+        tmp = self.storage.staging(final)
         # a LoRA run keeps only the trainable adapter
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
                                             options=StateDictOptions(ignore_frozen_params=self.trainable_only))
@@ -136,7 +137,8 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
         strict = not self.trainable_only
-        if (ckpt / st.LEGACY_MODEL).is_file():  # an earlier version's full-state checkpoint
+        legacy = isinstance(self.storage, st.LocalStorage) and (ckpt / st.LEGACY_MODEL).is_file()
+        if legacy:  # an earlier version's full-state checkpoint
             model_sd = torch.load(ckpt / st.LEGACY_MODEL, weights_only=True)
             optim_sd = torch.load(ckpt / st.LEGACY_OPTIM, weights_only=True)
             opts = StateDictOptions(full_state_dict=True, strict=strict)
@@ -146,18 +148,18 @@ class Checkpointer:
             opts = StateDictOptions(ignore_frozen_params=self.trainable_only, strict=strict)
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)  # the shapes to load into
             sharded = {"model": model_sd, "optim": optim_sd}
-            dcp.load(sharded, checkpoint_id=str(ckpt / st.STATE_DIR))
+            dcp.load(sharded, storage_reader=self.storage.dcp_reader(ckpt / st.STATE_DIR))
             model_sd, optim_sd = sharded["model"], sharded["optim"]
         set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=opts)
-        small = torch.load(ckpt / st.TRAINER_STATE, weights_only=False)
+        small = self.storage.load_torch(ckpt / st.TRAINER_STATE)
         for name, state in self.states.items():
             if state is not None and small.get(name):
                 state.load_state_dict(small[name])
         world_size = small.get("world_size")
         if world_size in (None, self.ctx.world_size):
-            rng = ckpt / st.rng_file(self.ctx.world_rank)
-            if rng.exists():
-                set_rng_state(torch.load(rng, weights_only=False))
+            rng = self.storage.load_torch(ckpt / st.rng_file(self.ctx.world_rank))
+            if rng is not None:
+                set_rng_state(rng)
         self.restored = Restored(ckpt, world_size, small.get("accumulation"))
         return self.restored
 

@@ -1,7 +1,8 @@
 """The storage half of checkpointing: the layout of one checkpoint, its manifest of checksums, the atomic commit
-and every rank agreeing on a write error. Behind ``Storage``, a small interface, so that another backend
-(object storage, where there is no atomic rename and the manifest written last is the commit marker) is one
-class more; ``LocalStorage`` is a POSIX filesystem all ranks share (the run directory).
+and every rank agreeing on a write error. Behind ``Storage``, a small interface with two backends:
+``LocalStorage``, a POSIX filesystem all ranks share (the run directory), and ``ObjectStorage``, an object store
+(S3, GCS, Azure through fsspec) that every rank writes its shards to directly, where there is no atomic rename
+and the manifest, written last, is the commit marker.
 
 Layout of ``checkpoints/step-<N>/``: ``state/`` (DCP's shards and ``.metadata``), ``trainer_state.pt`` (the
 small states and the world size and accumulation the run had), ``rng-rank<R>.pt`` per rank and
@@ -42,6 +43,8 @@ def rng_file(rank: int) -> str:
 class Storage(Protocol):
     """Where checkpoint files live. Paths are ``Path``s of this storage's namespace."""
 
+    def staging(self, final: Path) -> Path: ...  # where a checkpoint is written before it is committed
+
     def fresh(self, path: Path) -> None: ...  # an empty directory at ``path`` (a leftover there is removed)
 
     def commit(self, tmp: Path, final: Path) -> None: ...  # ``tmp`` becomes ``final``, whole or not at all
@@ -60,13 +63,22 @@ class Storage(Protocol):
 
     def save_torch(self, obj, path: Path) -> None: ...
 
-    def free_bytes(self, path: Path) -> int: ...
+    def load_torch(self, path: Path): ...  # None when the file is missing
+
+    def free_bytes(self, path: Path) -> int | None: ...  # None: the storage has no such limit to report
 
     def dcp_writer(self, path: Path): ...  # DCP's StorageWriter for the shards below ``path``
+
+    def dcp_reader(self, path: Path): ...
+
+    def describe(self, path: Path) -> str: ...  # ``path`` as the user knows it (a URI for an object store)
 
 
 class LocalStorage:
     """A filesystem every rank sees (the run directory): commit is an atomic rename."""
+
+    def staging(self, final: Path) -> Path:
+        return final.with_name(f"{TMP_PREFIX}{final.name}")
 
     def fresh(self, path: Path) -> None:
         if path.exists():
@@ -119,6 +131,9 @@ class LocalStorage:
                     raise sink.error from None
                 raise
 
+    def load_torch(self, path: Path):
+        return torch.load(path, weights_only=False) if path.is_file() else None
+
     def free_bytes(self, path: Path) -> int:
         """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
         p = Path(path)
@@ -131,8 +146,130 @@ class LocalStorage:
 
         return FileSystemWriter(str(path))
 
+    def dcp_reader(self, path: Path):
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(str(path))
+
+    def describe(self, path: Path) -> str:
+        return str(path)
+
+
+class ObjectStorage:
+    """An object store under ``store`` (storage/uri.py). Its paths are ``Path("/" + bucket/key)``: the same
+    joins and names as a local run directory's. There is no rename: a checkpoint is written where it stays, and
+    it exists once its manifest does (``verify``); an upload killed midway leaves objects without a manifest,
+    which ``resume_point`` passes over and the next save of that step removes. The manifest holds the store's
+    own checksum of each object (its ETag) with its size: reading every shard back to hash it would download
+    the whole checkpoint once more."""
+
+    def __init__(self, store):
+        self.store = store
+        self.fs = store.fs
+
+    @staticmethod
+    def root_of(store) -> Path:
+        """The namespace path of ``store``'s URI (what RunDir-style joins start from)."""
+        return Path("/" + store.path)
+
+    def _key(self, path: Path) -> str:
+        return str(path).lstrip("/")
+
+    def describe(self, path: Path) -> str:
+        return f"{self.store.scheme}://{self._key(path)}"
+
+    def staging(self, final: Path) -> Path:
+        return final
+
+    def fresh(self, path: Path) -> None:
+        self.remove(path)  # a leftover of a killed save of this very step (it has no manifest, or we are past it)
+
+    def commit(self, tmp: Path, final: Path) -> None:
+        assert tmp == final  # written in place; the manifest (written before this) is the commit
+
+    def remove(self, path: Path) -> None:
+        key = self._key(path)
+        self.fs.invalidate_cache(key)
+        if self.fs.exists(key):
+            self.fs.rm(key, recursive=True)
+        self.fs.invalidate_cache(key)
+
+    def checkpoints(self, root: Path) -> list[Path]:
+        key = self._key(root)
+        self.fs.invalidate_cache(key)
+        try:
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(key, detail=False)]
+        except FileNotFoundError:
+            return []
+        found = [root / n for n in names if n.startswith(STEP_PREFIX) and n[len(STEP_PREFIX):].isdigit()]
+        return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+
+    def files(self, path: Path) -> list[str]:
+        key = self._key(path)
+        self.fs.invalidate_cache(key)
+        return sorted(f[len(key) + 1:] for f in self.fs.find(key))
+
+    def sha256(self, path: Path) -> str | None:
+        key = self._key(path)
+        try:
+            info = self.fs.info(key)
+        except FileNotFoundError:
+            return None
+        tag = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("content_settings", "")
+        return f"{str(tag).strip(chr(34))}:{info.get('size')}"
+
+    def read_text(self, path: Path) -> str | None:
+        try:
+            return self.fs.cat_file(self._key(path)).decode()
+        except FileNotFoundError:
+            return None
+
+    def write_text(self, path: Path, text: str) -> None:
+        self.fs.pipe_file(self._key(path), text.encode())
+
+    def save_torch(self, obj, path: Path) -> None:
+        import io
+
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        self.fs.pipe_file(self._key(path), buf.getvalue())
+
+    def load_torch(self, path: Path):
+        import io
+
+        try:
+            data = self.fs.cat_file(self._key(path))
+        except FileNotFoundError:
+            return None
+        return torch.load(io.BytesIO(data), weights_only=False)
+
+    def free_bytes(self, path: Path) -> None:
+        return None
+
+    def dcp_writer(self, path: Path):
+        # DCP's fsspec writer is public in torch.distributed.checkpoint only from 2.x's _fsspec_filesystem module;
+        # each rank writes its own shard file straight to the store.
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(self.describe(path), **self.store.options())
+
+    def dcp_reader(self, path: Path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(self.describe(path), **self.store.options())
+
 
 LOCAL = LocalStorage()
+
+
+def checkpoints_of(run_dir: str | Path, store=None) -> tuple[Path, Storage]:
+    """Where a run's checkpoints live, and their storage: the run directory's folder, or the folder of its store
+    (storage/uri.py ``Store``) when the run lives on object storage."""
+    from scaletrain.rundir import RunDir
+
+    if store is None:
+        return RunDir(run_dir).checkpoints, LOCAL
+    return ObjectStorage.root_of(store.child(RunDir.CHECKPOINTS)), ObjectStorage(store)
 
 
 def failing_writer(path: Path):
@@ -278,9 +415,10 @@ def agree(storage: Storage, failed: str | None, tmp: Path) -> None:
     text = " ".join(p for _, p in bad).lower()
     fix = ("free space" if "no space" in text or "quota" in text else "fix permissions" if "permission" in text
            else "check the storage (its device, mount or network: the error above)")
-    raise StorageError(f"checkpoint {tmp.name.removeprefix(TMP_PREFIX)} could not be written to {root} ({ranks}; "
-                       f"{free / 2**20:.0f} MiB free there); the previous checkpoint is intact: {fix}, then "
-                       f"scaletrain train --resume {root.parent}")
+    space = f"; {free / 2**20:.0f} MiB free there" if free is not None else ""
+    raise StorageError(f"checkpoint {tmp.name.removeprefix(TMP_PREFIX)} could not be written to "
+                       f"{storage.describe(root)} ({ranks}{space}); the previous checkpoint is intact: {fix}, then "
+                       f"scaletrain train --resume {storage.describe(root.parent)}")
 
 
 def barrier() -> None:

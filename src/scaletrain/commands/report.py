@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from scaletrain.rundir import RunDir
+
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("report", parents=parents, help="write report.md and plots for a run (finished or not)")
@@ -21,19 +23,30 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from scaletrain.console import console
     from scaletrain.report.markdown import write_report
+    from scaletrain.storage.mirror import Mirror, home_of, local_run
 
-    path = write_report(args.run_dir, args.out)
+    run_dir = local_run(args.run_dir, [], "report")
+    store = home_of(run_dir)
+    mirror = Mirror(run_dir, store, 0).assume_synced() if store and not args.out else None
+    path = write_report(run_dir, args.out)
+    if mirror is not None:  # the report and its plots beside the run on the store
+        mirror.sync()
+        path = f"{store.uri}/{RunDir.REPORT} (and here: {path})"
     console.print(f"report written to {path}", soft_wrap=True)
     return 0
 
 
 def run_watch(args: argparse.Namespace) -> int:
     from scaletrain.metrics.monitor import JsonlFollower
-    from scaletrain.rundir import RunDir
+    from scaletrain.storage.mirror import local_run
+    from scaletrain.storage.uri import is_uri
 
-    run = RunDir(args.run_dir).require_run()
+    # A URI: a snapshot of the run fetched now (--once); following one on a store fetches it again each round.
+    run = RunDir(local_run(args.run_dir, [], "watch")).require_run()
     follower, latest, shown = JsonlFollower(run.metrics), {}, 0
     while True:
+        if is_uri(args.run_dir) and shown:  # the store has moved on: fetch the run's files again
+            local_run(args.run_dir, [], "watch")
         for r in follower.poll():
             latest[(r.get("kind"), r.get("rank", 0))] = r
         events = run.events.read_text().splitlines() if run.events.exists() else []

@@ -8,6 +8,7 @@ from pathlib import Path
 from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
 from scaletrain.launch.resume import resume_config
+from scaletrain.storage.mirror import home_of, local_run
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         if args.config and "=" in args.config:  # `train --resume DIR key=value`
             args.overrides.insert(0, args.config)
             args.config = None
-        resume = Path(args.resume).expanduser().resolve()
+        resume = local_run(args.resume, args.overrides, "--resume")
         cfg, config_path, notes = resume_config(resume, args.config, args.overrides, args.force_resume)
     elif not args.config:
         raise ConfigError("scaletrain train needs a config file: scaletrain train CONFIG.yaml [section.key=value ...]")
@@ -38,5 +39,5 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress)
-    console.print(summary_table(result.summary, result.run_dir))
+    console.print(summary_table(result.summary, str(home_of(result.run_dir) or result.run_dir)))
     return 0

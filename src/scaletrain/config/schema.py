@@ -425,12 +425,49 @@ class OutputConfig(_Section):
     # LoRA: also write final/merged, the base model with the adapter merged in.
     merge_lora: bool = False
 
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v):
+        from scaletrain.storage.uri import BACKENDS, is_uri
+
+        scheme = v.split("://", 1)[0].lower()
+        if is_uri(v) and scheme not in BACKENDS:
+            raise ValueError(f"unknown storage scheme {scheme}://; use a local path or one of s3://, gs://, abfs:// "
+                             f"(MinIO and Ceph: s3:// with storage.endpoint_url)")
+        return v
+
     @field_validator("run_name")
     @classmethod
     def _run_name(cls, v):
         if v is not None and (not v or "/" in v or v in {".", ".."}):
             raise ValueError("must be a plain directory name without '/'")
         return v
+
+
+class StorageConfig(_Section):
+    """Where a run directory on object storage (output.output_dir: s3://, gs://, abfs://) is mirrored and how."""
+
+    # S3-compatible stores (MinIO, Ceph): their URL, e.g. http://minio:9000; else AWS_ENDPOINT_URL or AWS itself.
+    # Credentials never go here: the standard chain (environment, ~/.aws, an instance role) supplies them.
+    endpoint_url: Optional[str] = None
+    sync_interval_s: float = Field(30.0, gt=0)  # metrics, logs and the report reach the store at least this often
+    mirror_dir: Optional[str] = None  # the driver's local copy of the run; default ~/.cache/scaletrain/mirror
+    node_dir: Optional[str] = None  # each node's own files for its workers (logs, data); default <tmp>/scaletrain
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, v):
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL, e.g. http://minio:9000")
+        if parts.username or parts.password:
+            raise ValueError("must not hold credentials (user:password@): give them through AWS_ACCESS_KEY_ID / "
+                             "AWS_SECRET_ACCESS_KEY or ~/.aws/credentials, which are never written anywhere")
+        return v.rstrip("/")
 
 
 class Config(_Section):
@@ -443,9 +480,14 @@ class Config(_Section):
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Config":
+        if self.scaling.launcher == "torchrun" and "://" in self.output.output_dir:
+            raise ValueError(f"output.output_dir={self.output.output_dir}: the torchrun launcher needs a filesystem "
+                             f"its workers share (they meet in the run directory); use a local or NFS path, or "
+                             f"scaling.launcher=ray, which runs on object storage")
         if self.scaling.launcher == "torchrun" and self.scaling.nnodes > 1 and not self.output.run_name:
             raise ValueError("a torchrun job over several nodes needs output.run_name (all nodes share the run "
                              "directory on a shared filesystem); set it")

@@ -40,6 +40,7 @@ from scaletrain.data.sources import (
 )
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
 from scaletrain.errors import DataError
+from scaletrain.storage.mirror import local_output_dir
 
 log = logging.getLogger("scaletrain.data")
 
@@ -91,7 +92,8 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     for src in train_sources + eval_srcs:
         exists(src)
     fingerprint = _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
-    root = Path(d.cache_dir or Path(cfg.output.output_dir) / ".cache" / "data").expanduser().resolve()
+    root = Path(d.cache_dir or local_output_dir(cfg.output.output_dir, cfg.storage) / ".cache" / "data"
+                ).expanduser().resolve()
     entry = root / fingerprint
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if (entry / META).is_file() and not d.overwrite_cache:

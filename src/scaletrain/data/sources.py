@@ -15,6 +15,7 @@ from scaletrain.config.batch import PAIR_STAGES
 from scaletrain.config.schema import DataConfig
 from scaletrain.data.formats import FORMATTINGS, Columns
 from scaletrain.errors import DataError
+from scaletrain.storage.uri import local_input
 from scaletrain.textfile import guess_encoding, not_utf8
 
 _SUFFIX_FORMAT = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
@@ -42,7 +43,8 @@ def sources(d: DataConfig, task: str, stage: str = "sft") -> list[Source]:
     """The training sources of the config (dataset_info.json entries, or train_file)."""
     if d.train_file:
         columns = Columns.from_config(d, d.formatting)
-        return [Source("train_file", d.train_file, "data.train_file", d.formatting, columns, d.format)]
+        return [Source("train_file", local_input(d.train_file, "data.train_file"), "data.train_file", d.formatting,
+                       columns, d.format)]
     return _entries(d, d.dataset or [], "data.dataset", stage)
 
 
@@ -50,8 +52,8 @@ def eval_sources(d: DataConfig, stage: str = "sft") -> list[Source]:
     """The evaluation sources the config names (eval_file, or LLaMA-Factory's eval_dataset entries); none: the
     evaluation set is held out of the training data (data.eval_ratio)."""
     if d.eval_file:
-        return [Source("eval_file", d.eval_file, "data.eval_file", d.formatting, Columns.from_config(d, d.formatting),
-                       d.format)]
+        return [Source("eval_file", local_input(d.eval_file, "data.eval_file"), "data.eval_file", d.formatting,
+                       Columns.from_config(d, d.formatting), d.format)]
     return _entries(d, d.eval_dataset, "data.eval_dataset", stage) if d.eval_dataset else []
 
 

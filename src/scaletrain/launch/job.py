@@ -36,6 +36,16 @@ from scaletrain.model import Vocab, model_dir
 from scaletrain.precision import final_dtype, set_config_dtype, torch_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
+from scaletrain.storage.mirror import (
+    Mirror,
+    check_remote_output,
+    create_remote_run,
+    home_of,
+    local_output_dir,
+    upload_tree,
+)
+from scaletrain.storage.relay import download_tree
+from scaletrain.storage.uri import Store, is_uri
 from scaletrain.worker.faults import chaos_faults, parse_faults
 from scaletrain.worker.spec import JobSpec
 
@@ -63,7 +73,9 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     clock = DriverClock()  # the goodput account's launch (metrics/goodput.py)
     resumed_from = _resume_notes(resume_dir) if resume_dir is not None else []  # in seconds, before anything
     platform = Platform.detect()
-    if resume_dir is None:
+    if resume_dir is None and is_uri(cfg.output.output_dir):  # a write probe: one line in seconds if it fails
+        check_remote_output(cfg.output.output_dir, cfg.output.run_name, cfg.storage)
+    elif resume_dir is None:
         check_output_dir(cfg.output.output_dir, cfg.output.run_name)  # before the data cache is written there
     pre = preflight(cfg)
     cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
@@ -76,19 +88,24 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     precision = pre.precision(plan.use_gpu)  # a combination that cannot train: one line, before any worker
     if cfg.train.fsdp_offload and not plan.use_gpu:
         notes.append("train.fsdp_offload: CPU workers keep everything on the host already; nothing to offload")
-    run_dir = resume_dir or create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
-    rd = RunDir(run_dir)
+    run_dir = resume_dir or new_run_dir(cfg, config_path)
+    rd, store = RunDir(run_dir), home_of(run_dir)
+    mirror = Mirror(run_dir, store, cfg.storage.sync_interval_s) if store else None
     clock.attach(run_dir)
     events = EventLog(run_dir, "driver", redact)
     resolved = redact.mapping(cfg.model_dump(mode="json"))  # what the run directory and the trackers keep
     if resume_dir is None:
         rd.resolved_config.write_text(yaml.safe_dump(resolved, sort_keys=False))
     rd.stop.unlink(missing_ok=True)  # a stop request of the previous session is done
-    spec = build_spec(pre, run_dir, plan.backend)
+    spec = build_spec(pre, run_dir, plan.backend, store)
     spec = replace(spec, faults=injected_faults(cfg, spec.total_steps, events))
+    if mirror is not None:  # the config and the data on the store before a worker looks for them
+        mirror.sync()
+        mirror.start()
     _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
-    trackers = start_trackers(cfg.monitor, run_dir, cfg.output.output_dir, Path(config_path).stem, resolved,
+    trackers = start_trackers(cfg.monitor, run_dir, str(local_output_dir(cfg.output.output_dir, cfg.storage)),
+                              Path(config_path).stem, resolved,
                               events, console, cfg.model.task)
     monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
                          console, sinks=trackers)
@@ -104,11 +121,23 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
             if cfg.monitor.report:
                 _write_report(run_dir)
         if rd.stop.exists():
-            raise Interrupted(f"at a checkpoint, as requested; continue with: scaletrain train --resume {run_dir}")
+            raise Interrupted(f"at a checkpoint, as requested; continue with: scaletrain train --resume "
+                              f"{store or run_dir}")
+        if store is not None and cfg.model.finetuning_type == "lora":  # the adapter rank 0 wrote to the store
+            download_tree(store.child(RunDir.FINAL), rd.final)
         finish_final(cfg, run_dir, tokenizer, precision.compute)
     finally:
         close_trackers(trackers, run_dir)  # the report, plots and final/ as the trackers' files, then their end
+        if mirror is not None:
+            mirror.close()  # everything on the store, however the run ended
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
+
+
+def new_run_dir(cfg: Config, config_path: str | Path) -> Path:
+    """A fresh run directory; on object storage, the run's local mirror (storage/mirror.py)."""
+    if is_uri(cfg.output.output_dir):
+        return create_remote_run(cfg.output.output_dir, cfg.output.run_name, config_path, cfg.storage)
+    return create_run_dir(cfg.output.output_dir, cfg.output.run_name, config_path)
 
 
 def injected_faults(cfg: Config, total_steps: int, events) -> tuple:
@@ -140,8 +169,9 @@ def _resume_notes(run_dir: Path) -> list[str]:
     """What a resume starts from: an error when every checkpoint is unusable (training from step 0 would append
     its steps again to the run's metrics), a note when it falls back past broken newer ones."""
     from scaletrain.checkpoint import resume_point
+    from scaletrain.checkpoint.storage import checkpoints_of
 
-    found, unusable = resume_point(RunDir(run_dir).checkpoints)
+    found, unusable = resume_point(*checkpoints_of(run_dir, home_of(run_dir)))
     broken = "; ".join(f"{name}: {problem}" for name, problem in unusable)
     if found is None and unusable:
         raise LaunchError(f"--resume {run_dir}: no checkpoint can be resumed from ({broken}); the run cannot "
@@ -226,7 +256,8 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
         events("note", note)
     n = cfg.scaling.num_workers
     gb = global_batch(cfg.train, n)
-    console.print(f"run directory {spec.run_dir}", soft_wrap=True)
+    where = f"{spec.store} (its local mirror: {spec.run_dir})" if spec.store else spec.run_dir
+    console.print(f"run directory {where}", soft_wrap=True)
     elastic = (f" (elastic: {cfg.scaling.min_workers}..{n} workers, the accumulation follows the size)"
                if cfg.scaling.elastic else "")
     console.print(f"{n} worker(s){elastic}, {plan.backend}, global batch {gb} = "
@@ -239,14 +270,20 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
            f"{spec.total_steps} steps, {n_train} train / {n_eval} eval examples")
 
 
-def build_spec(pre: Preflight, run_dir: Path, backend: str) -> JobSpec:
-    """Save the tokenized splits into the run directory and describe the job for the workers."""
+def build_spec(pre: Preflight, run_dir: Path, backend: str, store: Store | None = None) -> JobSpec:
+    """Save the tokenized splits into the run directory and describe the job for the workers. On object storage
+    the splits go to the store (``data/train``, ``data/eval``), where the workers download them from."""
     cfg, data, n = pre.cfg, pre.data, pre.cfg.scaling.num_workers
     train_path, eval_path = data.save(RunDir(run_dir).data)
+    if store is not None:
+        splits = {"train": train_path, "eval": eval_path}
+        for split, path in splits.items():
+            upload_tree(Path(path), store.child(RunDir.DATA, split))
+        train_path, eval_path = (f"{RunDir.DATA}/{split}" for split in splits)
     return JobSpec(config=cfg.model_dump(mode="json"), run_dir=str(run_dir), train_path=train_path,
                    eval_path=eval_path, pad_token_id=data.pad_token_id, vocab_size=pre.vocab.size, backend=backend,
                    total_steps=total_steps(len(data.train), cfg, n), learning_rate=scaled_learning_rate(cfg.train, n),
-                   memory_shape=pre.memory_shape())
+                   memory_shape=pre.memory_shape(), store=store.uri if store else None)
 
 
 def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -> None:

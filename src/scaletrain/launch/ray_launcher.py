@@ -15,6 +15,7 @@ from scaletrain.comm.device import Platform
 from scaletrain.comm.launch_env import load_private_env, prepare_ray_driver, private_env, worker_env
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
+from scaletrain.credentials import split_secrets
 from scaletrain.errors import LaunchError
 from scaletrain.launch.plan import ClusterPlan, check_placement, plan_scaling
 from scaletrain.redact import Redactor
@@ -50,17 +51,30 @@ class RayLauncher:
         # Placement and storage checks need the live cluster (and, for storage, the run directory).
         check_placement(cfg.scaling.placement_strategy, cfg.scaling.min_workers or cfg.scaling.num_workers,
                         plan.resources_per_worker, node_resources())
-        check_shared_storage(spec.run_dir)
+        if spec.store is None:  # on object storage the workers need no shared disk (storage/relay.py)
+            check_shared_storage(spec.run_dir)
         env = worker_env(cfg.comm, self.vendor, plan.backend, spec.run_dir)
         # Ray keeps train_loop_config in its object store and may log it: comm.env's secrets travel in the
         # workers' private environment only (comm/launch_env.private_env), never in the config.
-        spec = replace(spec, config=self.redact.mapping(spec.config))
-        run_on_workers(
-            _ray_worker_entry, {"spec": spec}, cfg.scaling, plan, env, spec.run_dir, cfg.comm.timeout_s,
-            max_failures=cfg.fault_tolerance.max_failures,
-            callbacks=[FailureEvents(spec.run_dir, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures,
-                                     self.redact)],
-        )
+        mirror, spec = spec.run_dir, replace(spec, config=self.redact.mapping(spec.config))
+        entry_config: dict = {"spec": spec}
+        if spec.store is not None:  # the workers get the store, never the driver's mirror
+            from scaletrain.storage.relay import start_relay
+
+            entry_config = {"spec": replace(spec, run_dir=spec.store), "relay": start_relay(mirror)}
+        try:
+            run_on_workers(
+                _ray_worker_entry, entry_config, cfg.scaling, plan, env, mirror, cfg.comm.timeout_s,
+                max_failures=cfg.fault_tolerance.max_failures,
+                callbacks=[FailureEvents(mirror, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures,
+                                         self.redact)],
+                shared_storage=spec.store is None,
+            )
+        finally:
+            if "relay" in entry_config:
+                import ray
+
+                ray.kill(entry_config["relay"])
 
     def close(self) -> None:
         if self._session is not None:
@@ -213,11 +227,20 @@ def cluster_resources() -> dict[str, float]:
 
 
 def run_on_workers(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, env: dict[str, str],
-                   storage_dir: str, timeout_s: int, max_failures: int = 0, callbacks=()) -> None:
+                   storage_dir: str, timeout_s: int, max_failures: int = 0, callbacks=(),
+                   shared_storage: bool = True) -> None:
     """Run ``entry(entry_config)`` on every worker of a Ray Train TorchTrainer (process group set up by Ray).
 
     Checkpoints are scaletrain's own (checkpoint/; nothing is reported to Ray), so no CheckpointConfig.
-    Secret variables of ``env`` reach the workers through a 0600 file, never Ray's runtime_env (which Ray logs)."""
+    Secret variables of ``env`` reach the workers through a 0600 file, never Ray's runtime_env (which Ray logs);
+    without a disk the workers share (``shared_storage`` False: a run on object storage), through Ray's object
+    store instead (an ObjectRef is all the config holds)."""
+    if not shared_storage:
+        import ray
+
+        public, secret = split_secrets(env)
+        config = {**entry_config, "private": ray.put(secret)}
+        return _fit(entry, config, scaling, plan, public, storage_dir, timeout_s, max_failures, callbacks)
     with private_env(env, storage_dir) as public:
         _fit(entry, entry_config, scaling, plan, public, storage_dir, timeout_s, max_failures, callbacks)
 
@@ -230,7 +253,7 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
 
     trainer = TorchTrainer(
         train_loop_per_worker=_with_private_env,
-        train_loop_config={"entry": entry, "config": entry_config},
+        train_loop_config={"entry": entry, "config": entry_config, "private": entry_config.pop("private", None)},
         torch_config=TorchConfig(backend=plan.backend, timeout_s=timeout_s),
         scaling_config=ScalingConfig(
             num_workers=(scaling.min_workers, scaling.num_workers) if scaling.elastic else scaling.num_workers,
@@ -265,6 +288,10 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
 
 def _with_private_env(config: dict) -> None:
     """Every Ray worker starts here: its secret variables first, then the entry it was given."""
+    if config.get("private") is not None:
+        import ray
+
+        envvars.apply(ray.get(config["private"]))
     load_private_env()
     config["entry"](config["config"])
 
@@ -274,4 +301,11 @@ def _ray_worker_entry(config: dict) -> None:
     from scaletrain.worker.loop import train
 
     spec: JobSpec = config["spec"]
-    train(context_from_ray(spec.backend), spec)
+    ctx = context_from_ray(spec.backend)
+    if config.get("relay") is None:
+        train(ctx, spec)
+        return
+    from scaletrain.storage.relay import worker_view
+
+    with worker_view(spec, config["relay"], ctx.world_rank) as local:
+        train(ctx, local)

@@ -27,6 +27,8 @@ from scaletrain.metrics.sampler import SystemSampler
 from scaletrain.precision import final_dtype, set_config_dtype, torch_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir
+from scaletrain.storage.mirror import upload_tree
+from scaletrain.storage.uri import Store
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.faults import maybe_fire
 from scaletrain.worker.meter import Meter
@@ -288,6 +290,8 @@ def save_final(t: Trainer) -> str:
         model.save_pretrained(str(t.run_dir.final), state_dict=state, safe_serialization=True)
         if not t.lora:  # transformers writes the dtype of the (fp32 master) model it saves from
             set_config_dtype(t.run_dir.final, dtype)
+        if t.spec.store:  # a run on object storage: final/ goes to the store (the driver adds the tokenizer)
+            upload_tree(t.run_dir.final, Store(t.spec.store, t.cfg.storage.endpoint_url).child(RunDir.FINAL))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return dtype

@@ -22,6 +22,9 @@ class JobSpec:
     # The model's memory shape (memory/estimate.py Shape), measured once by the driver on the meta device; each
     # worker's summary sets the plan for its own world size beside the measured peak. None: no estimate.
     memory_shape: dict | None = None
+    # The run's URI when it lives on object storage (storage/): the workers' checkpoints and final model go there,
+    # their other files to the driver through Ray (storage/relay.py); run_dir is then their own on their node.
+    store: str | None = None
 
     @property
     def vocab(self) -> Vocab:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from scaletrain.checkpoint import Checkpointer, Restored
+from scaletrain.checkpoint.storage import checkpoints_of
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import chunk_tokens_for, global_batch
@@ -23,6 +24,7 @@ from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import build_model, count_parameters, preload, trained_model_config
 from scaletrain.rundir import RunDir
+from scaletrain.storage.uri import Store
 from scaletrain.worker.loss import install as install_chunked_loss
 from scaletrain.worker.loss import is_installed, model_vocab, output_layer
 from scaletrain.worker.optim import build_optimizer
@@ -142,9 +144,11 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
     reference = frozen_reference(model, ctx, cfg, precision) if holds_reference(cfg.train, lora) else None
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
-    checkpointer = Checkpointer(RunDir(spec.run_dir).checkpoints, ctx, cfg.checkpoint, model, optimizer,
+    root, storage = checkpoints_of(spec.run_dir, Store(spec.store, cfg.storage.endpoint_url) if spec.store else None)
+    checkpointer = Checkpointer(root, ctx, cfg.checkpoint, model, optimizer,
                                 trainable_only=cfg.model.finetuning_type == "lora",
-                                states={"train_state": progress, "scheduler": scheduler, "scaler": precision.scaler})
+                                states={"train_state": progress, "scheduler": scheduler, "scaler": precision.scaler},
+                                storage=storage)
     return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
                    memory, reference=reference, pref_sums=[0.0] * (len(PREF_STATS) + 1))
 

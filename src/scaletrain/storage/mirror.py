@@ -1,0 +1,204 @@
+"""A run directory on object storage: the driver's local mirror of it, uploaded as the run goes.
+
+The driver (and everything that runs beside it: the monitor, the report, the trackers) works in a local copy of
+the run directory, the mirror; ``Mirror`` uploads what changed at least every ``storage.sync_interval_s``, once
+synchronously before the workers start (the config and the tokenized data they download) and once at the end.
+Checkpoints never pass through it: every rank writes its shards to the store itself (checkpoint/storage.py
+``ObjectStorage``). A mirror knows its home from ``store.json`` (RunDir.STORE), so ``--resume``, ``report`` and
+``watch`` of a URI fetch the run into a fresh mirror first (``fetch_run``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from scaletrain.errors import LaunchError
+from scaletrain.rundir import DIR_MODE, RunDir, default_run_name
+from scaletrain.storage.uri import Store, explain, is_uri, probe
+
+log = logging.getLogger("scaletrain.storage")
+
+DEFAULT_MIRROR = "~/.cache/scaletrain/mirror"
+
+
+def mirror_base(storage_cfg, store: Store) -> Path:
+    """The local directory that mirrors ``store``'s URI (its runs are folders below it)."""
+    root = Path(storage_cfg.mirror_dir or DEFAULT_MIRROR).expanduser()
+    return (root / store.scheme / store.path).resolve()
+
+
+def local_output_dir(output_dir: str, storage_cfg) -> Path:
+    """Where local files that belong beside the runs go (the data cache): output_dir, or its mirror."""
+    if is_uri(output_dir):
+        return mirror_base(storage_cfg, Store.of(output_dir, storage_cfg.endpoint_url))
+    return Path(output_dir).expanduser()
+
+
+def home_of(run_dir: str | Path) -> Store | None:
+    """The store a mirror belongs to (None: a local run directory)."""
+    path = RunDir(run_dir).store
+    if not path.is_file():
+        return None
+    home = json.loads(path.read_text())
+    return Store(home["uri"], home.get("endpoint_url"))
+
+
+def check_remote_output(output_dir: str, run_name: str | None, storage_cfg) -> Store:
+    """Before anything is written: the store answers and takes a write (storage/uri.py ``probe``), and a named
+    run does not exist there yet."""
+    store = Store.of(output_dir, storage_cfg.endpoint_url)
+    probe(store)
+    if run_name and _exists(store.child(run_name)):
+        raise LaunchError(f"output.run_name={run_name}: {store.child(run_name)} already exists and is never "
+                          f"overwritten; choose another run_name, or continue it with --resume "
+                          f"{store.child(run_name)}")
+    return store
+
+
+def create_remote_run(output_dir: str, run_name: str | None, config_path: str | Path, storage_cfg) -> Path:
+    """A fresh run on the store and its local mirror; returns the mirror. Neither may exist yet (no run is
+    overwritten, in the store or here). An object store has no atomic mkdir: the name is checked, then taken by
+    writing store.json beside the mirror and the resolved config to the store at once (two drivers starting the
+    same run name in the same second is the one race left)."""
+    parent = Store.of(output_dir, storage_cfg.endpoint_url)
+    base = mirror_base(storage_cfg, parent)
+    names = [run_name] if run_name else [default_run_name(config_path)] + [
+        f"{default_run_name(config_path)}-{i}" for i in range(2, 1000)]
+    for name in names:
+        if (base / name).exists() or _exists(parent.child(name)):
+            if run_name:
+                raise LaunchError(f"output.run_name={run_name}: {parent.child(name)} already exists (or its mirror "
+                                  f"{base / name}) and is never overwritten; choose another run_name")
+            continue
+        base.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        (base / name).mkdir(mode=DIR_MODE)
+        write_home(base / name, parent.child(name))
+        return base / name
+    raise LaunchError(f"output.output_dir={output_dir}: could not find a free run name")
+
+
+def write_home(mirror: Path, store: Store) -> None:
+    RunDir(mirror).store.write_text(json.dumps({"uri": store.uri, "endpoint_url": store.endpoint_url}))
+
+
+def fetch_run(uri: str, storage_cfg, what: str = "--resume") -> Path:
+    """Download a run from the store into its mirror here (the store wins over whatever an earlier driver on
+    this machine left), without its checkpoints, data and final model: the workers read those from the store.
+    Returns the mirror."""
+    store = Store.of(uri.rstrip("/"), storage_cfg.endpoint_url)
+    fs = store.fs
+    try:
+        fs.invalidate_cache(store.path)
+        if not fs.exists(f"{store.path}/{RunDir.RESOLVED_CONFIG}"):
+            raise LaunchError(f"{what} {uri}: no {RunDir.RESOLVED_CONFIG} there; pass the URI of an earlier run")
+        files = [f for f in fs.find(store.path) if not _skipped_on_fetch(f[len(store.path) + 1:])]
+        mirror = mirror_base(storage_cfg, store)
+        mirror.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        for f in files:
+            dest = mirror / f[len(store.path) + 1:]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f, str(dest))
+    except LaunchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - each backend raises its own types; all are worded here
+        raise LaunchError(f"{what} {uri}: {explain(e, store)}") from None
+    write_home(mirror, store)
+    return mirror
+
+
+def upload_tree(local: Path, store: Store) -> None:
+    """A local folder's files to ``store`` (the tokenized splits the workers download)."""
+    fs, local = store.fs, Path(local)
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            fs.put_file(str(p), f"{store.path}/{p.relative_to(local).as_posix()}")
+
+
+def local_run(run_dir: str, overrides: list[str], what: str) -> Path:
+    """The local directory of ``run_dir``: itself, or for a URI the mirror it is fetched into (with the
+    ``storage.*`` overrides given on the command line: its endpoint, where mirrors go)."""
+    if not is_uri(run_dir):
+        return Path(run_dir).expanduser().resolve()
+    from scaletrain.config.schema import StorageConfig
+
+    given = dict(o.split("=", 1) for o in overrides if o.startswith("storage.") and "=" in o)
+    storage_cfg = StorageConfig(**{k.removeprefix("storage."): v for k, v in given.items()})
+    return fetch_run(run_dir, storage_cfg, what)
+
+
+def _skipped_on_fetch(rel: str) -> bool:
+    return rel.split("/", 1)[0] in RunDir.NOT_FETCHED
+
+
+def _exists(store: Store) -> bool:
+    fs = store.fs
+    fs.invalidate_cache(store.path)
+    try:
+        return bool(fs.exists(store.path))
+    except Exception as e:  # noqa: BLE001 - worded as one line
+        raise LaunchError(f"output.output_dir={store.uri}: {explain(e, store)}") from None
+
+
+class Mirror:
+    """Uploads a mirror's new and changed files (by size and mtime) to its store, now (``sync``) and every
+    ``interval_s`` in a background thread while the run goes (``start`` ... ``close``, which syncs once more).
+    A failed upload is logged and tried again at the next round: the run never stops for its mirror."""
+
+    def __init__(self, local: Path, store: Store, interval_s: float):
+        self.local, self.store, self.interval_s = Path(local), store, interval_s
+        self.sent: dict[str, tuple[int, int]] = {}
+        self.uploads, self.upload_s = 0, 0.0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def changed(self) -> list[tuple[str, tuple[int, int]]]:
+        out = []
+        for p in sorted(self.local.rglob("*")):
+            rel = p.relative_to(self.local).as_posix()
+            if rel.split("/", 1)[0] in RunDir.NOT_UPLOADED or not p.is_file() or RunDir.is_partial(p.name):
+                continue
+            st = p.stat()
+            if self.sent.get(rel) != (st.st_size, st.st_mtime_ns):
+                out.append((rel, (st.st_size, st.st_mtime_ns)))
+        return out
+
+    def sync(self) -> int:
+        """Upload what changed since the last sync; returns the number of files uploaded."""
+        with self._lock:
+            fs, started, n = self.store.fs, time.perf_counter(), 0
+            for rel, stamp in self.changed():
+                fs.put_file(str(self.local / rel), f"{self.store.path}/{rel}")
+                self.sent[rel] = stamp
+                n += 1
+            self.uploads += n
+            self.upload_s += time.perf_counter() - started
+            return n
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sync()
+            except Exception as e:  # noqa: BLE001 - retried next round; the run goes on
+                log.warning("upload to %s failed (%s); trying again in %.0f s", self.store, explain(e, self.store),
+                            self.interval_s)
+
+    def assume_synced(self) -> Mirror:
+        """What the mirror holds now is on the store already (it was just fetched from there)."""
+        self.sent.update(self.changed())
+        return self
+
+    def start(self) -> Mirror:
+        self._thread = threading.Thread(target=self._loop, name="scaletrain-mirror", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sync()

@@ -17,6 +17,10 @@ ray.init(address=cluster.address, log_to_driver=False)
 try:
     result = run_job(validate(cfg), "multinode.yaml", show_progress=False)
     print("STEPS", result.summary["steps"])
+    # the same job with its run directory on object storage (argv[2]), on the same two nodes
+    if len(sys.argv) > 2:
+        stored = run_job(validate(json.loads(Path(sys.argv[2]).read_text())), "multinode.yaml", show_progress=False)
+        print("STORED STEPS", stored.summary["steps"])
 finally:
     ray.shutdown()
     cluster.shutdown()

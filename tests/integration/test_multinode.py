@@ -8,20 +8,36 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import make_bucket
+
 pytestmark = pytest.mark.ray
 
 
-def test_strict_spread_over_two_nodes(classify_cfg, tmp_path):
+def test_strict_spread_over_two_nodes(classify_cfg, tmp_path, s3_server):
+    """Also on object storage: the same job, its run directory on the S3 server, each rank on its own node."""
     cfg = json.loads(json.dumps(classify_cfg))
     cfg["train"].update(max_steps=6, logging_steps=2)
     cfg["scaling"] = {"num_workers": 2, "placement_strategy": "STRICT_SPREAD"}
     cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": "spread"}
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    bucket = make_bucket(s3_server, "multinode")
+    stored = {**cfg, "checkpoint": {"save_steps": 3}, "output": {"output_dir": f"s3://{bucket}/runs",
+                                                                 "run_name": "spread"},
+              "storage": {"endpoint_url": s3_server, "mirror_dir": str(tmp_path / "mirror"),
+                          "node_dir": str(tmp_path / "nodes")}}
+    (tmp_path / "stored.json").write_text(json.dumps(stored))
     script = Path(__file__).with_name("multinode_run.py")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "cfg.json")],
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "cfg.json"), str(tmp_path / "stored.json")],
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "STEPS 6" in proc.stdout
+    assert "STEPS 6" in proc.stdout and "STORED STEPS 6" in proc.stdout
+    import fsspec
+
+    fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
+    assert fs.exists(f"{bucket}/runs/spread/checkpoints/step-6/manifest.json")
+    assert fs.exists(f"{bucket}/runs/spread/final/model.safetensors")
+    stored_log = fs.cat_file(f"{bucket}/runs/spread/logs/main.log").decode()
+    assert len(set(re.findall(r"rank \d: node (\w+)", stored_log))) == 2  # one rank per node, logs via the relay
     log = (tmp_path / "runs" / "spread" / "logs" / "main.log").read_text()
     nodes = re.findall(r"rank (\d): node (\w+)", log)
     assert sorted(r for r, _ in nodes) == ["0", "1"]

@@ -56,6 +56,7 @@ class Facts:
     data: tuple[bool, str, list[str]] | None = None  # (readable, what train would train on or why not, warnings)
     literal_secrets: list[str] = field(default_factory=list)  # config keys holding a credential in clear
     gpu_health: list[dict] = field(default_factory=list)  # each local GPU's health() (metrics/gpu.py)
+    store: tuple[bool, str] | None = None  # output.output_dir on object storage: (the write probe passed, detail)
 
 
 Check = Callable[[Facts], "CheckResult | None"]
@@ -183,6 +184,16 @@ def check_disk(f: Facts) -> CheckResult | None:
     return CheckResult("disk", Status.OK, f"{gib:.0f} GiB free under {where}")
 
 
+def check_store(f: Facts) -> CheckResult | None:
+    if f.store is None:
+        return None
+    ok, detail = f.store
+    if not ok:
+        return CheckResult("object storage", Status.FAIL, detail, "the fix the line names (storage.endpoint_url, the "
+                                                                  "bucket, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+    return CheckResult("object storage", Status.OK, detail)
+
+
 def check_paths(f: Facts) -> CheckResult | None:
     if f.config is None:
         return None
@@ -283,8 +294,8 @@ def check_smoke(f: Facts) -> CheckResult | None:
 
 
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
-                             check_nofile, check_disk, check_paths, check_data, check_batch_lr, check_rocm_hints,
-                             check_topology, check_gpu_health,
+                             check_nofile, check_disk, check_store, check_paths, check_data, check_batch_lr,
+                             check_rocm_hints, check_topology, check_gpu_health,
                              check_literal_secrets, check_smoke)
 
 

@@ -252,3 +252,22 @@ def test_train_on_a_dead_endpoint_is_one_line_before_anything_is_written(s3_serv
     assert time.perf_counter() - started < 60
     assert not (tmp_path / "mirror").exists()  # no run directory, no data cache
     assert S3_SECRET not in out.stdout + out.stderr
+
+
+def test_doctor_probes_the_store_and_checks_the_mirrors_disk(s3_server, tmp_path, demo_dir):
+    from scaletrain.commands.doctor import gather_facts
+    from scaletrain.config import validate
+    from scaletrain.doctor import Status, check_store
+
+    make_bucket(s3_server, "doctor")
+
+    def facts(endpoint):
+        return gather_facts(validate({
+            "model": {"name_or_path": "builtin:tiny-bert", "num_labels": 2},
+            "data": {"train_file": str(demo_dir / "sentiment.jsonl")},
+            "output": {"output_dir": "s3://doctor/runs"},
+            "storage": {"endpoint_url": endpoint, "mirror_dir": str(tmp_path / "m")}}), smoke=False)
+
+    good, bad = check_store(facts(s3_server)), check_store(facts("http://127.0.0.1:9"))
+    assert good.status is Status.OK and "a probe object written and deleted" in good.detail
+    assert bad.status is Status.FAIL and "nothing answers at http://127.0.0.1:9" in bad.detail

@@ -25,11 +25,14 @@ def gather_facts(cfg, smoke: bool):
     from scaletrain.comm.topo import detect
     from scaletrain.doctor import Facts
     from scaletrain.envvars import MASTER_PORT, snapshot
+    from scaletrain.storage.mirror import local_output_dir
+    from scaletrain.storage.uri import is_uri
 
     environ = snapshot()
     platform = Platform.detect()
     shm = shutil.disk_usage("/dev/shm").total if Path("/dev/shm").exists() else None
-    out = Path(cfg.output.output_dir if cfg else ".").resolve()
+    # on object storage: the disk of the local mirror, and a write probe of the store
+    out = (local_output_dir(cfg.output.output_dir, cfg.storage) if cfg else Path(".")).resolve()
     while not out.exists():
         out = out.parent
     try:
@@ -42,6 +45,8 @@ def gather_facts(cfg, smoke: bool):
                   disk_free_bytes=shutil.disk_usage(out).free,
                   port_free=port_free(int(environ.get(MASTER_PORT, 0) or 0)), kernel_cmdline=cmdline,
                   topology_warnings=topo.warnings(), config=cfg, gpu_health=_gpu_health(platform))
+    if cfg is not None and is_uri(cfg.output.output_dir):
+        facts.store = _store_check(cfg)
     if cfg is not None:
         facts.path_errors = _path_errors(cfg)
         if not facts.path_errors:
@@ -49,6 +54,17 @@ def gather_facts(cfg, smoke: bool):
         if smoke:
             facts.cluster, facts.smoke = _cluster_and_smoke(cfg, platform.vendor)
     return facts
+
+
+def _store_check(cfg) -> tuple[bool, str]:
+    from scaletrain.errors import LaunchError
+    from scaletrain.storage.uri import Store, probe
+
+    try:
+        took = probe(Store.of(cfg.output.output_dir, cfg.storage.endpoint_url))
+    except LaunchError as e:
+        return False, str(e)
+    return True, f"{cfg.output.output_dir}: a probe object written and deleted in {took:.2f} s"
 
 
 def _gpu_health(platform) -> list[dict]:

@@ -271,3 +271,18 @@ def test_doctor_probes_the_store_and_checks_the_mirrors_disk(s3_server, tmp_path
     good, bad = check_store(facts(s3_server)), check_store(facts("http://127.0.0.1:9"))
     assert good.status is Status.OK and "a probe object written and deleted" in good.detail
     assert bad.status is Status.FAIL and "nothing answers at http://127.0.0.1:9" in bad.detail
+
+
+def test_watch_of_a_uri_shows_the_run_as_the_store_has_it(s3_server, tmp_path, monkeypatch, capsys):
+    from scaletrain import cli
+
+    fs = Store.of(f"s3://{make_bucket(s3_server, 'watch')}/runs", s3_server).fs
+    fs.pipe_file(f"watch/runs/w/{RunDir.RESOLVED_CONFIG}", b"model: {}\n")
+    fs.pipe_file(f"watch/runs/w/{RunDir.METRICS}", b'{"kind": "train", "step": 3, "loss": 0.5, "time": 1.0}\n')
+    fs.pipe_file(f"watch/runs/w/{RunDir.MAIN_LOG}", b"2026-12-02 10:00:00 [rank 0] workers up: 2 x cpu\n")
+    monkeypatch.setenv("HOME", str(tmp_path))  # the mirror goes to ~/.cache/scaletrain/mirror
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    assert cli.main(["watch", "s3://watch/runs/w", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "workers up: 2 x cpu" in out and "latest train rank 0: step 3: loss=0.5" in out
+    assert (tmp_path / ".cache" / "scaletrain" / "mirror" / "s3" / "watch" / "runs" / "w" / RunDir.METRICS).is_file()

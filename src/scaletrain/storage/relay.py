@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
@@ -82,7 +83,7 @@ class Forwarder:
         # What an earlier process of this rank left here was sent by it (a restart starts after it).
         self.sent: dict[str, tuple[int, int, int]] = {rel: (st.st_size, st.st_mtime_ns, st.st_size)
                                                       for rel, st in self._files()}
-        self.sends = 0
+        self.sends, self.busy_s, self.started = 0, 0.0, time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scaletrain-forwarder", daemon=True)
 
@@ -115,8 +116,10 @@ class Forwarder:
         return items
 
     def send(self, final: bool = False) -> None:
+        t0 = time.perf_counter()
         stop = self.push(self.pending(final))
         self.sends += 1
+        self.busy_s += time.perf_counter() - t0
         if stop:
             RunDir(self.local).stop.touch()
 
@@ -134,6 +137,9 @@ class Forwarder:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+        wall = time.perf_counter() - self.started
+        log.info("forwarder: %d sends to the driver, %.3f s spent sending (%.3f%% of %.0f s)", self.sends,
+                 self.busy_s, 100 * self.busy_s / max(wall, 1e-9), wall)
         try:
             self.send(final=True)
         except Exception as e:  # noqa: BLE001 - as above

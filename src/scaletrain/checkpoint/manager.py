@@ -124,6 +124,10 @@ class Checkpointer:
             st.rotate(storage, self.root, self.cfg.save_total_limit)
         st.barrier()
 
+    def saved(self) -> list[str]:
+        """The names of the checkpoints there are, oldest first."""
+        return [p.name for p in self.storage.checkpoints(self.root)]
+
     def restore_latest(self) -> Restored | None:
         """Load the newest whole checkpoint (collective), falling back past broken newer ones with a warning."""
         ckpt, unusable = st.resume_point(self.root, self.storage)

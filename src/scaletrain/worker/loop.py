@@ -167,7 +167,8 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
             beat.enter("step-check", step)
             bad, stop = check.advance(step, loss, wait=writes_at(step, cfg, spec, metrics))
             if bad:  # before any metric, eval or checkpoint of the corrupted weights
-                raise non_finite_loss(spec.run_dir, *bad, t.ctx.world_rank, events, _tokens(t, window))
+                raise non_finite_loss(spec.run_dir, *bad, t.ctx.world_rank, events, _tokens(t, window),
+                                      t.checkpointer.saved(), spec.store)
             progress.step = step
             progress.micro_batches_in_epoch += accum
             beat.finished_step(step)

@@ -57,10 +57,12 @@ def writes_at(step: int, cfg: Config, spec: JobSpec, metrics) -> bool:
             or due(cfg.train.eval_steps, step) or due(cfg.checkpoint.save_steps, step))
 
 
-def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events, step_tokens: int | None = None
-                    ) -> TrainingError:
+def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events, step_tokens: int | None = None,
+                    saved: list[str] | None = None, resume: str | None = None) -> TrainingError:
     """The error (and the alert) of a non-finite loss: the advice names a data cause when the step shows one
-    (``step_tokens``: this rank's target tokens in the step, causal LM) and a checkpoint only if one exists."""
+    (``step_tokens``: this rank's target tokens in the step, causal LM) and a checkpoint only if one exists
+    (``saved``: the checkpoints' names, when they are not in ``run_dir``; ``resume``: what to resume, when not
+    ``run_dir``: a run on object storage)."""
     from scaletrain.checkpoint import list_checkpoints
     from scaletrain.rundir import RunDir
 
@@ -75,7 +77,7 @@ def non_finite_loss(run_dir: str, step: int, loss: float, rank: int, events, ste
                   "data.max_length (cutoff_len) or fix the data")
     else:
         advice = "lower train.learning_rate, set train.max_grad_norm, or check the data"
-    saved = list_checkpoints(RunDir(run_dir).checkpoints)
-    where = (f"the last checkpoint, {saved[-1].name}, is intact: scaletrain train --resume {run_dir}" if saved else
-             "no checkpoint was saved before it")
+    saved = saved if saved is not None else [p.name for p in list_checkpoints(RunDir(run_dir).checkpoints)]
+    where = (f"the last checkpoint, {saved[-1]}, is intact: scaletrain train --resume {resume or run_dir}" if saved
+             else "no checkpoint was saved before it")
     return TrainingError(f"{alert.message}; {advice} ({where})")

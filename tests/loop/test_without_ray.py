@@ -1,6 +1,7 @@
 """scaletrain where `import ray` fails (the GPU machine this project borrows has no Ray): the commands that need
 no Ray cluster work, torchrun trains, and what would need Ray says so in one line."""
 
+import re
 import subprocess
 import sys
 
@@ -46,6 +47,17 @@ def test_the_commands_that_need_no_ray_run_without_it(no_ray, classify_cfg, tmp_
     assert train.returncode == 0, train.stderr[-2000:]
     run = tmp_path / "runs" / "tr"
     assert (run / "summary.json").is_file() and (run / "final").is_dir()
+    # start-up said as it happens: the config line first, then each phase with the seconds since the command began
+    phases = re.findall(r"^\s*([\d.]+) s (config checked|data and model checked|cluster ready \(torchrun|"
+                        r"workers starting|workers started|model built and restored|training: step \d+ logged)",
+                        train.stderr, flags=re.M)
+    assert train.stderr.lstrip().startswith(phases[0][0]) and phases[0][1] == "config checked"
+    assert [p for _, p in phases] == ["config checked", "data and model checked", "cluster ready (torchrun",
+                                      "workers starting", "workers started", "model built and restored",
+                                      "training: step 2 logged"]
+    times = [float(t) for t, _ in phases]
+    assert times == sorted(times)
+    assert (run / "logs" / "main.log").read_text().count("] phase: ") == 7
     report = no_ray("report", run)
     assert report.returncode == 0, report.stderr[-1500:]
 

@@ -27,6 +27,7 @@ from scaletrain.errors import Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
 from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
+from scaletrain.launch.phases import Phases
 from scaletrain.launch.preflight import Preflight, preflight
 from scaletrain.metrics.goodput import DriverClock, account
 from scaletrain.metrics.logs import EventLog
@@ -69,6 +70,9 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
 
 def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show_progress: bool,
              launcher: Launcher, redact: Redactor) -> JobResult:
+    phases = Phases(console)  # a line per start-up phase, the first one now
+    phases(f"config checked: {cfg.model.name_or_path} ({cfg.model.task}, {cfg.model.finetuning_type}) on "
+           f"{cfg.scaling.num_workers} worker(s), {launcher.name}")
     _quiet_libraries()
     clock = DriverClock()  # the goodput account's launch (metrics/goodput.py)
     resumed_from = _resume_notes(resume_dir) if resume_dir is not None else []  # in seconds, before anything
@@ -80,10 +84,12 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     pre = preflight(cfg)
     cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
     clock.mark("prepared")
+    phases(f"data and model checked: {len(data.train)} train / {len(data.eval)} eval examples")
     check_sinks(cfg.monitor)
     notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
     clock.mark("cluster")
+    phases(f"cluster ready ({launcher.name}, {plan.backend})")
     notes += pre.fit_notes(plan.use_gpu)
     precision = pre.precision(plan.use_gpu)  # a combination that cannot train: one line, before any worker
     if cfg.train.fsdp_offload and not plan.use_gpu:
@@ -93,6 +99,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     mirror = Mirror(run_dir, store, cfg.storage.sync_interval_s) if store else None
     clock.attach(run_dir)
     events = EventLog(run_dir, "driver", redact)
+    phases.attach(events)
     resolved = redact.mapping(cfg.model_dump(mode="json"))  # what the run directory and the trackers keep
     if resume_dir is None:
         rd.resolved_config.write_text(yaml.safe_dump(resolved, sort_keys=False))
@@ -108,7 +115,8 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
                               Path(config_path).stem, resolved,
                               events, console, cfg.model.task)
     monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
-                         console, sinks=trackers)
+                         console, sinks=trackers, phases=phases)
+    phases("workers starting")
     try:
         try:
             with StopOnSignal(run_dir, events), monitor:

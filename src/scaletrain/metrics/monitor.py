@@ -126,9 +126,11 @@ class RunMonitor:
     """Context manager for the driver: a thread polls the run's records every ``poll_s``."""
 
     def __init__(self, run_dir: str | Path, cfg: MonitorConfig, events=None, progress=None, console=None,
-                 poll_s: float = 0.5, sinks=()):
+                 poll_s: float = 0.5, sinks=(), phases=None):
+        """``phases``: told of rank 0's timeline marks and the metrics records (launch/phases.py)."""
         self.run_dir = Path(run_dir)
         self.follower = JsonlFollower(RunDir(run_dir).metrics)
+        self.phases, self.timeline = phases, JsonlFollower(RunDir(run_dir).timeline)
         self.rules = build_rules(cfg.alerts)
         self.events, self.progress, self.console, self.poll_s = events, progress, console, poll_s
         self.sinks = []
@@ -142,7 +144,12 @@ class RunMonitor:
         self._warned = False
 
     def poll(self) -> None:
+        if self.phases is not None:
+            for mark in self.timeline.poll():
+                self.phases.observe("timeline", mark)
         for record in self.follower.poll():
+            if self.phases is not None:
+                self.phases.observe("metrics", record)
             for sink in (*self.sinks, *self.trackers):
                 sink.write(record)
             if self.progress is not None and record.get("kind") == "train":

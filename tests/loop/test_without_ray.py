@@ -1,6 +1,7 @@
 """scaletrain where `import ray` fails (the GPU machine this project borrows has no Ray): the commands that need
 no Ray cluster work, torchrun trains, and what would need Ray says so in one line."""
 
+import json
 import re
 import subprocess
 import sys
@@ -58,6 +59,10 @@ def test_the_commands_that_need_no_ray_run_without_it(no_ray, classify_cfg, tmp_
     times = [float(t) for t, _ in phases]
     assert times == sorted(times)
     assert (run / "logs" / "main.log").read_text().count("] phase: ") == 7
+    # the whole process tree's peak memory beside the workers': the driver, the torchrun agent, its 2 workers
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["memory/tree_peak_processes"] >= 4
+    assert summary["memory/tree_peak_bytes"] > sum(summary["memory/peak_bytes_per_rank"])
     report = no_ray("report", run)
     assert report.returncode == 0, report.stderr[-1500:]
 

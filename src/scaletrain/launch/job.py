@@ -123,7 +123,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
                 _run_with_hang_retries(lambda: launcher.run(spec, plan), spec, cfg, redact, events)
         finally:
             clock.mark("end")
-            goodput = add_goodput(rd)
+            goodput = add_goodput(rd, monitor.tree.summary())
             for sink in trackers:  # the account to W&B / MLflow too, at the run's last step
                 sink.write({"kind": "goodput", "time": time.time(), **goodput})
             if cfg.monitor.report:
@@ -162,13 +162,15 @@ def injected_faults(cfg: Config, total_steps: int, events) -> tuple:
     return faults + kills
 
 
-def add_goodput(rd: RunDir) -> dict:
-    """summary.json's goodput/* keys: where the run's wall time went, over every session (metrics/goodput.py);
-    returns them with the run's last step (none when the run wrote no summary)."""
+def add_goodput(rd: RunDir, driver: dict) -> dict:
+    """summary.json's goodput/* keys: where the run's wall time went, over every session (metrics/goodput.py),
+    and the driver's own facts (``driver``: its process tree's peak memory); returns the goodput keys with the
+    run's last step (none when the run wrote no summary)."""
     if not rd.summary.is_file():
         return {}
     summary = json.loads(rd.summary.read_text())
     summary.update(account(rd.root))
+    summary.update(driver)
     rd.summary.write_text(json.dumps(summary, indent=1))
     return {"step": summary.get("steps", 0), **{k: v for k, v in summary.items() if k.startswith("goodput/")}}
 

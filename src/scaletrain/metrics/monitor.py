@@ -16,6 +16,7 @@ from rich.markup import escape
 from scaletrain.config.schema import MonitorConfig
 from scaletrain.errors import ConfigError, LaunchError
 from scaletrain.metrics.alerts import build_rules, write_alert
+from scaletrain.metrics.sampler import TreeMemory
 from scaletrain.rundir import RunDir
 
 
@@ -131,6 +132,7 @@ class RunMonitor:
         self.run_dir = Path(run_dir)
         self.follower = JsonlFollower(RunDir(run_dir).metrics)
         self.phases, self.timeline = phases, JsonlFollower(RunDir(run_dir).timeline)
+        self.tree = TreeMemory()  # the driver's process tree, for summary.json (memory/tree_peak_bytes)
         self.rules = build_rules(cfg.alerts)
         self.events, self.progress, self.console, self.poll_s = events, progress, console, poll_s
         self.sinks = []
@@ -144,6 +146,7 @@ class RunMonitor:
         self._warned = False
 
     def poll(self) -> None:
+        self.tree.sample()
         if self.phases is not None:
             for mark in self.timeline.poll():
                 self.phases.observe("timeline", mark)

@@ -55,3 +55,30 @@ class SystemSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+class TreeMemory:
+    """The driver's whole process tree (itself and every descendant: an embedded Ray's GCS, raylet, dashboard
+    agents, workers; a torchrun agent and its workers): the peak of its summed resident set, sampled by the
+    driver's monitor. Resident sets count shared pages in each process, as `ps` and LLaMA-Factory comparisons
+    do; it is the figure that must fit the host."""
+
+    def __init__(self, proc: psutil.Process | None = None):
+        self.proc = proc or psutil.Process()
+        self.peak_bytes, self.peak_processes, self.samples = 0, 0, 0
+
+    def sample(self) -> int:
+        total, count = 0, 0
+        for p in (self.proc, *self.proc.children(recursive=True)):
+            try:
+                total += p.memory_info().rss
+                count += 1
+            except (psutil.NoSuchProcess, psutil.AccessDenied):  # it ended between the listing and the reading
+                continue
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_processes = total, count
+        self.samples += 1
+        return total
+
+    def summary(self) -> dict:
+        return {"memory/tree_peak_bytes": self.peak_bytes, "memory/tree_peak_processes": self.peak_processes}

@@ -81,3 +81,20 @@ def test_chaos_kills_are_seeded_inside_the_run_and_refused_where_nothing_recover
     with pytest.raises(ConfigError, match="mtbf_steps"):
         validate({**base, "checkpoint": {"save_steps": 4},
                   "fault_tolerance": {"max_failures": 3, "chaos": {"kills": 3, "mtbf_steps": 0}}})
+
+
+def test_a_running_session_is_counted_up_to_now_for_watch(tmp_path):
+    from scaletrain.metrics.goodput import one_line
+
+    marks, records = _one_restart()
+    marks = [(e, t) for e, t in marks if t <= 47]  # still training, no end yet
+    records = [r for r in records if r["time"] <= 53]
+    rd = RunDir(tmp_path)
+    _write(rd.timeline, [{"event": e, "time": t} for e, t in marks])
+    _write(rd.metrics, records)
+    assert account(tmp_path)["goodput/wall_s"] == 0  # a finished account knows no running session
+    live = account(tmp_path, now=55)
+    assert live["goodput/wall_s"] == 55 and live["goodput/interruptions"] == 1 and live["goodput/restart_s"] == 8
+    line = one_line(live)
+    assert line.startswith(f"goodput {live['goodput/ratio']:.0%} of 55 s: productive ")
+    assert "data prep 10.0 s" in line and "restart 8.0 s" in line and line.endswith("1 interruption(s)")

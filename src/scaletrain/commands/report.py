@@ -37,6 +37,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
+    from scaletrain.metrics.goodput import account, one_line
     from scaletrain.metrics.monitor import JsonlFollower
     from scaletrain.storage.mirror import local_run
     from scaletrain.storage.uri import is_uri
@@ -56,6 +57,7 @@ def run_watch(args: argparse.Namespace) -> int:
         for (kind, rank), r in sorted(latest.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
             fields = ", ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float) and k != "time")
             print(f"  latest {kind} rank {rank}: step {r.get('step', '-')}: {fields}")
+        print(f"  {one_line(account(run.root, None if run.finished() else time.time()))}")
         if args.once or run.finished():
             return 0
         time.sleep(args.interval)

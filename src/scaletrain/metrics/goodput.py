@@ -70,8 +70,9 @@ class DriverClock:
             mark(run_dir, event, at)
 
 
-def account(run_dir: str | Path) -> dict:
-    """The run's goodput keys (``goodput/*``) over every driver session in its directory."""
+def account(run_dir: str | Path, now: float | None = None) -> dict:
+    """The run's goodput keys (``goodput/*``) over every driver session in its directory. ``now``: a live view
+    (``watch``): the session still running is counted up to it."""
     rd = RunDir(run_dir)
     timeline = read_jsonl(rd.timeline)
     records = read_jsonl(rd.metrics)
@@ -83,6 +84,8 @@ def account(run_dir: str | Path) -> dict:
         at = {}
         for m in marks:
             at.setdefault(m["event"], m["time"])
+        if "end" not in at and now is not None and k == len(starts) - 1:
+            at["end"] = now  # the session running now
         if "end" not in at:
             continue  # a session that did not finish (killed driver): its time is unknown
         sessions += 1
@@ -140,3 +143,16 @@ def _steps(records: list[dict], total: dict) -> None:
             total["eval"] += r.get("time/eval_s", r.get("time/final_eval_s", 0.0))
         elif kind == "checkpoint":
             total["checkpoint"] += r.get("time/checkpoint_s", 0.0)
+
+
+def one_line(g: dict) -> str:
+    """The account in one line (``watch``), its biggest parts first."""
+    if not g.get("goodput/wall_s"):
+        return "goodput: no session with a start yet"
+    parts = sorted(((k.removeprefix("goodput/").removesuffix("_s"), v) for k, v in g.items()
+                    if k.endswith("_s") and k not in ("goodput/wall_s", "goodput/productive_s") and v >= 0.05),
+                   key=lambda kv: -kv[1])
+    rest = ", ".join(f"{name.replace('_', ' ')} {v:.1f} s" for name, v in parts)
+    return (f"goodput {g['goodput/ratio']:.0%} of {g['goodput/wall_s']:.0f} s: productive "
+            f"{g['goodput/productive_s']:.1f} s" + (f", {rest}" if rest else "")
+            + f"; {g['goodput/interruptions']} interruption(s)")

@@ -109,8 +109,10 @@ def check_workers(f: Facts) -> CheckResult | None:
 def check_cpu_headroom(f: Facts) -> CheckResult | None:
     if f.config is None or f.cluster is None:
         return None
+    from scaletrain.launch.launcher import choose_launcher
+
     fit, n = worker_fit(f.config, f.cluster), f.config.scaling.num_workers
-    if not fit.fills_cpus(n, f.config.scaling.launcher):
+    if not fit.fills_cpus(n, choose_launcher(f.config)[0].scaling.launcher):  # auto: the one a run would use
         return None
     return CheckResult("CPU headroom", Status.WARN,
                        f"{n} CPU worker(s) x {fit.per_worker:g} CPU take all {fit.cpus} CPUs, so Ray's controller, "

@@ -45,6 +45,7 @@ def run_scale(args: argparse.Namespace) -> int:
     from scaletrain.console import console
     from scaletrain.doctor import CPU_HEADROOM_NOTE, worker_fit
     from scaletrain.launch.job import run_job
+    from scaletrain.launch.launcher import choose_launcher
     from scaletrain.launch.ray_launcher import ray_session
     from scaletrain.rundir import create_run_dir
     from scaletrain.scaling.sweep import add_speedup, check_sweep, measure, plan_config, write_outputs
@@ -65,7 +66,7 @@ def run_scale(args: argparse.Namespace) -> int:
             run_cfg = plan_config(cfg, n, args.warmup, args.steps, args.fixed_global_batch, out, args.breakdown_every)
             result = run_job(run_cfg, args.config, show_progress=False)
             row = measure(result.run_dir, args.warmup, n)
-            if fit.fills_cpus(n, cfg.scaling.launcher):  # says why this size's efficiency is low on a small box
+            if fit.fills_cpus(n, choose_launcher(run_cfg)[0].scaling.launcher):  # why it is low on a small box
                 row["note"] = CPU_HEADROOM_NOTE
             rows.append(row)
     paths = write_outputs(add_speedup(rows), out, f"scaletrain scale: {Path(args.config).name}")

@@ -279,7 +279,9 @@ class ScalingConfig(_Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
     address: Optional[str] = None
-    launcher: Literal["ray", "torchrun"] = "ray"
+    # auto: torchrun for 1 worker on this machine with no restarts asked (nothing of Ray's is needed: a quicker,
+    # lighter start), Ray otherwise (launch/launcher.py choose_launcher).
+    launcher: Literal["auto", "ray", "torchrun"] = "auto"
     # torchrun: num_workers = nnodes x processes per node; every node runs `scaletrain train` with its node_rank.
     nnodes: int = Field(1, ge=1)
     node_rank: int = Field(0, ge=0)

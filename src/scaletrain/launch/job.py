@@ -26,7 +26,7 @@ from scaletrain.console import ProgressView, console
 from scaletrain.errors import Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
-from scaletrain.launch.launcher import Launcher, joins_torchrun, launcher_for
+from scaletrain.launch.launcher import Launcher, choose_launcher, joins_torchrun, launcher_for
 from scaletrain.launch.phases import Phases
 from scaletrain.launch.preflight import Preflight, preflight
 from scaletrain.metrics.goodput import DriverClock, account
@@ -61,15 +61,16 @@ def run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None = None
             launcher: Launcher | None = None) -> JobResult:
     """``launcher``: the one the caller made early (``launcher_for``: a torchrun agent starts when it is made)."""
     os.umask(RUN_UMASK)
+    cfg, chosen = choose_launcher(cfg)  # scaling.launcher: auto, made concrete (said when it is not Ray)
     redact = Redactor.from_environment(cfg.comm.env)
     if joins_torchrun(cfg):
         return _join_torchrun(cfg, redact)
     with launcher or launcher_for(cfg, redact) as launcher:
-        return _run_job(cfg, config_path, resume_dir, show_progress, launcher, redact)
+        return _run_job(cfg, config_path, resume_dir, show_progress, launcher, redact, [chosen] if chosen else [])
 
 
 def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show_progress: bool,
-             launcher: Launcher, redact: Redactor) -> JobResult:
+             launcher: Launcher, redact: Redactor, launch_notes: list[str]) -> JobResult:
     phases = Phases(console)  # a line per start-up phase, the first one now
     phases(f"config checked: {cfg.model.name_or_path} ({cfg.model.task}, {cfg.model.finetuning_type}) on "
            f"{cfg.scaling.num_workers} worker(s), {launcher.name}")
@@ -86,7 +87,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     clock.mark("prepared")
     phases(f"data and model checked: {len(data.train)} train / {len(data.eval)} eval examples")
     check_sinks(cfg.monitor)
-    notes = resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
+    notes = launch_notes + resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
     clock.mark("cluster")
     phases(f"cluster ready ({launcher.name}, {plan.backend})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from scaletrain import envvars
 from scaletrain.comm.device import Platform
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError
@@ -53,8 +54,43 @@ def require_ray(what: str) -> None:
                           f"scaling.launcher=torchrun")
 
 
+TORCHRUN_NOTE = ("1 worker on this machine and no restarts asked: it runs under torchrun (no Ray cluster to start: "
+                 "a quicker, lighter start); scaling.launcher=ray forces Ray")
+
+
+def ray_reasons(cfg: Config) -> list[str]:
+    """What of Ray's a config asks for (an empty list: a single local worker torchrun runs as well)."""
+    s, ft = cfg.scaling, cfg.fault_tolerance
+    reasons = [why for why, asked in (
+        ("more than one worker", s.num_workers > 1 or s.elastic), ("restarts", ft.max_failures != 0),
+        ("chaos", ft.chaos is not None), ("a cluster address", bool(s.address or envvars.read(envvars.RAY_ADDRESS))),
+        ("object storage", "://" in cfg.output.output_dir)) if asked]
+    if not reasons:
+        import sys
+
+        from scaletrain.launch.warm.cluster import current
+
+        joined = sys.modules.get("ray")
+        if joined is not None and joined.is_initialized():
+            reasons.append("the Ray this process runs (scale, parity, a notebook)")
+        elif current() is not None:
+            reasons.append("the warm cluster of scaletrain up")
+    return reasons
+
+
+def choose_launcher(cfg: Config) -> tuple[Config, str | None]:
+    """``scaling.launcher: auto`` made concrete (the config the run uses and keeps), with the line that says so
+    when it is not Ray."""
+    if cfg.scaling.launcher != "auto":
+        return cfg, None
+    chosen = "ray" if ray_reasons(cfg) else "torchrun"
+    cfg = cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update={"launcher": chosen})})
+    return cfg, TORCHRUN_NOTE if chosen == "torchrun" else None
+
+
 def launcher_for(cfg: Config, redact: Redactor | None = None) -> Launcher:
     redact = redact or Redactor.from_environment(cfg.comm.env)
+    cfg, _ = choose_launcher(cfg)
     if cfg.scaling.launcher == "torchrun":
         from scaletrain.launch.torchrun_launcher import TorchrunLauncher
 

@@ -39,7 +39,6 @@ class Relay:
 
     def __init__(self, mirror: str):
         self.mirror = Path(mirror).resolve()
-        self.bytes = 0
 
     def push(self, items: list[tuple[str, str, bytes]]) -> bool:
         """``items``: (path relative to the run directory, "a" to append or "w" to replace, bytes). Returns
@@ -56,11 +55,7 @@ class Relay:
                 tmp = path.with_name(f".{path.name}.relay")
                 tmp.write_bytes(data)
                 os.replace(tmp, path)
-            self.bytes += len(data)
         return RunDir(self.mirror).stop.exists()
-
-    def stats(self) -> int:
-        return self.bytes
 
 
 def start_relay(mirror: Path):

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# One prepared command for a machine with a GPU (about 10 minutes at most): env and topology, single-GPU
-# training throughput and MFU of a ~0.9B Llama in bf16, and commbench on the GPUs that are there.
-# Usage (repo root, torch with CUDA/ROCm already installed): bash benchmarks/gpu_check.sh [OUT_DIR]
+# One prepared command for a machine with a GPU (under 9 minutes): what only a GPU can tell, every figure written
+# to files in OUT_DIR (the folder that comes back from the GPU machine) and a table at the end.
+#   env, topo          the NVML / amd-smi readers against the real device
+#   models             a ~0.9B Llama and a 128k-vocabulary Llama built from a config and saved in bf16 first
+#   full, lora         1 GPU, bf16: tokens/s, MFU, peak memory vs the plan, the dtypes held, final/'s dtype
+#   padded, packed     LoRA on records of mixed lengths: packing with per-example attention vs padding
+#   plain-loss, chunked-loss   the 128k-vocabulary model: the whole logits vs the chunked loss (peak, step)
+#   fsdp               FSDP2 with its bf16 mixed-precision policy under torchrun with NCCL on 1 GPU
+#   plain-loop         the LoRA step in a plain PyTorch + PEFT loop: scaletrain's tokens/s over it (>= 0.97)
+#   commbench          when there are 2 or more GPUs
+# Each part has its own timeout (and all of them a deadline); a failed part is named and the check goes on.
+# Usage (repo root, torch with CUDA/ROCm installed): bash benchmarks/gpu_check.sh [OUT_DIR]
 # OUT_DIR defaults to a new gpu_check_out/DATE-TIME; an OUT_DIR that holds an earlier check is refused.
-# GPU_CHECK_TRAIN_ARGS adds key=value overrides to the training run (the tests use it to run this script on CPU
-# with a tiny model, so that the one GPU session it gets is not spent on a broken script).
+# GPU_CHECK_TRAIN_ARGS adds key=value overrides to every training run and GPU_CHECK_SMALL=1 builds the models at a
+# test's size (the suite runs this script on CPU, so that the one GPU session it gets is not spent on a broken
+# script).
 set -uo pipefail
 OUT=${1:-gpu_check_out/$(date +%Y%m%d-%H%M%S)}
 if [ -e "$OUT/env.txt" ]; then
@@ -13,6 +23,9 @@ if [ -e "$OUT/env.txt" ]; then
 fi
 mkdir -p "$OUT"
 PY=${PY:-python3}
+DEADLINE=${GPU_CHECK_DEADLINE_S:-530}  # seconds for the whole check: each part gets at most what is left
+TABLE="$OUT/figures.tsv"
+printf 'part\tstatus\tfigures\n' > "$TABLE"
 # The wheels the GPU machine lacks (pydantic, datasets: benchmarks/gpu_wheels.sh put them in .whl/), first, where
 # they are missing (a machine that has them keeps its own).
 if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import pydantic, datasets" 2>/dev/null; then
@@ -23,62 +36,94 @@ if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import pydantic, datasets" 2>/dev/
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 st() { $PY -m scaletrain "$@"; }
+left() { local l=$((DEADLINE - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+failed() { printf '%s\tFAILED\t%s\n' "$1" "$2" >> "$TABLE"; echo "== $1: FAILED ($2)"; }
 
 echo "== env";  st env | tee "$OUT/env.txt"
 echo "== topo"; st topo | tee "$OUT/topo.txt"
 GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
 echo "== GPUs: $GPUS"
 
-# Long-ish SFT records so sequences reach ~1024 tokens (generated, never downloaded).
+# Records generated, never downloaded: long ones (every row full at 1024 tokens) and mixed lengths (packing).
 export DEMO_DATA="$OUT/data"
 $PY - <<'PY'
 import json, os, random
 out = os.environ["DEMO_DATA"]; os.makedirs(out, exist_ok=True)
 words = "the model reads long sequences of ordinary words to keep the accelerator busy".split()
 rng = random.Random(0)
-with open(f"{out}/long.jsonl", "w") as f:
-    for _ in range(600):
-        f.write(json.dumps({"instruction": "Continue the text.", "input": "",
-                            "output": " ".join(rng.choice(words) for _ in range(1200))}) + "\n")
+for name, lengths in (("long", lambda: 1200), ("mixed", lambda: rng.choice([40, 120, 300, 700]))):
+    with open(f"{out}/{name}.jsonl", "w") as f:
+        for _ in range(600):
+            f.write(json.dumps({"instruction": "Continue the text.", "input": "",
+                                "output": " ".join(rng.choice(words) for _ in range(lengths()))}) + "\n")
 PY
 
-echo "== train: 1 GPU, bf16, llama-1b"
-timeout 420 $PY -m scaletrain train benchmarks/gpu_check.yaml output.output_dir="$OUT/runs" --no-progress \
-  ${GPU_CHECK_TRAIN_ARGS:-} 2>&1 | tail -25
-RUN=$(ls -d "$OUT"/runs/gpu_check-* 2>/dev/null | tail -1)
-if [ -n "$RUN" ]; then
-  $PY - "$RUN" <<'PY'
-import json, statistics, sys
-recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
-train = [r for r in recs if r["kind"] == "train"][1:]
-if train:
-    print("tokens/s (median):", round(statistics.median(r["throughput/tokens_per_s"] for r in train)))
-    print("step time s (median):", round(statistics.median(r["time/step_s"] for r in train), 4))
-    mfus = [r["perf/mfu"] for r in train if "perf/mfu" in r]
-    print("MFU (median):", f"{statistics.median(mfus):.1%}" if mfus else "n/a (unknown device)")
-    peaks = [r["memory/peak_gib"] for r in recs if "memory/peak_gib" in r]
-    print("peak memory GiB:", round(max(peaks), 2) if peaks else "n/a (no GPU memory statistics)")
-try:
-    s = json.load(open(sys.argv[1] + "/summary.json"))
-    p = s.get("memory/predicted", {})
-    print("plan vs measured peak: predicted", round((p.get("peak", 0) - p.get("overhead", 0)) / 2**30, 2),
-          "GiB (+", round(p.get("overhead", 0) / 2**30, 2), "GiB runtime), measured",
-          round(s["memory/peak_bytes"] / 2**30, 2), "GiB,", s.get("memory/measured_as"), "; ratio",
-          round(s["memory/predicted_over_measured"], 3) if s.get("memory/predicted_over_measured") else "n/a")
-    print("precision:", ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in s.items()
-                                  if k.startswith("precision/")))
-    for what, key in (("parameters", "memory/param_bytes_per_rank"), ("optimizer", "memory/optimizer_bytes_per_rank")):
-        held = max(s.get(key) or [0])
-        print(f"{what} held per rank {held / 2**30:.2f} GiB, plan {p.get(what, 0) / 2**30:.2f} GiB")
-except (OSError, KeyError, ValueError) as e:
-    print("plan vs measured peak: n/a", type(e).__name__, e)
+echo "== models: built from a config, saved in bf16"
+MODELS="$OUT/models"
+if timeout "$(left 120)" $PY benchmarks/gpu_models.py "$MODELS" ${GPU_CHECK_SMALL:+--small} | tee "$OUT/models.txt"; then
+  printf 'models\tok\t%s\n' "$(tr '\n' ';' < "$OUT/models.txt")" >> "$TABLE"
+else
+  failed models "exit $?"
+fi
+
+# train PART TIMEOUT key=value...: one run; its figures printed, kept in OUT/PART.txt and the table.
+train() {
+  local part=$1 limit=$2; shift 2
+  echo "== $part"
+  timeout "$(left "$limit")" $PY -m scaletrain train benchmarks/gpu_check.yaml output.output_dir="$OUT/runs" \
+    output.run_name="$part" --no-progress "$@" ${GPU_CHECK_TRAIN_ARGS:-} > "$OUT/$part.log" 2>&1
+  local rc=$?
+  tail -8 "$OUT/$part.log"
+  if [ "$rc" -ne 0 ] || [ ! -f "$OUT/runs/$part/metrics.jsonl" ]; then
+    failed "$part" "exit $rc; see $part.log"
+    return
+  fi
+  $PY benchmarks/gpu_figures.py "$OUT/runs/$part" "$part" "$TABLE" | tee "$OUT/$part.txt"
+}
+
+train full 150 model.name_or_path="$MODELS/llama-1b"
+cp "$OUT/runs/full/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null
+train lora 110 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora
+train padded 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora data.train_file="$DEMO_DATA/mixed.jsonl"
+train packed 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora data.train_file="$DEMO_DATA/mixed.jsonl" \
+  data.packing=true
+train plain-loss 70 model.name_or_path="$MODELS/llama-128k" train.loss_chunk_tokens=0 data.max_length=2048 \
+  train.per_device_train_batch_size=4
+train chunked-loss 70 model.name_or_path="$MODELS/llama-128k" data.max_length=2048 train.per_device_train_batch_size=4
+train fsdp 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora train.strategy=fsdp train.max_steps=10
+
+echo "== plain-loop: the LoRA step in a plain PyTorch + PEFT loop"
+PLAIN_ARGS=${GPU_CHECK_PLAIN_ARGS:-"1024 8 20"}
+if timeout "$(left 90)" $PY benchmarks/gpu_plain_loop.py "$MODELS/llama-1b" "$DEMO_DATA/long.jsonl" $PLAIN_ARGS \
+    > "$OUT/plain-loop.txt" 2>&1; then
+  cat "$OUT/plain-loop.txt" | tail -1
+  $PY - "$OUT" "$TABLE" <<'PY'
+import re, sys
+from pathlib import Path
+out, table = Path(sys.argv[1]), sys.argv[2]
+plain = float(re.search(r"plain tokens/s \(median\): (\d+)", (out / "plain-loop.txt").read_text()).group(1))
+lora = out / "lora.txt"
+ours = re.search(r"lora tokens/s: (\d+)", lora.read_text()) if lora.is_file() else None
+ratio = f"{float(ours.group(1)) / plain:.3f}" if ours and plain else "n/a (no lora figure)"
+print(f"scaletrain lora / plain loop tokens/s: {ratio} (target >= 0.97)")
+with open(table, "a") as f:
+    f.write(f"plain-loop\tok\tplain tokens/s {plain:.0f}; scaletrain/plain {ratio}\n")
 PY
-  cp "$RUN/metrics.jsonl" "$OUT/metrics.jsonl" 2>/dev/null
+else
+  failed plain-loop "exit $?; see plain-loop.txt"
 fi
 
 if [ "$GPUS" -ge 2 ]; then
   echo "== commbench: $GPUS GPUs"
-  timeout 240 $PY -m scaletrain commbench -n "$GPUS" -c all_reduce,all_gather -b 1M -e 1G -f 4 | tee "$OUT/commbench.txt"
+  if timeout "$(left 200)" $PY -m scaletrain commbench -n "$GPUS" -c all_reduce,all_gather -b 1M -e 1G -f 4 \
+      | tee "$OUT/commbench.txt"; then
+    printf 'commbench\tok\tsee commbench.txt\n' >> "$TABLE"
+  else
+    failed commbench "exit $?"
+  fi
 else
   echo "== commbench: skipped, $GPUS GPU(s) (a collective needs 2 ranks)"
 fi
+
+echo "== summary ($SECONDS s; every figure is in $OUT)"
+column -t -s "$(printf '\t')" "$TABLE" 2>/dev/null || cat "$TABLE"

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,12 @@ def make_bucket(endpoint: str, name: str) -> str:
 
     fsspec.filesystem("s3", endpoint_url=endpoint, skip_instance_cache=True).mkdir(name)
     return name
+
+
+# A start-up phase line (launch/phases.py): "  1.1 s config checked: ...". They may come before an error line.
+PHASE_LINE = re.compile(r"^\s*\d+\.\d s \S")
+
+
+def without_phases(text: str) -> list[str]:
+    """The non-empty lines of a command's output other than its start-up phase lines."""
+    return [ln for ln in text.splitlines() if ln.strip() and not PHASE_LINE.match(ln)]

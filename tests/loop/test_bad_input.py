@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_config
+from tests.conftest import without_phases, write_config
 
 
 def run_cli(*args, cwd=None):
@@ -19,10 +19,12 @@ def run_cli(*args, cwd=None):
 
 
 def one_line(proc, *needles, absent=()):
-    """Exactly one line on stderr (no library log line before it), the error, with every needle in it."""
+    """Exactly one line on stderr besides the start-up phases it got through (no library log line before it),
+    the error, last, with every needle in it."""
     assert proc.returncode != 0, proc.stdout
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    lines = without_phases(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert proc.stderr.rstrip().endswith(lines[0]), proc.stderr
     for n in needles:
         assert n in lines[0], lines[0]
     for n in absent:

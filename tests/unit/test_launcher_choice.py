@@ -16,6 +16,7 @@ def _cfg(classify_cfg, **sections):
 def no_cluster(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr("scaletrain.launch.warm.cluster.current", lambda: None)
+    monkeypatch.setattr("scaletrain.launch.launcher.ray_running", lambda: False)  # (the suite's shared Ray)
 
 
 def test_one_local_worker_runs_under_torchrun_and_says_so(classify_cfg):
@@ -39,10 +40,13 @@ def test_what_asks_for_ray_gets_ray(classify_cfg, sections):
     assert chosen.scaling.launcher == "ray" and note is None
 
 
-def test_an_address_in_the_environment_or_a_warm_cluster_gets_ray(classify_cfg, monkeypatch):
+def test_an_address_a_warm_cluster_or_a_running_ray_gets_ray(classify_cfg, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "head:6379")
     assert choose_launcher(_cfg(classify_cfg))[0].scaling.launcher == "ray"
     monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr("scaletrain.launch.launcher.ray_running", lambda: True)
+    assert choose_launcher(_cfg(classify_cfg))[0].scaling.launcher == "ray"
+    monkeypatch.setattr("scaletrain.launch.launcher.ray_running", lambda: False)
     monkeypatch.setattr("scaletrain.launch.warm.cluster.current", lambda: object())
     assert choose_launcher(_cfg(classify_cfg))[0].scaling.launcher == "ray"
 

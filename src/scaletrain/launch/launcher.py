@@ -66,16 +66,21 @@ def ray_reasons(cfg: Config) -> list[str]:
         ("chaos", ft.chaos is not None), ("a cluster address", bool(s.address or envvars.read(envvars.RAY_ADDRESS))),
         ("object storage", "://" in cfg.output.output_dir)) if asked]
     if not reasons:
-        import sys
-
         from scaletrain.launch.warm.cluster import current
 
-        joined = sys.modules.get("ray")
-        if joined is not None and joined.is_initialized():
+        if ray_running():
             reasons.append("the Ray this process runs (scale, parity, a notebook)")
         elif current() is not None:
             reasons.append("the warm cluster of scaletrain up")
     return reasons
+
+
+def ray_running() -> bool:
+    """This process has joined or started a Ray (without importing ray when it has not)."""
+    import sys
+
+    joined = sys.modules.get("ray")
+    return joined is not None and joined.is_initialized()
 
 
 def choose_launcher(cfg: Config) -> tuple[Config, str | None]:

@@ -30,7 +30,8 @@ def test_gpu_check_script_on_cpu(tmp_path):
                           text=True, timeout=400)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
-    for section in ("== env", "== topo", "== GPUs: 0", "== train", "== commbench: skipped, 0 GPU(s)"):
+    for section in ("== env", "== topo", "== GPUs: 0", "== models", "== full", "== lora", "== fsdp", "== plain-loop",
+                    "== commbench: skipped, 0 GPU(s)"):
         assert section in text, section
     import torch
 

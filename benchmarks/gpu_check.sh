@@ -87,6 +87,10 @@ train lora 110 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora
 train padded 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora data.train_file="$DEMO_DATA/mixed.jsonl"
 train packed 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora data.train_file="$DEMO_DATA/mixed.jsonl" \
   data.packing=true
+if $PY -c "import flash_attn" 2>/dev/null; then  # said, not measured: scaletrain has no option for it yet
+  echo "== flash-attention is installed; packing here runs per-example SDPA (no flash varlen option in scaletrain yet)"
+  printf 'flash-attn\tnot measured\tinstalled; no scaletrain option selects its varlen path yet\n' >> "$TABLE"
+fi
 train plain-loss 70 model.name_or_path="$MODELS/llama-128k" train.loss_chunk_tokens=0 data.max_length=2048 \
   train.per_device_train_batch_size=4
 train chunked-loss 70 model.name_or_path="$MODELS/llama-128k" data.max_length=2048 train.per_device_train_batch_size=4

@@ -286,3 +286,10 @@ def test_watch_of_a_uri_shows_the_run_as_the_store_has_it(s3_server, tmp_path, m
     out = capsys.readouterr().out
     assert "workers up: 2 x cpu" in out and "latest train rank 0: step 3: loss=0.5" in out
     assert (tmp_path / ".cache" / "scaletrain" / "mirror" / "s3" / "watch" / "runs" / "w" / RunDir.METRICS).is_file()
+
+
+def test_a_last_upload_that_fails_is_said_not_raised_over_the_runs_outcome(s3_server, tmp_path):
+    (tmp_path / RunDir.METRICS).write_text("{}\n")
+    mirror = Mirror(tmp_path, Store.of("s3://gone/runs/r", "http://127.0.0.1:9"), 30)
+    failed = mirror.close()
+    assert failed is not None and "nothing answers at http://127.0.0.1:9" in failed

@@ -137,8 +137,9 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
         finish_final(cfg, run_dir, tokenizer, precision.compute)
     finally:
         close_trackers(trackers, run_dir)  # the report, plots and final/ as the trackers' files, then their end
-        if mirror is not None:
-            mirror.close()  # everything on the store, however the run ended
+        if mirror is not None and (failed := mirror.close()):  # everything on the store, however the run ended
+            console.print(f"[yellow]warning[/]: the run's last files did not reach {store} ({escape(failed)}); "
+                          f"they are in {run_dir}", soft_wrap=True)
     return JobResult(run_dir, json.loads(rd.summary.read_text()))
 
 

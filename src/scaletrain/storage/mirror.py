@@ -197,8 +197,14 @@ class Mirror:
         self._thread.start()
         return self
 
-    def close(self) -> None:
+    def close(self) -> str | None:
+        """Stop the thread and upload what is left; what went wrong, if the last upload failed (said by the
+        caller, never raised over the run's own outcome)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.sync()
+        try:
+            self.sync()
+        except Exception as e:  # noqa: BLE001 - each backend raises its own types; all are worded here
+            return explain(e, self.store)
+        return None

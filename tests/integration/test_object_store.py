@@ -23,7 +23,7 @@ from scaletrain.storage.relay import Forwarder, Relay
 from scaletrain.storage.uri import Store, probe
 from tests.conftest import S3_SECRET, make_bucket, without_phases
 
-pytestmark = pytest.mark.loop
+# The integration tier: an S3 API server (moto) and CLI subprocesses, no Ray.
 
 CTX = DistContext(0, 0, 1, 1, 0, "cpu", "gloo")
 

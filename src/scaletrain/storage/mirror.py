@@ -61,9 +61,10 @@ def check_remote_output(output_dir: str, run_name: str | None, storage_cfg) -> S
 
 def create_remote_run(output_dir: str, run_name: str | None, config_path: str | Path, storage_cfg) -> Path:
     """A fresh run on the store and its local mirror; returns the mirror. Neither may exist yet (no run is
-    overwritten, in the store or here). An object store has no atomic mkdir: the name is checked, then taken by
-    writing store.json beside the mirror and the resolved config to the store at once (two drivers starting the
-    same run name in the same second is the one race left)."""
+    overwritten, in the store or here). An object store has no atomic mkdir: the name is checked, then taken here
+    by the mirror (its store.json); the store gets the run's files with the mirror's first upload, before any
+    worker starts (two drivers on two machines choosing the same name before either uploads is the one race
+    left)."""
     parent = Store.of(output_dir, storage_cfg.endpoint_url)
     base = mirror_base(storage_cfg, parent)
     names = [run_name] if run_name else [default_run_name(config_path)] + [

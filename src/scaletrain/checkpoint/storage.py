@@ -247,8 +247,8 @@ class ObjectStorage:
         return None
 
     def dcp_writer(self, path: Path):
-        # DCP's fsspec writer is public in torch.distributed.checkpoint only from 2.x's _fsspec_filesystem module;
-        # each rank writes its own shard file straight to the store.
+        # DCP's fsspec writer (torch 2.13 does not re-export it from torch.distributed.checkpoint, hence the
+        # module path): each rank writes its own shard file straight to the store.
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         return FsspecWriter(self.describe(path), **self.store.options())

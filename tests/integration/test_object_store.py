@@ -131,7 +131,7 @@ def test_the_relay_writes_what_workers_send_and_tells_them_to_stop(tmp_path):
     w.metrics.write_text('{"step": 1}\n{"step": 2')  # the second line is still being written
     w.summary.write_text("{}")
     restarted = Forwarder(local, relay.push)  # what an earlier process of this rank left here, it sent
-    assert set(restarted.sent) == {RunDir.METRICS, RunDir.SUMMARY} and restarted.pending() == []
+    assert set(restarted.sent) == {RunDir.METRICS, RunDir.SUMMARY} and restarted.pending() == ([], {})
     fwd = Forwarder(local, relay.push)
     fwd.sent.clear()  # a first start: nothing sent yet
     fwd.send()
@@ -144,6 +144,18 @@ def test_the_relay_writes_what_workers_send_and_tells_them_to_stop(tmp_path):
     assert m.worker_log(0).read_text() == "line\n"
     fwd.send()
     assert m.metrics.read_text().count("\n") == 3  # nothing new, nothing sent twice
+    with open(w.metrics, "a") as f:
+        f.write('{"step": 4}\n')
+
+    def unreachable(items):
+        raise ConnectionError("the driver is restarting")
+
+    fwd.push = unreachable
+    with pytest.raises(ConnectionError):
+        fwd.send()
+    fwd.push = relay.push  # the next round sends what the failed one could not
+    fwd.send()
+    assert m.metrics.read_text().endswith('{"step": 3}\n{"step": 4}\n')
     assert not w.stop.exists()
     m.stop.write_text("SIGTERM")
     fwd.send()

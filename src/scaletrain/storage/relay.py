@@ -88,8 +88,9 @@ class Forwarder:
             if rel.split("/", 1)[0] not in RunDir.NOT_FORWARDED and p.is_file() and not RunDir.is_partial(p.name):
                 yield rel, p.stat()
 
-    def pending(self, final: bool = False) -> list[tuple[str, str, bytes]]:
-        items = []
+    def pending(self, final: bool = False) -> tuple[list[tuple[str, str, bytes]], dict]:
+        """What to send, and what will count as sent once the relay has it."""
+        items, sent = [], {}
         for rel, st in self._files():
             size, mtime, offset = self.sent.get(rel, (-1, -1, 0))
             if (st.st_size, st.st_mtime_ns) == (size, mtime):
@@ -104,15 +105,17 @@ class Forwarder:
                 if data:
                     items.append((rel, "a", data))
                 done = offset + len(data)  # all of it sent: unchanged until it grows; else look again next round
-                self.sent[rel] = (st.st_size, st.st_mtime_ns, done) if done == st.st_size else (-1, -1, done)
+                sent[rel] = (st.st_size, st.st_mtime_ns, done) if done == st.st_size else (-1, -1, done)
             else:
                 items.append((rel, "w", path.read_bytes()))
-                self.sent[rel] = (st.st_size, st.st_mtime_ns, st.st_size)
-        return items
+                sent[rel] = (st.st_size, st.st_mtime_ns, st.st_size)
+        return items, sent
 
     def send(self, final: bool = False) -> None:
         t0 = time.perf_counter()
-        stop = self.push(self.pending(final))
+        items, sent = self.pending(final)
+        stop = self.push(items)  # a failed send sends the same again next round: nothing is lost
+        self.sent.update(sent)
         self.sends += 1
         self.busy_s += time.perf_counter() - t0
         if stop:

@@ -6,8 +6,10 @@ import pytest
 
 from scaletrain.metrics.flops import device_key, flops_per_token, mfu, peak_tflops
 from scaletrain.scaling.parity import compare, verdict
-from scaletrain.scaling.predict import PROFILES, BusCurve, Inputs, allgather_s, allreduce_s, step, table
+from scaletrain.scaling.predict import BusCurve, Inputs, allgather_s, allreduce_s, step, table
+from scaletrain.scaling.profiles import PROFILES, missing, profile_for
 from scaletrain.scaling.sweep import add_speedup, write_outputs
+from tests.conftest import reference_file
 
 
 def test_flops_per_token_by_hand():
@@ -123,3 +125,71 @@ def test_zero3_gathers_parameters_in_every_micro_batch():
     gather = 40e6 * 0.75 / 1e10
     assert one["comm_s"] == pytest.approx(3 * gather)
     assert four["comm_s"] == pytest.approx(2 * 4 * gather + gather)  # gathers per micro-batch, one reduce
+
+
+@pytest.mark.parametrize("profile,side,name", [
+    ("mi300x", "intra", "rccl-tests-all_reduce_perf-8xMI300X.txt"),
+    ("mi300x", "inter", "rccl-tests-all_reduce_perf-2node-16xMI300X.txt"),
+    ("h100-sxm", "inter", "nccl-tests-all_reduce_perf-2node-16xH100.txt"),
+    ("pcie", "intra", "nccl-tests-all_reduce_perf-2xRTX2080Ti.txt"),
+])
+def test_measured_profile_curves_are_the_reference_outputs_rows(profile, side, name):
+    from scaletrain.comm.bench import parse_nccl_tests
+
+    rows = {r["size"]: r["busbw"] for r in parse_nccl_tests(reference_file(name).read_text())}
+    points = PROFILES[profile][side].points
+    assert len(points) >= 4
+    assert all(rows[size] == pytest.approx(bw) for size, bw in points)  # copied, out-of-place busbw
+
+
+def test_every_device_people_use_has_a_profile_with_its_source_and_the_rest_say_how_to_measure():
+    for key in ("MI300X", "MI325X", "H100-SXM", "H200", "A100"):
+        p = profile_for(key)
+        assert p and p["source"] and p["gpus_per_node"] == 8
+        sizes = [s for s, _ in p["intra"].points]
+        assert sizes == sorted(sizes) and all(bw > 0 for _, bw in p["intra"].points)
+    assert profile_for("h100-sxm") is PROFILES["h100-sxm"]
+    assert PROFILES["mi325x"]["topology"] == "full-mesh" and PROFILES["h100-sxm"]["topology"] == "switch"
+    # the plateaus the sources give: 370 GB/s ring on 8 H100 (scaled ramp), 200 on 8 A100, 316.88 on 8 MI325X
+    assert PROFILES["h100-sxm"]["intra"].busbw(8 << 30) == pytest.approx(370 * 304.96 / 315.69, rel=1e-3)
+    assert PROFILES["a100"]["inter"].busbw(1 << 30) == 96.0
+    assert PROFILES["h200"]["intra"] is PROFILES["h100-sxm"]["intra"]
+    for key in ("MI250X-GCD", "H100-PCIE", "B200"):
+        assert profile_for(key) is None
+        assert "commbench" in missing(key) and key in missing(key)
+
+
+def test_nvidia_devices_no_longer_scale_perfectly_for_any_job():
+    """The issue: every device but MI300X got 8.00x / 100% for any job (compute only)."""
+    for name in ("h100-sxm", "h200", "a100", "mi325x"):
+        p = PROFILES[name]
+        inp = Inputs(compute_s=0.5, grad_bytes=8e9 * 2, intra=p["intra"], inter=p["inter"], overlap=0.8,
+                     topology=p["topology"])
+        rows = {r["workers"]: r for r in table(inp, [1, 8, 16])}
+        assert rows[8]["efficiency"] < 1.0 and rows[16]["efficiency"] < rows[8]["efficiency"]
+    # a PCIe box without P2P scales far worse than NVSwitch on the same job (1B parameters, fp32 gradients)
+    pcie = Inputs(compute_s=0.5, grad_bytes=4e9, intra=PROFILES["pcie"]["intra"])
+    nvs = Inputs(compute_s=0.5, grad_bytes=4e9, intra=PROFILES["h100-sxm"]["intra"])
+    assert table(pcie, [8])[0]["efficiency"] < 0.5 * table(nvs, [8])[0]["efficiency"]
+
+
+def test_plan_times_an_nvidia_job_with_its_profile_and_names_the_missing_ones(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    from scaletrain.cli import main
+
+    d = tmp_path / "llama1b"
+    LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                num_attention_heads=16, num_key_value_heads=4).save_pretrained(d)  # config.json only
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{name_or_path: {d}, task: causal-lm, finetuning_type: full}}\n"
+                   f"data: {{train_file: x.jsonl, max_length: 2048}}\ntrain: {{strategy: ddp, bf16: true}}\n")
+    timing = {}
+    for device in ("h100", "mi250x"):
+        assert main(["plan", str(cfg), "--device", device, "--gpus", "1,8,16", "--json"]) == 0
+        timing[device] = json.loads(capsys.readouterr().out)["timing"]
+    h100 = {r["workers"]: r for r in timing["h100"]}
+    assert h100[1]["speedup"] == 1.0 and h100[8]["speedup"] < 8 and h100[16]["efficiency"] < h100[8]["efficiency"]
+    assert h100[16]["nodes"] == 2 and h100[16]["exposed_comm_s"] > 0
+    assert all(r["note"].startswith("compute only: no network profile for MI250X") and "commbench" in r["note"]
+               for r in timing["mi250x"])

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.memory.estimate import GIB, estimate
     from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
     from scaletrain.model import plan_vocab
-    from scaletrain.scaling.predict import PROFILES, Inputs, table
+    from scaletrain.scaling.predict import Inputs, table
+    from scaletrain.scaling.profiles import missing, profile_for
 
     cfg = load_config(args.config, args.overrides)
     sizes = parse_workers(args.gpus, "--gpus")
@@ -62,16 +63,15 @@ def run(args: argparse.Namespace) -> int:
     compute = step_time_s(cfg, shape, device, dtype)
     timing = []
     if compute is not None:
-        profile = PROFILES.get(device.key.lower())
+        profile = profile_for(device.key)
         if profile:
             grads = shape.trainable * 4
             inp = Inputs(compute_s=compute, grad_bytes=grads, intra=profile["intra"], inter=profile["inter"],
-                         gpus_per_node=args.gpus_per_node, strategy=cfg.train.strategy,
+                         gpus_per_node=args.gpus_per_node, strategy=cfg.train.strategy, topology=profile["topology"],
                          param_bytes=shape.total * (2 if dtype != "fp32" else 4), n_layers=max(1, shape.layers))
             timing = table(inp, sizes)
         else:
-            timing = [{"workers": n, "step_time_s": compute, "note": f"compute only: no network profile for "
-                                                                     f"{device.key} (scaletrain predict --commbench)"}
+            timing = [{"workers": n, "step_time_s": compute, "note": f"compute only: {missing(device.key)}"}
                       for n in sizes]
     interval = save_steps_for(args, cfg, shape, compute) if args.mtbf_hours is not None else None
     if args.json:

@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--param-bytes", type=float, default=0.0, help="FSDP: parameter bytes gathered per pass")
     p.add_argument("--samples-per-step", type=float, help="samples per step per device (for samples/s)")
     net = p.add_argument_group("network (one of)")
-    net.add_argument("--profile", help="a named hardware profile: mi300x")
+    net.add_argument("--profile", help="a named hardware profile: mi300x, mi325x, h100-sxm, h200, a100, pcie "
+                     "(sources in scaletrain/scaling/profiles.py)")
     net.add_argument("--commbench", help="commbench.json (from commbench --out) for links inside a node")
     p.add_argument("--inter-commbench", help="commbench.json measured across nodes")
     p.add_argument("--gpus", default="1,2,4,8", help="device counts to predict")
@@ -67,7 +68,8 @@ def _check_numbers(args) -> None:
 def inputs_from_args(args):
     from scaletrain.metrics.records import read_jsonl
     from scaletrain.rundir import RunDir
-    from scaletrain.scaling.predict import PROFILES, Inputs
+    from scaletrain.scaling.predict import Inputs
+    from scaletrain.scaling.profiles import PROFILES
 
     _check_numbers(args)
     grad_bytes, samples = args.grad_bytes, args.samples_per_step

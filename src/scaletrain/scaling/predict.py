@@ -55,20 +55,7 @@ class BusCurve:
         return cls(tuple(pts))
 
 
-# Named hardware profiles. Curve points are busbw (GB/s) of rccl-tests all_reduce_perf, float, out-of-place:
-# - mi300x intra: 8x MI300X in one node over XGMI, hisohara/ai-scripts@7b8b1ec2 training/01_rccl-smoketest
-#   ("RCCL Tests with MPI (AAC8 Kubernetes)"), rows 1 MiB .. 256 MiB.
-# - mi300x inter: 2 nodes x 8 MI300X, 8 mlx5 RoCE NICs per node (same file, "AAC10 MI300X Slurm").
-PROFILES: dict[str, dict] = {
-    "mi300x": {
-        "gpus_per_node": 8,
-        "intra": BusCurve(((1 << 20, 64.64), (4 << 20, 138.60), (16 << 20, 195.85), (32 << 20, 238.45),
-                           (64 << 20, 271.51), (256 << 20, 304.96))),
-        "inter": BusCurve(((16 << 20, 63.26), (32 << 20, 106.58), (64 << 20, 153.10), (256 << 20, 293.75))),
-        "topology": "full-mesh",
-        "source": "rccl-tests all_reduce_perf on 8x and 2x8 MI300X (hisohara/ai-scripts, RCCL 2.22)",
-    },
-}
+# Named hardware profiles (curves with their sources) live in profiles.py.
 
 
 def allreduce_s(size: float, n: int, curve: BusCurve) -> float:

@@ -125,3 +125,57 @@ def test_the_plan_counts_the_logits_with_and_without_chunking(tmp_path):
     assert plain.phase == "eval" and plain.activations >= 2 * 16 * logits  # 16 sequences' logits and softmax
     assert chunked.phase != "eval" and chunked.activations * 4 <= plain.activations
     assert plan(512).activations < plain.activations - logits  # neither the logits' gradient nor the log-softmax
+
+
+def test_the_loss_backend_is_liger_only_where_it_is_installed_and_a_gpu_runs_it():
+    from scaletrain.worker.loss import choose_backend
+
+    assert choose_backend("auto", installed=True, on_gpu=True) == "liger"
+    assert choose_backend("auto", installed=True, on_gpu=False) == "chunked"  # Triton kernels: GPUs only
+    assert choose_backend("auto", installed=False, on_gpu=True) == "chunked"
+    assert choose_backend("chunked", installed=True, on_gpu=True) == "chunked"
+    assert choose_backend("liger", installed=True, on_gpu=True) == "liger"
+    with pytest.raises(ConfigError, match=r"^train.loss_backend=liger: liger-kernel is not installed.*kernels"):
+        choose_backend("liger", installed=False, on_gpu=True)
+    with pytest.raises(ConfigError, match=r"^train.loss_backend=liger: .*GPUs only.*loss_backend=chunked"):
+        choose_backend("liger", installed=True, on_gpu=False)
+
+
+def test_the_liger_backend_gets_only_the_target_rows_and_sums_as_ours(monkeypatch):
+    """liger-kernel needs Triton and a GPU: a stand-in with its module path and call signature (weight, input,
+    target, bias) computes the plain cross-entropy, so what the output layer hands it is checked here."""
+    import sys
+    import types
+
+    calls = []
+
+    class FakeLiger(torch.nn.Module):
+        def __init__(self, ignore_index=-100, reduction="mean"):
+            super().__init__()
+            self.ignore_index, self.reduction = ignore_index, reduction
+
+        def forward(self, lin_weight, _input, target, bias=None):
+            calls.append((self.ignore_index, self.reduction, tuple(_input.shape), int((target < 0).sum())))
+            logits = torch.nn.functional.linear(_input, lin_weight, bias).float()
+            return torch.nn.functional.cross_entropy(logits, target, ignore_index=self.ignore_index,
+                                                     reduction=self.reduction)
+
+    package = types.ModuleType("liger_kernel")
+    package.transformers = types.ModuleType("liger_kernel.transformers")
+    package.transformers.LigerFusedLinearCrossEntropyLoss = FakeLiger
+    monkeypatch.setitem(sys.modules, "liger_kernel", package)
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", package.transformers)
+
+    batch, labels = _batch(packed=False)
+    sums = {}
+    for backend in ("chunked", "liger"):
+        model = _llama()
+        install(model, 7, backend)
+        with chunked_labels(model, labels):
+            sums[backend] = model(**batch).logits
+        sums[backend].backward()
+        sums[backend + " grad"] = model.lm_head.weight.grad.clone()
+    targets = int((labels[:, 1:] != IGNORE_INDEX).sum())
+    assert calls == [(IGNORE_INDEX, "sum", (targets, 32), 0)]  # only the target positions, no ignored label
+    assert sums["liger"].item() == pytest.approx(sums["chunked"].item(), rel=1e-5)
+    torch.testing.assert_close(sums["liger grad"], sums["chunked grad"], rtol=1e-4, atol=1e-6)

@@ -212,6 +212,9 @@ class TrainConfig(_Section):
     # [tokens x vocab] logits never exist (worker/loss.py); unset: chosen from the vocabulary (chunks from 32k
     # tokens up); 0: the plain loss
     loss_chunk_tokens: Optional[int] = Field(None, ge=0)
+    # How the chunked loss runs: auto = Liger's fused linear cross-entropy where liger-kernel is installed
+    # (scaletrain[kernels]) and the worker has a GPU, else scaletrain's own chunks; chunked; liger (required).
+    loss_backend: Literal["auto", "chunked", "liger"] = "auto"
     bf16: bool = False
     fp16: bool = False
     logging_steps: int = Field(10, ge=1)

@@ -25,6 +25,7 @@ from scaletrain.model import (
     packing_support_error,
 )
 from scaletrain.precision import Policy, final_dtype, policy
+from scaletrain.worker.loss import LIGER_FIX, liger_installed
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ def preflight(cfg: Config) -> Preflight:
     check_lora_target(cfg.model, vocab)
     if cfg.data.packing and (why := packing_support_error(cfg.model, vocab)):
         raise ConfigError(f"data.packing: {why}")
+    if cfg.train.loss_backend == "liger" and not liger_installed():
+        raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
     data = prepare_data(cfg, tokenizer)
     cfg = data.resolve(cfg)
     if (saved := head_mismatch(cfg.model)) is not None:

@@ -58,18 +58,51 @@ def is_installed(model) -> bool:
         return False
 
 
-def install(model, chunk_tokens: int) -> None:
-    """Give the model's output layer the chunked loss (see the module's docstring)."""
+LIGER_FIX = "pip install 'scaletrain[kernels]' (liger-kernel), or set train.loss_backend=chunked"
+
+
+def liger_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def choose_backend(asked: str, installed: bool, on_gpu: bool) -> str:
+    """``train.loss_backend`` resolved on a worker: Liger's fused kernel (Triton: GPUs only) or our chunks."""
+    if asked == "chunked" or (asked == "auto" and not (installed and on_gpu)):
+        return "chunked"
+    if not installed:
+        raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed; {LIGER_FIX}")
+    if not on_gpu:
+        raise ConfigError("train.loss_backend=liger: Liger's kernels run on GPUs only and this worker has none; "
+                          "set train.loss_backend=chunked (or auto)")
+    return "liger"
+
+
+def install(model, chunk_tokens: int, backend: str = "chunked") -> None:
+    """Give the model's output layer the chunked loss (see the module's docstring), computed by our chunks or by
+    Liger's fused linear cross-entropy (``backend``, from ``choose_backend``)."""
     head = output_layer(model)
-    head.chunk_tokens, head.labels = chunk_tokens, None
+    head.chunk_tokens, head.labels, head.loss_backend = chunk_tokens, None, backend
     plain = head.forward
+    fused = _liger_loss() if backend == "liger" else None
 
     def forward(self, hidden):
         if self.labels is None:
             return plain(hidden)
+        if fused is not None:
+            rows, targets = target_rows(hidden, self.labels)
+            return fused(self.weight, rows, targets, self.bias).float()
         return chunked_loss_sum(hidden, self.weight, self.bias, self.labels, self.chunk_tokens)
 
     head.forward = types.MethodType(forward, head)
+
+
+def _liger_loss():
+    """Liger's module, summing over the target tokens as ours does (the step divides by the global count)."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 @contextlib.contextmanager
@@ -87,14 +120,19 @@ def chunked_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias, labels: t
                      chunk_tokens: int) -> torch.Tensor:
     """Sum of the next-token cross-entropies of ``labels`` ([B, T]) over the target tokens, from the final hidden
     states ([B, T, H]); the same number as ``token_loss_sum(lm_head(hidden), labels)``."""
-    targets = labels[:, 1:]
-    mask = targets != IGNORE_INDEX
-    rows = hidden[:, :-1][mask]  # only the positions that predict a target: no logits for the rest either
+    rows, targets = target_rows(hidden, labels)
     if torch.is_autocast_enabled(hidden.device.type):
         dtype = torch.get_autocast_dtype(hidden.device.type)
     else:
         dtype = hidden.dtype
-    return _ChunkedCE.apply(rows, weight, bias, targets[mask], chunk_tokens, dtype)
+    return _ChunkedCE.apply(rows, weight, bias, targets, chunk_tokens, dtype)
+
+
+def target_rows(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states of the positions that predict a target, and those targets: no logits for the rest."""
+    targets = labels[:, 1:]
+    mask = targets != IGNORE_INDEX
+    return hidden[:, :-1][mask], targets[mask]
 
 
 class _ChunkedCE(torch.autograd.Function):

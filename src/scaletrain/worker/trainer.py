@@ -25,8 +25,8 @@ from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import build_model, count_parameters, preload, trained_model_config
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
+from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
 from scaletrain.worker.loss import install as install_chunked_loss
-from scaletrain.worker.loss import is_installed, model_vocab, output_layer
 from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
@@ -140,7 +140,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
     # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).
     if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
             chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):
-        install_chunked_loss(model, chunk)  # before wrapping: DDP and FSDP then see an ordinary output layer
+        backend = choose_backend(cfg.train.loss_backend, liger_installed(), ctx.device.startswith("cuda"))
+        install_chunked_loss(model, chunk, backend)  # before wrapping: DDP and FSDP see an ordinary output layer
     reference = frozen_reference(model, ctx, cfg, precision) if holds_reference(cfg.train, lora) else None
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)

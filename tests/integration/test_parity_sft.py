@@ -1,7 +1,7 @@
 """Causal-LM SFT with variable-length replies means the same objective on 1 and 2 workers: the loss is the sum of
 token losses over the optimizer step divided by the step's target tokens across every rank and micro-batch.
 1 worker x accumulation 4, 2 workers x accumulation 2 and 2 workers x batch/2 give the same curve (1e-5), for
-DDP and FSDP."""
+DDP and FSDP; and the chunked loss on 2 workers trains the same curve as the plain one."""
 
 import json
 
@@ -27,7 +27,7 @@ def _chat_rows(n: int) -> list[dict]:
             for i in range(n)]
 
 
-def _run(tmp_path, name, strategy, workers, batch, accum):
+def _run(tmp_path, name, strategy, workers, batch, accum, chunk=0):
     data = tmp_path / "sft.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps(r) for r in _chat_rows(256)))
@@ -35,7 +35,8 @@ def _run(tmp_path, name, strategy, workers, batch, accum):
         "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},
         "data": {"train_file": str(data), "eval_ratio": 0.0, "max_length": 64, "template": "alpaca"},
         "train": {"strategy": strategy, "per_device_train_batch_size": batch, "gradient_accumulation_steps": accum,
-                  "learning_rate": 2e-3, "max_steps": 6, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0},
+                  "learning_rate": 2e-3, "max_steps": 6, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0,
+                  "loss_chunk_tokens": chunk},
         "scaling": {"num_workers": workers},
         "monitor": {"report": False},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": name},
@@ -48,8 +49,11 @@ def test_one_and_two_workers_optimise_the_same_token_mean(tmp_path, ray_local, n
     one = _run(tmp_path, "1x4", strategy, workers=1, batch=4, accum=4)  # global batch 16
     two_accum = _run(tmp_path, "2x2", strategy, workers=2, batch=4, accum=2)
     two_half = _run(tmp_path, "2xhalf", strategy, workers=2, batch=2, accum=4)
+    # the chunked loss (the output layer sharded under FSDP, DDP's hooks on it) trains the plain path's curve
+    two_chunked = _run(tmp_path, "2x2-chunked", strategy, workers=2, batch=4, accum=2, chunk=16)
+    assert "loss in chunks of 16 tokens" in (two_chunked / "logs" / "main.log").read_text()
     reference = train_losses(one)
     assert len(reference) == 6 and reference[-1] < reference[0]
-    for other in (two_accum, two_half):
+    for other in (two_accum, two_half, two_chunked):
         result = compare(one, other)
         assert result["steps"] == 6 and result["max_rel_loss_diff"] < TOLERANCE, (result, train_losses(other))

@@ -193,7 +193,7 @@ def _no_data_dependent_checks():
 
 def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     """(the logits' gradient at the start of backward, what the loss keeps for backward, the evaluation's
-    peak): the whole fp32 logits on the plain path; one chunk's logits and softmax with the chunked loss
+    peak): the whole fp32 logits on the plain path; one chunk's logits (the softmax in place) with the chunked loss
     (worker/loss.py), which keeps none of them, and the gradients it computed in forward."""
     from scaletrain.config.batch import chunk_tokens_for, sequences_per_micro_batch
 
@@ -206,13 +206,13 @@ def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     if not chunk:  # cross-entropy's backward: the logits' gradient and the softmax it is made from
         return 2 * shape.logits, shape.act_loss, 2 * shape.eval_logits  # eval: the fp32 logits and their softmax
     eval_tokens = sequences_per_micro_batch(t, eval_batch=True) * seq
-    # one chunk's logits, logsumexp's temporary and the softmax made in place (measured: benchmarks/memory.py
-    # --part vocab); the gradients computed in forward wait for backward: the hidden states' (tokens x hidden)
-    # and, when the output layer trains, its weight's (fp32)
+    # one chunk's logits, turned into the softmax in place (measured: benchmarks/memory.py --part vocab); the
+    # gradients computed in forward wait for backward: the hidden states' (tokens x hidden) and, when the output
+    # layer trains, its weight's (fp32)
     vocab = per_token // BYTES_FP32
     head_trains = cfg.model.finetuning_type != "lora"
     held = tokens * shape.hidden * BYTES_FP32 + (vocab * shape.hidden * BYTES_FP32 if head_trains else 0)
-    return 3 * min(tokens, chunk) * per_token + held, 0, 2 * min(eval_tokens, chunk) * per_token
+    return min(tokens, chunk) * per_token + held, 0, min(eval_tokens, chunk) * per_token
 
 
 def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") -> Breakdown:

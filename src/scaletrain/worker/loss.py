@@ -138,7 +138,8 @@ def target_rows(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
 class _ChunkedCE(torch.autograd.Function):
     """Forward computes, chunk by chunk, the loss and already its gradients (d loss / d logits = softmax - onehot
     is known once the logits are): one matmul for the logits and two for the gradients per chunk, as the plain
-    path's forward and backward, with no chunk recomputed (Liger's fused linear cross-entropy does the same).
+    path's forward and backward, with no chunk recomputed (Liger's fused linear cross-entropy does the same), and
+    one chunk-sized tensor alive at a time.
     Backward only scales them by the incoming gradient (1 / the step's tokens). In evaluation (no grad) the
     gradients are skipped."""
 
@@ -157,20 +158,30 @@ class _ChunkedCE(torch.autograd.Function):
             for start in range(0, rows.shape[0], chunk_tokens):
                 chunk = rows[start:start + chunk_tokens]
                 t = targets[start:start + chunk_tokens]
+                # One chunk-sized tensor at a time: the logits become exp(logits - max) and then the softmax in
+                # place (torch.logsumexp would allocate two more of the chunk's size).
                 logits = _logits(chunk, w, bias, dtype)
-                lse = torch.logsumexp(logits, dim=-1)
-                total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+                picked = logits.gather(1, t[:, None]).squeeze(1)
+                peak = logits.amax(dim=-1, keepdim=True)
+                g = logits.sub_(peak).exp_()
+                norm = g.sum(dim=-1, keepdim=True)
+                total += (peak.squeeze(1) + norm.log().squeeze(1) - picked).sum()
+                del logits  # g is the same tensor; both names go before the next chunk's logits exist
                 if not grads:
+                    del g
                     continue
-                g = torch.exp_(logits.sub_(lse[:, None]))  # softmax, in place of the logits
+                g.div_(norm)  # the softmax; minus the one-hot target: d loss / d logits
                 g[torch.arange(len(t), device=g.device), t] -= 1
                 g = g.to(dtype)
                 if grad_rows is not None:
                     grad_rows[start:start + chunk_tokens] = (g @ w).to(rows.dtype)
-                if grad_weight is not None:
+                if grad_weight is not None and g.dtype == torch.float32:
+                    grad_weight.addmm_(g.t(), chunk.float())  # in place: no [vocab x hidden] product to add
+                elif grad_weight is not None:
                     grad_weight += (g.t() @ chunk.to(dtype)).float()
                 if grad_bias is not None:
                     grad_bias += g.float().sum(0)
+                del g
         ctx.save_for_backward(grad_rows, grad_weight, grad_bias)
         ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
         return total
@@ -178,7 +189,9 @@ class _ChunkedCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total):
         grad_rows, grad_weight, grad_bias = ctx.saved_tensors
-        scale = lambda g, dt: (g * grad_total).to(dt) if g is not None else None
+        # scaled in place: they were made in forward for this backward alone (a copy would be a second
+        # [vocab x hidden] gradient at the peak)
+        scale = lambda g, dt: g.mul_(grad_total).to(dt) if g is not None else None
         return (scale(grad_rows, grad_rows.dtype if grad_rows is not None else None),
                 scale(grad_weight, ctx.dtypes[0]), scale(grad_bias, ctx.dtypes[1]), None, None, None)
 

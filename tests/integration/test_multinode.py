@@ -43,3 +43,29 @@ def test_strict_spread_over_two_nodes(classify_cfg, tmp_path, s3_server):
     assert sorted(r for r, _ in nodes) == ["0", "1"]
     assert len({n for _, n in nodes}) == 2  # one rank per node
     assert "SCOPES [('all', 2, 0), ('inter', 2, 0)]" in proc.stdout  # commbench reports across-node numbers too
+
+
+def test_a_restart_after_a_likely_hardware_fault_runs_on_another_node(classify_cfg, tmp_path):
+    """One worker on a 2-node cluster fails with a GPU fault (injected: the ECC count a CPU cannot raise); the
+    restarted worker group leaves its node out, runs on the other one and finishes from the checkpoint."""
+    import os
+
+    cfg = json.loads(json.dumps(classify_cfg))
+    cfg["train"].update(max_steps=6, logging_steps=1)
+    cfg.update(checkpoint={"save_steps": 2}, fault_tolerance={"max_failures": 1},
+               output={"output_dir": str(tmp_path / "runs"), "run_name": "exclusion"})
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    env = {**os.environ, "SCALETRAIN_FAULTS": "ecc:0:3"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("exclusion_run.py")),
+                           str(tmp_path / "cfg.json")], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "STEPS 6" in proc.stdout
+    run = tmp_path / "runs" / "exclusion"
+    worker_log = (run / "logs" / "worker-0.log").read_text()
+    assert "[likely hardware fault: GPU cpu on " in worker_log and "ECC errors rose by 1 (injected)]" in worker_log
+    log = (run / "logs" / "main.log").read_text()
+    excluded = re.search(r"exclude: node (\w+) \(a likely hardware fault on rank 0's GPU\) is left out", log)
+    assert excluded, log[-3000:]
+    nodes = re.findall(r"rank 0: node (\w+)", log)  # the placement line of each worker group
+    assert len(nodes) == 2 and nodes[0] != nodes[1], nodes
+    assert nodes[0].startswith(excluded.group(1)[:8]) or excluded.group(1).startswith(nodes[0][:8]), (nodes, log)

@@ -375,3 +375,39 @@ def test_a_failure_line_carries_the_hardware_note(caplog):
     line = f"[rank 1] ERROR {WORKER_LOGGER}: {caplog.records[-1].getMessage()}"
     rank, what = parse_failure(line)
     assert rank == 1 and what.startswith("RuntimeError: CUDA error: an illegal memory access [likely hardware fault")
+
+
+def test_a_faulty_nodes_restart_leaves_it_out(tmp_path):
+    """A worker's likely hardware fault marks its Ray node in the exception's notes (as worker/loop.py does);
+    Ray Train's controller, on restarting after that failure, gets a label selector without the node, which Ray's
+    own validator accepts. A failure that is not the GPU's excludes nothing."""
+    import traceback
+
+    from ray._private.label_utils import validate_label_selector
+
+    from scaletrain.launch.ray_callbacks import NodeExclusion
+    from scaletrain.metrics.gpu import faulty_node_note
+    from scaletrain.worker.faults import InjectedGpuFault
+
+    bad, other = "a1" * 28, "b2" * 28  # Ray node ids: 56 hex digits
+    gpu_error = InjectedGpuFault("injected GPU fault at step 3 on rank 1")
+    gpu_error.add_note(faulty_node_note("likely hardware fault: GPU cpu on host: " + gpu_error.hardware_fault, bad))
+    as_ray_sends_it = "".join(traceback.format_exception(gpu_error))  # the traceback text the controller gets
+
+    class Failed:  # Ray Train's RestartingState: the error with each rank's failure
+        def __init__(self, failures):
+            self.training_failed_error = types.SimpleNamespace(worker_failures=failures)
+
+    exclusion = NodeExclusion(run_dir=str(tmp_path))
+    assert exclusion.on_controller_start_worker_group(scaling_config=None, num_workers=2) is None
+    exclusion.after_controller_state_update(None, Failed({0: "RuntimeError: a plain bug [no node]"}))
+    assert exclusion.on_controller_start_worker_group(scaling_config=None, num_workers=2) is None
+    exclusion.after_controller_state_update(None, Failed({1: as_ray_sends_it}))
+    exclusion.after_controller_state_update(None, Failed({1: as_ray_sends_it}))  # said once
+    selector = exclusion.on_controller_start_worker_group(scaling_config=None, num_workers=1)
+    assert selector == {"ray.io/node-id": f"!in({bad})"} and validate_label_selector(selector) is None
+    exclusion.after_controller_state_update(None, Failed({0: faulty_node_note("likely hardware fault", other)}))
+    assert exclusion.on_controller_start_worker_group(scaling_config=None, num_workers=1) == {
+        "ray.io/node-id": f"!in({bad},{other})"}
+    log = (tmp_path / "logs" / "main.log").read_text()
+    assert log.count("exclude: node a1a1a1a1a1a1 (a likely hardware fault on rank 1's GPU)") == 1

@@ -389,6 +389,9 @@ class FaultToleranceConfig(_Section):
     max_failures: int = Field(0, ge=-1)
     # Restarts after a hang (a collective that hit comm.timeout_s), on top of max_failures (-1: unlimited).
     hang_retries: int = Field(1, ge=-1)
+    # Ray: a worker that failed on a GPU whose uncorrectable ECC errors rose (or with a page retirement pending)
+    # has its node left out of the restarted worker group (a label selector on Ray's node id).
+    exclude_faulty_nodes: bool = True
     # Tests, benchmarks and failure drills only: off by default, refused by `submit` unless --chaos.
     chaos: Optional[ChaosConfig] = None
 

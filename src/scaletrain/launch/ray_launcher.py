@@ -45,7 +45,7 @@ class RayLauncher:
 
     def run(self, spec: JobSpec, plan: ClusterPlan) -> None:
         """Run the train loop on ``num_workers`` Ray Train workers; Ray's errors propagate (see failures.py)."""
-        from scaletrain.launch.ray_callbacks import FailureEvents
+        from scaletrain.launch.ray_callbacks import FailureEvents, NodeExclusion
 
         cfg = self.cfg
         # Placement and storage checks need the live cluster (and, for storage, the run directory).
@@ -67,7 +67,8 @@ class RayLauncher:
                 _ray_worker_entry, entry_config, cfg.scaling, plan, env, mirror, cfg.comm.timeout_s,
                 max_failures=cfg.fault_tolerance.max_failures,
                 callbacks=[FailureEvents(mirror, cfg.scaling.num_workers, cfg.fault_tolerance.max_failures,
-                                         self.redact)],
+                                         self.redact),
+                           *([NodeExclusion(mirror, self.redact)] if cfg.fault_tolerance.exclude_faulty_nodes else [])],
                 shared_storage=spec.store is None,
             )
         finally:

@@ -11,7 +11,21 @@ uncorrectable count rose, or that has a retirement pending, is likely a hardware
 
 from __future__ import annotations
 
+import re
+
 GIB = 1024**3
+# Added to a failed worker's exception as a note (its traceback carries it to Ray Train's controller, where
+# launch/ray_callbacks.py NodeExclusion reads it): which Ray node to leave out of the restart.
+_FAULTY_NODE = re.compile(r"\[scaletrain: exclude ray node ([0-9a-f]{16,})\]")
+
+
+def faulty_node_note(note: str, node_id: str) -> str:
+    return f"{note} [scaletrain: exclude ray node {node_id}]"
+
+
+def faulty_nodes(text: str) -> list[str]:
+    """The Ray node ids that ``faulty_node_note`` marked in a failure's text."""
+    return _FAULTY_NODE.findall(text)
 
 
 class NvmlReader:

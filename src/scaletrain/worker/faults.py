@@ -2,10 +2,11 @@
 
 KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill), ``hang`` (the rank
 sleeps forever before its next collective), ``nan`` (that step's loss becomes NaN), ``ioerror`` (the rank's
-next checkpoint write fails midway with an I/O error) or ``slow`` (a straggler: from STEP on, the rank's every step
-takes TIMES milliseconds longer, as a slow device's would: ``slow:1:5:300``). A fault fires at the start of
-optimizer step STEP on rank RANK, at most TIMES times per run (counted in ``faults/`` of the run directory, so a
-restarted worker group does not fire it again unless TIMES allows).
+next checkpoint write fails midway with an I/O error), ``slow`` (a straggler: from STEP on, the rank's every step
+takes TIMES milliseconds longer, as a slow device's would: ``slow:1:5:300``) or ``ecc`` (an exception as a GPU
+whose uncorrectable ECC errors rose would raise it: the failure is reported as a likely hardware fault).
+A fault fires at the start of optimizer step STEP on rank RANK, at most TIMES times per run (counted in
+``faults/`` of the run directory, so a restarted worker group does not fire it again unless TIMES allows).
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ from pathlib import Path
 from scaletrain.errors import ConfigError
 
 log = logging.getLogger("scaletrain.faults")
-KINDS = ("raise", "exit", "hang", "nan", "ioerror", "slow")
+KINDS = ("raise", "exit", "hang", "nan", "ioerror", "slow", "ecc")
 ARMED = ("nan", "ioerror")  # kinds that change what the step does rather than end it: maybe_fire(only=KIND)
 
 
 class InjectedFault(RuntimeError):
     pass
+
+
+class InjectedGpuFault(InjectedFault):
+    """What a CPU run cannot produce: a failure on a GPU whose health counters say hardware (``ecc``)."""
+
+    hardware_fault = "uncorrectable ECC errors rose by 1 (injected)"
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,8 @@ def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int, on
             return True
         if f.kind == "raise":
             raise InjectedFault(f"injected fault at step {step} on rank {rank}")
+        if f.kind == "ecc":
+            raise InjectedGpuFault(f"injected GPU fault at step {step} on rank {rank}")
         if f.kind == "exit":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # hang

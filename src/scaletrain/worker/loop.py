@@ -20,7 +20,7 @@ from scaletrain.data import Collator, load_split
 from scaletrain.errors import StorageError
 from scaletrain.memory.measure import held_bytes, memory_summary
 from scaletrain.metrics.goodput import mark
-from scaletrain.metrics.gpu import gpu_health, hardware_fault, reader_for
+from scaletrain.metrics.gpu import faulty_node_note, gpu_health, hardware_fault, reader_for
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
@@ -64,8 +64,11 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
         return summary
     except BaseException as e:
         after = gpu_health(gpu)
-        fault = hardware_fault(health, after)
-        note = f"likely hardware fault: GPU {after['bus_id']} on {socket.gethostname()}: {fault}" if fault else ""
+        fault = hardware_fault(health, after) or getattr(e, "hardware_fault", None)  # (or an injected one)
+        gpu_id = (after or {}).get("bus_id") or ctx.device
+        note = f"likely hardware fault: GPU {gpu_id} on {socket.gethostname()}: {fault}" if fault else ""
+        if note and ctx.node_id and cfg.fault_tolerance.exclude_faulty_nodes:
+            e.add_note(faulty_node_note(note, ctx.node_id))  # the controller leaves this node out of the restart
         log_failure(ctx.world_rank, beat.step_done, beat.phase, e, note)
         beat.close(clean=False)  # keep the phase it failed in: the driver's hang diagnosis reads it
         raise

@@ -35,7 +35,7 @@ def run(work: Path, name: str, steps: int, kills: int, save_steps: int, seed: in
         "output": {"output_dir": str(work / "runs"), "run_name": name},
     })
     summary = run_job(cfg, work / "c.yaml", show_progress=False).summary
-    return {k.removeprefix("goodput/"): v for k, v in summary.items() if k.startswith("goodput/")}
+    return {k.removeprefix("goodput/"): v for k, v in summary.items() if k.startswith(("goodput/", "restarts/"))}
 
 
 def main() -> None:
@@ -56,13 +56,15 @@ def main() -> None:
             results.setdefault(name, []).append(g)
             print(f"round {r} {name}: goodput {g['ratio']:.1%} of {g['wall_s']:.1f} s, {g['interruptions']} "
                   f"interruption(s), restart {g['restart_s']:.1f} s, lost work {g['lost_work_s']:.1f} s", flush=True)
-    print("\n| variant | wall s | goodput | productive s | start-up s | restarts s | lost work s | checkpoint s | "
-          "finish + other s | runs |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| variant | wall s | goodput | productive s | start-up s | restarts s (detect / workers / restore) | "
+          "lost work s | checkpoint s | finish + other s | runs |\n|---|---|---|---|---|---|---|---|---|---|")
     med = lambda rs, k: statistics.median(x[k] for x in rs)  # a one-line helper of this table
     for name, rs in results.items():
         start = sum(med(rs, f"{k}_s") for k in ("data_prep", "cluster_start", "worker_start", "model_load"))
         print(f"| {name} | {med(rs, 'wall_s'):.1f} | {med(rs, 'ratio'):.1%} | {med(rs, 'productive_s'):.1f} | "
-              f"{start:.1f} | {med(rs, 'restart_s'):.1f} | {med(rs, 'lost_work_s'):.1f} | "
+              f"{start:.1f} | {med(rs, 'restart_s'):.1f} ({med(rs, 'restarts/detect_s'):.1f} / "
+              f"{med(rs, 'restarts/worker_start_s'):.1f} / {med(rs, 'restarts/restore_s'):.1f}) | "
+              f"{med(rs, 'lost_work_s'):.1f} | "
               f"{med(rs, 'checkpoint_s'):.1f} | {med(rs, 'finish_s') + med(rs, 'other_s'):.1f} | {len(rs)} |")
     three = results["3 kill(s), every 20 steps"]
     step_s = med(three, "productive_s") / args.steps

@@ -43,6 +43,13 @@ def test_a_run_with_one_restart_is_accounted_to_the_second(tmp_path):
     assert g["goodput/other_s"] == 65 - sum(expected.values())  # teardown, idle: what no category claims
     assert sum(g[f"goodput/{k}_s"] for k in (*expected, "other")) == pytest.approx(g["goodput/wall_s"], rel=0.01)
     assert g["goodput/ratio"] == pytest.approx(15 / 65) == g["goodput/ettr"]
+    assert (g["restarts/detect_s"], g["restarts/worker_start_s"]) == (0, 8)  # no detection mark
+    assert g["restarts/restore_s"] == 2  # the restart's model load (47 - 45), part of model_load_s
+    marks, records = _one_restart()
+    marks.insert(5, ("failure_detected", 40))  # the controller saw the failure 3 s after the last record (37)
+    split = _run(tmp_path, marks, records)
+    assert (split["restarts/detect_s"], split["restarts/worker_start_s"]) == (3, 5)
+    assert split["goodput/restart_s"] == 8 and split["goodput/wall_s"] == 65  # the categories are unchanged
 
 
 def test_a_stopped_and_resumed_run_has_one_account_over_its_sessions(tmp_path):

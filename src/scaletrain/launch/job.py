@@ -174,7 +174,8 @@ def add_goodput(rd: RunDir, driver: dict) -> dict:
     summary.update(account(rd.root))
     summary.update(driver)
     rd.summary.write_text(json.dumps(summary, indent=1))
-    return {"step": summary.get("steps", 0), **{k: v for k, v in summary.items() if k.startswith("goodput/")}}
+    return {"step": summary.get("steps", 0), **{k: v for k, v in summary.items()
+                                                if k.startswith(("goodput/", "restarts/"))}}
 
 
 def _resume_notes(run_dir: Path) -> list[str]:

@@ -9,6 +9,7 @@ from ray.train.v2.api.callback import UserCallback  # DeveloperAPI: runs in the 
 
 from scaletrain.comm.watchdog import diagnose, looks_like_timeout
 from scaletrain.launch.failures import format_groups, group_failures
+from scaletrain.metrics.goodput import mark
 from scaletrain.metrics.gpu import faulty_nodes
 from scaletrain.metrics.logs import EventLog
 
@@ -22,6 +23,7 @@ class FailureEvents(UserCallback):
         self.attempt = 0
 
     def after_exception(self, run_context, worker_exceptions: dict) -> None:
+        mark(self.run_dir, "failure_detected")  # the goodput account splits a restart's time at it
         self.attempt += 1
         groups, _ = group_failures(worker_exceptions)
         allowed = "unlimited" if self.max_failures < 0 else str(self.max_failures)

@@ -16,7 +16,10 @@ idle waits):
 - ``lost_work_s``: step time of steps trained again after a restart (the work since the last checkpoint).
 - ``eval_s``, ``checkpoint_s``: evaluation, and the time steps waited for checkpoint saves.
 - ``restart_s``: the last record before a worker restart to the restart's first worker start (detection and
-  teardown).
+  teardown). Split under ``restarts/`` (parts of the categories, not more of them): ``restarts/detect_s`` (that
+  last record to the controller seeing the failure: its ``failure_detected`` mark), ``restarts/worker_start_s``
+  (to the new workers running) and ``restarts/restore_s`` (the restarts' model builds and checkpoint restores,
+  counted in ``model_load_s``).
 - ``finish_s``: the end of training to the end of the session (the final save and the workers' teardown; the
   final evaluation is in ``eval_s``).
 Goodput = productive / wall. ETTR (Meta's effective training time ratio) is productive / (wall − time waiting
@@ -33,6 +36,7 @@ from pathlib import Path
 from scaletrain.metrics.records import read_jsonl
 from scaletrain.rundir import RunDir
 
+RESTART_PARTS = ("detect", "worker_start", "restore")
 CATEGORIES = ("data_prep", "cluster_start", "worker_start", "model_load", "productive", "lost_work", "eval",
               "checkpoint", "restart", "finish", "other")
 
@@ -77,6 +81,7 @@ def account(run_dir: str | Path, now: float | None = None) -> dict:
     timeline = read_jsonl(rd.timeline)
     records = read_jsonl(rd.metrics)
     total = dict.fromkeys(CATEGORIES, 0.0)
+    split = dict.fromkeys(RESTART_PARTS, 0.0)
     wall, sessions, interruptions = 0.0, 0, 0
     starts = [i for i, m in enumerate(timeline) if m["event"] == "launch"]
     for k, begin in enumerate(starts):
@@ -94,7 +99,7 @@ def account(run_dir: str | Path, now: float | None = None) -> dict:
         total["cluster_start"] += at.get("cluster", at.get("prepared", at["launch"])) - at.get("prepared",
                                                                                                at["launch"])
         session_records = [r for r in records if at["launch"] <= r.get("time", 0) <= at["end"]]
-        interruptions += _session(marks, at, session_records, total)
+        interruptions += _session(marks, at, session_records, total, split)
         if "train_end" in at:
             final_eval = sum(r.get("time/final_eval_s", 0.0) for r in session_records)
             total["finish"] += max(0.0, at["end"] - max(m["time"] for m in marks if m["event"] == "train_end")
@@ -102,25 +107,30 @@ def account(run_dir: str | Path, now: float | None = None) -> dict:
     _steps(records, total)
     claimed = sum(v for k, v in total.items() if k != "other")
     total["other"] = max(0.0, wall - claimed)
-    out = {f"goodput/{k}_s": v for k, v in total.items()}
+    out = {f"goodput/{k}_s": v for k, v in total.items()} | {f"restarts/{k}_s": v for k, v in split.items()}
     ratio = total["productive"] / wall if wall else 0.0
     out.update({"goodput/wall_s": wall, "goodput/ratio": ratio, "goodput/ettr": ratio,
                 "goodput/interruptions": interruptions, "goodput/sessions": sessions})
     return out
 
 
-def _session(marks: list[dict], at: dict, records: list[dict], total: dict) -> int:
+def _session(marks: list[dict], at: dict, records: list[dict], total: dict, split: dict) -> int:
     """Worker starts, model loads and restarts of one driver session; returns its interruptions."""
     previous = at.get("cluster", at.get("prepared", at["launch"]))
     starts = [m["time"] for m in marks if m["event"] == "worker_start"]
     ready = [m["time"] for m in marks if m["event"] == "model_ready"]
+    detected = [m["time"] for m in marks if m["event"] == "failure_detected"]
     for i, start in enumerate(starts):
+        loaded = next((r for r in ready if r >= start), start)
         if i > 0:  # a restart: detection, teardown and the new group's start, from the failed group's last record
             last = max([r["time"] for r in records if previous <= r["time"] <= start] or [previous])
             total["restart"] += max(0.0, start - last)
+            seen = next((d for d in detected if last <= d <= start), last)  # no mark: detection unknown (0)
+            split["detect"] += seen - last
+            split["worker_start"] += max(0.0, start - seen)
+            split["restore"] += loaded - start
         else:
             total["worker_start"] += max(0.0, start - previous)
-        loaded = next((r for r in ready if r >= start), start)
         total["model_load"] += loaded - start
         previous = loaded
     return max(0, len(starts) - 1)

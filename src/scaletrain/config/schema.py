@@ -9,16 +9,14 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from scaletrain.config import batch
+from scaletrain.config.base import _Section
+from scaletrain.config.cluster import MIN_COMM_TIMEOUT_S, CommConfig, ScalingConfig
+from scaletrain.config.data import DataConfig
 
-MIN_COMM_TIMEOUT_S = 10  # seconds a collective may take before it counts as hung, at least
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+__all__ = ["MIN_COMM_TIMEOUT_S", "CommConfig", "Config", "DataConfig", "ScalingConfig"]
 
 Task = Literal["sequence-classification", "causal-lm"]
 
@@ -54,129 +52,6 @@ class ModelConfig(_Section):
         if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
             raise ValueError("give module names (a list, or q_proj,v_proj) or all")
         return v
-
-
-class DataConfig(_Section):
-    # One file (train_file, optional eval_file), or named datasets of a LLaMA-Factory dataset_info.json.
-    train_file: Optional[str] = None
-    eval_file: Optional[str] = None
-    dataset_dir: Optional[str] = None  # holds dataset_info.json and the files it names
-    dataset: Optional[list[str]] = None  # names in dataset_info.json ("a,b" works too, as in LLaMA-Factory)
-    eval_dataset: Optional[list[str]] = None  # names in dataset_info.json to evaluate on (LLaMA-Factory's key)
-    mix_strategy: Literal["concat", "interleave"] = "concat"
-    mix_probs: Optional[list[float]] = None  # interleave: the probability of each dataset (seeded)
-    # Held out from the training data (after max_samples) when eval_file is not given.
-    eval_ratio: float = Field(0.1, ge=0, lt=1)
-    # File format; auto: from the suffix (a directory is a datasets save_to_disk directory).
-    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow", "txt"] = "auto"
-    # causal-lm: the records' format (LLaMA-Factory's names) and the chat template that renders them.
-    formatting: Literal["alpaca", "sharegpt", "messages", "text"] = "alpaca"
-    template: str = "auto"  # auto (the tokenizer's own, else alpaca), a built-in name, or a .jinja file
-    mask_history: bool = False  # loss on the last assistant turn only
-    # causal-lm: pack examples into rows of max_length tokens (attention never crosses examples); eval too with
-    # pack_eval. Without packing, balance_ranks forms each step's batches so its ranks hold similar token counts
-    # (causal-lm).
-    packing: bool = False
-    pack_eval: bool = False
-    balance_ranks: bool = True
-    train_on_prompt: bool = False  # loss on every token
-    # sequence-classification columns
-    text_column: str = "text"
-    text_pair_column: Optional[str] = None
-    label_column: str = "label"
-    # Class names in class-id order (labels written as names are sorted when this is not given); written into
-    # final/'s config as id2label/label2id.
-    label_names: Optional[list[str]] = None
-    encoding: str = "utf-8"  # of the data files (e.g. latin-1); read and converted to UTF-8 before parsing
-    # causal-lm columns (alpaca; "text" formatting reads text_column)
-    instruction_column: str = "instruction"
-    input_column: str = "input"
-    output_column: str = "output"
-    system_column: str = "system"
-    history_column: str = "history"
-    tools_column: str = "tools"  # a JSON list of function schemas the conversation may call (any formatting)
-    chosen_column: str = "chosen"  # train.stage=dpo: the preferred reply (a string or a turn object)
-    rejected_column: str = "rejected"
-    kto_tag_column: str = "kto_tag"  # train.stage=kto: true for a desirable reply, false for an undesirable one
-    # sharegpt / messages: the list of turns and its tags (defaults: conversations/from/value/human/gpt for
-    # sharegpt, messages/role/content/user/assistant for messages)
-    messages_column: Optional[str] = None
-    role_tag: Optional[str] = None
-    content_tag: Optional[str] = None
-    user_tag: Optional[str] = None
-    assistant_tag: Optional[str] = None
-    observation_tag: Optional[str] = None
-    function_tag: Optional[str] = None  # sharegpt's tool-call turn (default function_call)
-    # Tokens per example; LLaMA-Factory's name cutoff_len works too.
-    max_length: int = Field(128, ge=8, validation_alias=AliasChoices("max_length", "cutoff_len"))
-    max_samples: Optional[int] = Field(None, ge=1)  # per dataset, before the eval split
-    # Records that cannot be trained on are skipped and counted; more than this share is an error.
-    max_bad_ratio: float = Field(0.01, ge=0, le=1)
-    # Records longer than max_length are cut (said with their count and the longest); more than this share losing
-    # over half of their tokens is an error (the cutoff is probably too small for the data).
-    max_truncated_ratio: float = Field(0.1, ge=0, le=1)
-    preprocessing_num_workers: Optional[int] = Field(None, ge=1)  # processes for tokenization (datasets.map)
-    overwrite_cache: bool = False  # tokenize again even if the same data was tokenized before
-    cache_dir: Optional[str] = None  # tokenized data; default: <output.output_dir>/.cache/data
-    loader_workers: int = Field(0, ge=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_length(cls, data):
-        if isinstance(data, dict) and "cutoff_len" in data and "max_length" in data:
-            raise ValueError(f"data.cutoff_len={data['cutoff_len']} and data.max_length={data['max_length']} are "
-                             f"the same setting (cutoff_len is LLaMA-Factory's name for it); keep one")
-        return data
-
-    @field_validator("dataset", "eval_dataset", mode="before")
-    @classmethod
-    def _names(cls, v):
-        if isinstance(v, str):
-            return [n.strip() for n in v.split(",") if n.strip()]
-        return v
-
-    @field_validator("label_names")
-    @classmethod
-    def _label_names(cls, v):
-        if v is not None:
-            if len(v) < 2:
-                raise ValueError("needs at least two class names (one is regression: set model.num_labels: 1)")
-            twice = sorted({n for n in v if v.count(n) > 1})
-            if twice:
-                raise ValueError(f"names {', '.join(twice)} more than once; give each class once")
-        return v
-
-    @field_validator("encoding")
-    @classmethod
-    def _encoding(cls, v):
-        import codecs
-
-        try:
-            return codecs.lookup(v).name
-        except LookupError:
-            raise ValueError(f"{v!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, cp1252, "
-                             f"utf-16") from None
-
-    @model_validator(mode="after")
-    def _source(self) -> "DataConfig":
-        if not self.train_file and not self.dataset:
-            raise ValueError("data.train_file is required (or data.dataset with data.dataset_dir); set one")
-        if self.train_file and self.dataset:
-            raise ValueError("data.train_file and data.dataset are both set; keep one of them")
-        if self.dataset and not self.dataset_dir:
-            raise ValueError("data.dataset needs data.dataset_dir (the folder of its dataset_info.json); set it")
-        if self.eval_dataset and not self.dataset_dir:
-            raise ValueError("data.eval_dataset needs data.dataset_dir (the folder of its dataset_info.json); set it")
-        if self.eval_dataset and self.eval_file:
-            raise ValueError("data.eval_file and data.eval_dataset are both set; keep one of them")
-        if self.mix_probs is not None:
-            if self.mix_strategy != "interleave":
-                raise ValueError("data.mix_probs applies to data.mix_strategy=interleave only; set it or remove "
-                                 "mix_probs")
-            if len(self.mix_probs) != len(self.dataset or []) or abs(sum(self.mix_probs) - 1) > 1e-6:
-                raise ValueError(f"data.mix_probs={self.mix_probs} needs one probability per dataset "
-                                 f"({len(self.dataset or [])}), summing to 1")
-        return self
 
 
 class TrainConfig(_Section):
@@ -262,105 +137,6 @@ class TrainConfig(_Section):
                     raise ValueError(f"train.{key} applies to train.strategy=fsdp (the config has ddp); set "
                                      f"train.strategy=fsdp or remove train.{key}")
         return self
-
-
-class ScalingConfig(_Section):
-    # A number, or [min, max] for elastic training (Ray launcher): the run starts once min workers fit, grows
-    # toward max when resources appear and shrinks when a node is lost, each resize a restart from the newest
-    # checkpoint that keeps the global batch of max workers (gradient_accumulation_steps recomputed).
-    num_workers: int = Field(1, ge=1)
-    min_workers: Optional[int] = Field(None, ge=1)  # set by num_workers: [min, max]
-    # elastic: a size whose global batch differs from max workers' is an error before start (exact), or trains
-    # with the nearest accumulation (nearest; the global batch of that size is said at each resize).
-    elastic_batch: Literal["exact", "nearest"] = "exact"
-    elastic_resize_interval_s: float = Field(60.0, gt=0)  # how often Ray looks for room to grow
-    # auto: one GPU per worker when the cluster has GPUs, else CPU workers.
-    use_gpu: Literal["auto"] | bool = "auto"
-    # Resources of one worker; default: every core used, none oversubscribed: {"CPU": the node's cores / the
-    # workers on it} (a GPU worker: the node's cores / its GPUs, plus {"GPU": 1}); launch/plan.py cpus_per_worker.
-    resources_per_worker: Optional[dict[str, float]] = None
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
-    address: Optional[str] = None
-    # auto: torchrun for 1 worker on this machine with no restarts asked (nothing of Ray's is needed: a quicker,
-    # lighter start), Ray otherwise (launch/launcher.py choose_launcher).
-    launcher: Literal["auto", "ray", "torchrun"] = "auto"
-    # torchrun: num_workers = nnodes x processes per node; every node runs `scaletrain train` with its node_rank.
-    nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
-    master_addr: str = "127.0.0.1"
-    master_port: Optional[int] = Field(None, ge=1, le=65535)  # a free port is chosen on 1 node when unset
-
-    @model_validator(mode="before")
-    @classmethod
-    def _range(cls, data):
-        if isinstance(data, dict) and "max_workers" in data:  # Ray's ScalingConfig spelling of the range's top
-            data = dict(data)
-            top = data.pop("max_workers")
-            if "num_workers" in data and data["num_workers"] != top:
-                raise ValueError(f"scaling.max_workers={top} and scaling.num_workers={data['num_workers']} are both "
-                                 f"set; keep one (num_workers: [min, max] or min_workers/max_workers)")
-            data["num_workers"] = top
-        if isinstance(data, dict) and isinstance(data.get("num_workers"), (list, tuple)):
-            v = list(data["num_workers"])
-            if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-                raise ValueError(f"scaling.num_workers={v}: a range is [min, max], two whole numbers, e.g. [2, 8]")
-            lo, hi = v
-            if lo < 1 or lo > hi:
-                raise ValueError(f"scaling.num_workers=[{lo}, {hi}]: needs 1 <= min <= max, e.g. [2, 8]")
-            data = {**data, "num_workers": hi, "min_workers": lo if lo < hi else None}
-        return data
-
-    @property
-    def elastic(self) -> bool:
-        return self.min_workers is not None and self.min_workers < self.num_workers
-
-    @property
-    def max_workers(self) -> int:
-        """The most workers the run uses (Ray's ScalingConfig name); its global batch is the run's."""
-        return self.num_workers
-
-    @model_validator(mode="after")
-    def _torchrun(self) -> "ScalingConfig":
-        if self.min_workers is not None and self.min_workers > self.num_workers:
-            raise ValueError(f"scaling.min_workers={self.min_workers} is above scaling.num_workers="
-                             f"{self.num_workers}; write scaling.num_workers: [min, max]")
-        if self.elastic and self.launcher == "torchrun":
-            raise ValueError(f"scaling.num_workers=[{self.min_workers}, {self.num_workers}] (elastic) needs "
-                             f"scaling.launcher=ray: Ray Train restarts the worker group at a new size; torchrun runs "
-                             f"a fixed size here: set scaling.launcher=ray, or a fixed scaling.num_workers")
-        if self.node_rank >= self.nnodes:
-            raise ValueError(f"scaling.node_rank={self.node_rank} is out of range for scaling.nnodes={self.nnodes}; "
-                             f"use 0..{self.nnodes - 1}")
-        if self.launcher == "torchrun" and self.num_workers % self.nnodes:
-            raise ValueError(f"scaling.num_workers={self.num_workers} must be a multiple of scaling.nnodes="
-                             f"{self.nnodes} (the same number of processes on every node)")
-        if self.launcher == "torchrun" and self.nnodes > 1 and self.master_port is None:
-            raise ValueError("scaling.master_port is required with several nodes (every node must use the same); "
-                             "set it, e.g. scaling.master_port=29500")
-        return self
-
-
-class CommConfig(_Section):
-    backend: Literal["auto", "nccl", "rccl", "gloo"] = "auto"
-    # Process-group timeout: a collective that waits longer fails instead of hanging.
-    timeout_s: int = Field(1800, ge=MIN_COMM_TIMEOUT_S)
-    # A shipped profile (debug, rocm-mi300x, tcp-only) or a YAML file with env:; comm.env wins over it.
-    profile: Optional[str] = None
-    # Environment variables for every worker (NCCL_*, RCCL_*, TORCH_NCCL_*, ...).
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _stringify(cls, v):
-        if isinstance(v, dict):
-            for k, val in v.items():
-                if val is None or isinstance(val, (dict, list, tuple, set)):
-                    what = "empty" if val is None else f"a {type(val).__name__}"
-                    raise ValueError(f"comm.env.{k} is {what}; an environment variable is one string or number, "
-                                     f"e.g. {k}: INFO")
-            return {str(k): str(val) for k, val in v.items()}
-        return v
 
 
 class CheckpointConfig(_Section):

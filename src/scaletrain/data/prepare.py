@@ -20,14 +20,13 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
-from scaletrain.config.batch import PAIR_STAGES
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
+from scaletrain.data.encoders import encoder_for
 from scaletrain.data.labels import Labels, resolve_labels
-from scaletrain.data.pairs import PAIR_COLUMNS, encode_kto, encode_pairs
+from scaletrain.data.pairs import PAIR_COLUMNS
 from scaletrain.data.sources import (
     Loaded,
     Source,
@@ -35,7 +34,6 @@ from scaletrain.data.sources import (
     eval_sources,
     exists,
     load,
-    require_columns,
     sources,
 )
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
@@ -213,7 +211,7 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     JSON Lines, record numbers otherwise)."""
     d = cfg.data
     ds = raw.ds
-    fn = _encoder(ds, src, cfg, tokenizer, template, labels)
+    fn = encoder_for(ds, src, cfg, tokenizer, template, labels)
     workers = d.preprocessing_num_workers if d.preprocessing_num_workers and len(ds) >= 1000 else None
     if workers:
         from scaletrain import envvars
@@ -248,15 +246,6 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     return out.remove_columns(["_skip", "_full"]), bad, cut
 
 
-# config key -> the Columns field a dataset_info.json entry's "columns" maps
-_ENTRY_FIELD = {"instruction_column": "prompt", "output_column": "response", "text_column": "text",
-                "messages_column": "messages"}
-
-
-def _lf_mapped(mapped: set[str]) -> set[str]:
-    return {key for key, f in _ENTRY_FIELD.items() if f in mapped}
-
-
 def _cut(src: Source, out, d) -> str | None:
     """What data.max_length cut (a note: how many records, the longest, how many lost most of their tokens);
     an error when more than data.max_truncated_ratio of the records lose over half of their tokens."""
@@ -273,71 +262,6 @@ def _cut(src: Source, out, d) -> str | None:
                         f"or data.max_truncated_ratio")
     return (f"data: {src.key}: {len(lengths)} of {len(out)} records are longer than data.max_length="
             f"{d.max_length} and were cut (the longest has {longest} tokens; {most} lost more than half)")
-
-
-def _encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None):
-    d, c = cfg.data, src.columns
-    if cfg.model.task == "sequence-classification":
-        cols = {"text_column": d.text_column, "label_column": d.label_column}
-        if d.text_pair_column:
-            cols["text_pair_column"] = d.text_pair_column
-        chatty = {"instruction", "conversations", "messages", "output"} & set(ds.column_names)
-        hint = (f" (the file looks like causal-LM data, with '{sorted(chatty)[0]}': set model.task=causal-lm)"
-                if chatty and d.text_column not in ds.column_names else "")
-        require_columns(ds, cols, src.key, src.path, hint)
-        if not labels.names:
-            _check_labels(ds, labels.num_labels, d.label_column, src)
-        return partial(encode.encode_classification, tokenizer=tokenizer, text=d.text_column,
-                       pair=d.text_pair_column, label=d.label_column, max_length=d.max_length,
-                       regression=labels.num_labels == 1, label2id=labels.label2id)
-    if src.formatting == "alpaca" and c.prompt not in ds.column_names and (
-            {c.messages, "conversations", "messages"} & set(ds.column_names)):
-        raise DataError(f"{src.key}={src.path}: the records hold conversations, not alpaca columns; set "
-                        f"data.formatting=sharegpt (or messages, for role/content turns)")
-    if src.formatting in ("sharegpt", "messages") and {c.prompt, c.response} <= set(ds.column_names) and (
-            c.messages not in ds.column_names):
-        raise DataError(f"{src.key}={src.path}: the records are alpaca ({c.prompt}/{c.query}/{c.response} columns), "
-                        f"not {src.formatting} turns; set data.formatting=alpaca"
-                        + (f" (or the entry's \"formatting\" in {src.extra['info']})" if src.extra else ""))
-    preference = cfg.train.stage in PAIR_STAGES
-    required = c.required(src.formatting)
-    if cfg.train.stage == "kto":
-        if src.formatting == "text":
-            raise DataError(f"{src.key}={src.path}: train.stage=kto trains on tagged replies, not text; give a KTO "
-                            f"dataset (a conversation and a '{c.kto_tag}' true/false column)")
-        required.update({"kto_tag_column": c.kto_tag})
-        info = src.extra.get("info") if src.extra and "kto_tag" in src.extra["mapped"] else None
-        require_columns(ds, required, src.key, src.path, info=info)
-        return partial(encode_kto, tokenizer=tokenizer, formatting=src.formatting, columns=c, template=template[1],
-                       max_length=d.max_length)
-    if preference:
-        if src.formatting == "text":
-            raise DataError(f"{src.key}={src.path}: train.stage=dpo trains on chosen/rejected pairs, not text; "
-                            f"give a preference dataset (alpaca, sharegpt or messages with chosen/rejected)")
-        required = {k: v for k, v in required.items() if k != "output_column"}
-        required.update({"chosen_column": c.chosen, "rejected_column": c.rejected})
-    elif {c.chosen, c.rejected} <= set(ds.column_names) and c.response not in ds.column_names:
-        raise DataError(f"{src.key}={src.path}: the records are preference pairs ('{c.chosen}'/'{c.rejected}' "
-                        f"columns); set train.stage=dpo to train on them (or give SFT data)")
-    info = src.extra.get("info") if src.extra and set(required) & _lf_mapped(src.extra["mapped"]) else None
-    require_columns(ds, required, src.key, src.path, info=info)
-    if preference:
-        return partial(encode_pairs, tokenizer=tokenizer, formatting=src.formatting, columns=c,
-                       template=template[1], max_length=d.max_length)
-    if src.formatting == "text":
-        return partial(encode.encode_text, tokenizer=tokenizer, column=c.text, max_length=d.max_length)
-    return partial(encode.encode_chat, tokenizer=tokenizer, formatting=src.formatting, columns=c,
-                   template=template[1], template_name=template[0], max_length=d.max_length,
-                   mask_history=d.mask_history, train_on_prompt=d.train_on_prompt)
-
-
-def _check_labels(ds, num_labels: int, column: str, src: Source) -> None:
-    if num_labels == 1:
-        return
-    for i, label in enumerate(ds[column]):  # bad labels are skipped and counted in the map
-        if not encode._label_problem(label, regression=False) and not 0 <= label < num_labels:
-            raise DataError(f"{src.key}={src.path}: label {int(label)} (record {i + 1}) is outside [0, "
-                            f"{num_labels}); set model.num_labels to the number of classes")
 
 
 def _merge(skipped: dict, notes: list, bad: dict[str, list[int]], src: Source, raw: Loaded) -> None:

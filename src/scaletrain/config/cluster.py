@@ -1,0 +1,110 @@
+"""The `scaling` and `comm` sections: workers and their placement, the launcher, collectives and their timeout."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from scaletrain.config.base import _Section
+
+MIN_COMM_TIMEOUT_S = 10  # seconds a collective may take before it counts as hung, at least
+
+
+class ScalingConfig(_Section):
+    # A number, or [min, max] for elastic training (Ray launcher): the run starts once min workers fit, grows
+    # toward max when resources appear and shrinks when a node is lost, each resize a restart from the newest
+    # checkpoint that keeps the global batch of max workers (gradient_accumulation_steps recomputed).
+    num_workers: int = Field(1, ge=1)
+    min_workers: Optional[int] = Field(None, ge=1)  # set by num_workers: [min, max]
+    # elastic: a size whose global batch differs from max workers' is an error before start (exact), or trains
+    # with the nearest accumulation (nearest; the global batch of that size is said at each resize).
+    elastic_batch: Literal["exact", "nearest"] = "exact"
+    elastic_resize_interval_s: float = Field(60.0, gt=0)  # how often Ray looks for room to grow
+    # auto: one GPU per worker when the cluster has GPUs, else CPU workers.
+    use_gpu: Literal["auto"] | bool = "auto"
+    # Resources of one worker; default: every core used, none oversubscribed: {"CPU": the node's cores / the
+    # workers on it} (a GPU worker: the node's cores / its GPUs, plus {"GPU": 1}); launch/plan.py cpus_per_worker.
+    resources_per_worker: Optional[dict[str, float]] = None
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
+    address: Optional[str] = None
+    # auto: torchrun for 1 worker on this machine with no restarts asked (nothing of Ray's is needed: a quicker,
+    # lighter start), Ray otherwise (launch/launcher.py choose_launcher).
+    launcher: Literal["auto", "ray", "torchrun"] = "auto"
+    # torchrun: num_workers = nnodes x processes per node; every node runs `scaletrain train` with its node_rank.
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = Field(None, ge=1, le=65535)  # a free port is chosen on 1 node when unset
+
+    @model_validator(mode="before")
+    @classmethod
+    def _range(cls, data):
+        if isinstance(data, dict) and "max_workers" in data:  # Ray's ScalingConfig spelling of the range's top
+            data = dict(data)
+            top = data.pop("max_workers")
+            if "num_workers" in data and data["num_workers"] != top:
+                raise ValueError(f"scaling.max_workers={top} and scaling.num_workers={data['num_workers']} are both "
+                                 f"set; keep one (num_workers: [min, max] or min_workers/max_workers)")
+            data["num_workers"] = top
+        if isinstance(data, dict) and isinstance(data.get("num_workers"), (list, tuple)):
+            v = list(data["num_workers"])
+            if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise ValueError(f"scaling.num_workers={v}: a range is [min, max], two whole numbers, e.g. [2, 8]")
+            lo, hi = v
+            if lo < 1 or lo > hi:
+                raise ValueError(f"scaling.num_workers=[{lo}, {hi}]: needs 1 <= min <= max, e.g. [2, 8]")
+            data = {**data, "num_workers": hi, "min_workers": lo if lo < hi else None}
+        return data
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers the run uses (Ray's ScalingConfig name); its global batch is the run's."""
+        return self.num_workers
+
+    @model_validator(mode="after")
+    def _torchrun(self) -> "ScalingConfig":
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ValueError(f"scaling.min_workers={self.min_workers} is above scaling.num_workers="
+                             f"{self.num_workers}; write scaling.num_workers: [min, max]")
+        if self.elastic and self.launcher == "torchrun":
+            raise ValueError(f"scaling.num_workers=[{self.min_workers}, {self.num_workers}] (elastic) needs "
+                             f"scaling.launcher=ray: Ray Train restarts the worker group at a new size; torchrun runs "
+                             f"a fixed size here: set scaling.launcher=ray, or a fixed scaling.num_workers")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"scaling.node_rank={self.node_rank} is out of range for scaling.nnodes={self.nnodes}; "
+                             f"use 0..{self.nnodes - 1}")
+        if self.launcher == "torchrun" and self.num_workers % self.nnodes:
+            raise ValueError(f"scaling.num_workers={self.num_workers} must be a multiple of scaling.nnodes="
+                             f"{self.nnodes} (the same number of processes on every node)")
+        if self.launcher == "torchrun" and self.nnodes > 1 and self.master_port is None:
+            raise ValueError("scaling.master_port is required with several nodes (every node must use the same); "
+                             "set it, e.g. scaling.master_port=29500")
+        return self
+
+
+class CommConfig(_Section):
+    backend: Literal["auto", "nccl", "rccl", "gloo"] = "auto"
+    # Process-group timeout: a collective that waits longer fails instead of hanging.
+    timeout_s: int = Field(1800, ge=MIN_COMM_TIMEOUT_S)
+    # A shipped profile (debug, rocm-mi300x, tcp-only) or a YAML file with env:; comm.env wins over it.
+    profile: Optional[str] = None
+    # Environment variables for every worker (NCCL_*, RCCL_*, TORCH_NCCL_*, ...).
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _stringify(cls, v):
+        if isinstance(v, dict):
+            for k, val in v.items():
+                if val is None or isinstance(val, (dict, list, tuple, set)):
+                    what = "empty" if val is None else f"a {type(val).__name__}"
+                    raise ValueError(f"comm.env.{k} is {what}; an environment variable is one string or number, "
+                                     f"e.g. {k}: INFO")
+            return {str(k): str(val) for k, val in v.items()}
+        return v

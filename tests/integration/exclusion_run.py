@@ -5,19 +5,12 @@ import json
 import sys
 from pathlib import Path
 
-import ray
-from ray.cluster_utils import Cluster
+from two_nodes import two_node_cluster
 
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-cluster.add_node(num_cpus=1)
-ray.init(address=cluster.address, log_to_driver=False)
-try:
+with two_node_cluster():
     result = run_job(validate(cfg), "exclusion.yaml", show_progress=False)
     print("STEPS", result.summary["steps"])
-finally:
-    ray.shutdown()
-    cluster.shutdown()

@@ -4,38 +4,25 @@ import json
 import sys
 from pathlib import Path
 
-import ray
-from ray.cluster_utils import Cluster
+from two_nodes import two_node_cluster
 
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-cluster.add_node(num_cpus=1)
-ray.init(address=cluster.address, log_to_driver=False)
-try:
+with two_node_cluster():
     result = run_job(validate(cfg), "multinode.yaml", show_progress=False)
     print("STEPS", result.summary["steps"])
     # the same job with its run directory on object storage (argv[2]), on the same two nodes
     if len(sys.argv) > 2:
         stored = run_job(validate(json.loads(Path(sys.argv[2]).read_text())), "multinode.yaml", show_progress=False)
         print("STORED STEPS", stored.summary["steps"])
-finally:
-    ray.shutdown()
-    cluster.shutdown()
 
 # commbench across the two nodes: the all-rank rows and the across-nodes rows.
 from scaletrain.comm.bench import BenchParams  # noqa: E402
 from scaletrain.launch.commbench import run_commbench  # noqa: E402
 
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-cluster.add_node(num_cpus=1)
-ray.init(address=cluster.address, log_to_driver=False)
-try:
+with two_node_cluster():
     rows = run_commbench(BenchParams(("all_reduce",), (65536,), iters=2, warmup_iters=1), 2, "gloo", None, {},
                          None, 60, Path(sys.argv[1]).parent / "bench")
     print("SCOPES", sorted({(r.scope, r.ranks, r.oop_wrong) for r in rows}))
-finally:
-    ray.shutdown()
-    cluster.shutdown()

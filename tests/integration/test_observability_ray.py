@@ -11,7 +11,9 @@ from scaletrain.launch.job import run_job
 from scaletrain.metrics.records import read_jsonl
 from scaletrain.report.plots import DPI, FIGSIZE
 
-pytestmark = pytest.mark.ray
+# the shared Ray up from the first test on: scaling.launcher auto runs on it, as the tests mean (without it, 2
+# local workers would run under torchrun)
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
 
 
 def _cfg(classify_cfg, tmp_path, name, **train):

@@ -13,7 +13,9 @@ from scaletrain.errors import TrainingError
 from scaletrain.launch.job import run_job
 from tests.conftest import train_losses
 
-pytestmark = pytest.mark.ray
+# the shared Ray up from the first test on: scaling.launcher auto runs on it, as the tests mean (without it, 2
+# local workers would run under torchrun)
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
 
 SECRETS = {"HF_TOKEN": "hf_TrackerTokenAbcdefghijklmn", "COMM_KEY": "wandb-key-0123456789abcdef"}
 

@@ -58,14 +58,25 @@ def test_worker_fit_capacity():
     assert worker_fit(none, {"CPU": 2.0}).capacity > 1000  # asks for no CPU: no limit, no division by zero
 
 
-def test_cpu_headroom_under_ray():
-    r = check_cpu_headroom(facts(config=cfg(2), cluster={"CPU": 2.0}))
+def _launcher(config, launcher):
+    return config.model_copy(update={"scaling": config.scaling.model_copy(update={"launcher": launcher})})
+
+
+def test_cpu_headroom_under_ray(monkeypatch):
+    ray = _launcher(cfg(2), "ray")
+    r = check_cpu_headroom(facts(config=ray, cluster={"CPU": 2.0}))
     assert r.status is Status.WARN and "2 CPU worker(s) x 1 CPU take all 2 CPUs" in r.detail
     assert "scaling.launcher=torchrun" in r.fix
-    assert check_cpu_headroom(facts(config=cfg(2), cluster={"CPU": 4.0})) is None  # a core left for Ray
-    assert check_cpu_headroom(facts(config=cfg(2), cluster={"CPU": 64.0, "GPU": 2.0})) is None  # GPU workers
-    torchrun = cfg(2).model_copy(update={"scaling": cfg(2).scaling.model_copy(update={"launcher": "torchrun"})})
-    assert check_cpu_headroom(facts(config=torchrun, cluster={"CPU": 2.0})) is None  # no Ray processes
+    assert check_cpu_headroom(facts(config=ray, cluster={"CPU": 4.0})) is None  # a core left for Ray
+    assert check_cpu_headroom(facts(config=ray, cluster={"CPU": 64.0, "GPU": 2.0})) is None  # GPU workers
+    assert check_cpu_headroom(facts(config=_launcher(cfg(2), "torchrun"), cluster={"CPU": 2.0})) is None  # no Ray
+    # the default (auto) runs 2 workers on a 2-core box under torchrun: nothing of Ray's shares their cores
+    monkeypatch.setattr("scaletrain.launch.launcher.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("scaletrain.launch.launcher.GPU_DEVICE_FILES", ())
+    monkeypatch.setattr("scaletrain.launch.launcher.ray_running", lambda: False)
+    monkeypatch.setattr("scaletrain.launch.warm.cluster.current", lambda: None)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert check_cpu_headroom(facts(config=cfg(2), cluster={"CPU": 2.0})) is None
 
 
 def test_visible_device_conflicts():

@@ -1,10 +1,11 @@
-"""scaling.launcher: auto: a single local worker with nothing of Ray's asked runs under torchrun, said in a line;
-everything else (and an explicit choice) keeps its launcher."""
+"""scaling.launcher: auto: workers that fit on this machine with nothing of Ray's asked run under torchrun, said in a
+line; everything else (and an explicit choice) keeps its launcher."""
 
 import pytest
 
+from scaletrain.comm.device import Platform
 from scaletrain.config import validate
-from scaletrain.launch.launcher import TORCHRUN_NOTE, choose_launcher
+from scaletrain.launch.launcher import choose_launcher, torchrun_note
 
 
 def _cfg(classify_cfg, **sections):
@@ -17,19 +18,40 @@ def no_cluster(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr("scaletrain.launch.warm.cluster.current", lambda: None)
     monkeypatch.setattr("scaletrain.launch.launcher.ray_running", lambda: False)  # (the suite's shared Ray)
+    monkeypatch.setattr("scaletrain.launch.launcher.os.cpu_count", lambda: 4)  # a 4-core CPU box
+    monkeypatch.setattr("scaletrain.launch.launcher.GPU_DEVICE_FILES", ())
 
 
 def test_one_local_worker_runs_under_torchrun_and_says_so(classify_cfg):
     cfg = _cfg(classify_cfg)
     assert cfg.scaling.launcher == "auto"
     chosen, note = choose_launcher(cfg)
-    assert chosen.scaling.launcher == "torchrun" and note == TORCHRUN_NOTE
-    assert "scaling.launcher=ray forces Ray" in note
+    assert chosen.scaling.launcher == "torchrun" and note == torchrun_note(1)
+    assert note.startswith("1 worker on this machine") and "scaling.launcher=ray forces Ray" in note
     assert chosen.model_dump()["train"] == cfg.model_dump()["train"]  # nothing else changes
 
 
+@pytest.mark.parametrize("workers", [2, 4])
+def test_workers_that_fit_this_cpu_box_run_under_torchrun(classify_cfg, workers):
+    chosen, note = choose_launcher(_cfg(classify_cfg, scaling={"num_workers": workers}))
+    assert chosen.scaling.launcher == "torchrun" and note.startswith(f"{workers} workers on this machine")
+
+
+def test_on_a_gpu_machine_the_gpus_count(classify_cfg, monkeypatch):
+    monkeypatch.setattr("scaletrain.launch.launcher.GPU_DEVICE_FILES", (__file__,))  # a file that exists
+    monkeypatch.setattr(Platform, "detect", classmethod(lambda cls: Platform("cuda", 8, "2.13.0")))
+    monkeypatch.setattr("scaletrain.launch.launcher.os.cpu_count", lambda: 64)
+    assert choose_launcher(_cfg(classify_cfg, scaling={"num_workers": 8}))[0].scaling.launcher == "torchrun"
+    assert choose_launcher(_cfg(classify_cfg, scaling={"num_workers": 16}))[0].scaling.launcher == "ray"  # 2 nodes
+    # CPU workers asked for on a GPU machine: a core each
+    cpu = _cfg(classify_cfg, scaling={"num_workers": 16, "use_gpu": False})
+    assert choose_launcher(cpu)[0].scaling.launcher == "torchrun"
+
+
 @pytest.mark.parametrize("sections", [
-    {"scaling": {"num_workers": 2}},
+    {"scaling": {"num_workers": 5}},  # more than the 4 cores
+    {"scaling": {"placement_strategy": "SPREAD", "num_workers": 2}},
+    {"scaling": {"resources_per_worker": {"CPU": 1, "accelerator_type:A100": 0.01}}},
     {"scaling": {"num_workers": [1, 2]}},
     {"fault_tolerance": {"max_failures": 1}},
     {"scaling": {"address": "head:6379"}},

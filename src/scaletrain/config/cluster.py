@@ -29,8 +29,8 @@ class ScalingConfig(_Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
     address: Optional[str] = None
-    # auto: torchrun for 1 worker on this machine with no restarts asked (nothing of Ray's is needed: a quicker,
-    # lighter start), Ray otherwise (launch/launcher.py choose_launcher).
+    # auto: torchrun for a fixed number of workers that fit on this machine with nothing of Ray's asked (no restarts,
+    # cluster or object storage: a quicker, lighter start), Ray otherwise (launch/launcher.py choose_launcher).
     launcher: Literal["auto", "ray", "torchrun"] = "auto"
     # torchrun: num_workers = nnodes x processes per node; every node runs `scaletrain train` with its node_rank.
     nnodes: int = Field(1, ge=1)

@@ -9,6 +9,7 @@ launcher starts its agent when it is made, so its start-up overlaps the driver's
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 from scaletrain import envvars
@@ -54,15 +55,36 @@ def require_ray(what: str) -> None:
                           f"scaling.launcher=torchrun")
 
 
-TORCHRUN_NOTE = ("1 worker on this machine and no restarts asked: it runs under torchrun (no Ray cluster to start: "
-                 "a quicker, lighter start); scaling.launcher=ray forces Ray")
+def torchrun_note(workers: int) -> str:
+    return (f"{workers} worker{'s' if workers > 1 else ''} on this machine and no restarts asked: under torchrun (no "
+            f"Ray cluster to start: a quicker, lighter start); scaling.launcher=ray forces Ray")
+
+
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # the NVIDIA and AMD (ROCm) drivers' control devices
+
+
+def fits_this_machine(s) -> bool:
+    """Whether ``s.num_workers`` processes fit on this machine under torchrun: a GPU each where it has GPUs, else
+    a core each. Without a GPU driver's device file the machine is a CPU box: no torch import (~2 s here) before
+    the torchrun agent can start; with one, torch counts the GPUs (the count the workers will see)."""
+    if s.nnodes > 1:
+        return False
+    if s.use_gpu is not False and any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        platform = Platform.detect()
+        if platform.has_gpu or s.use_gpu is True:
+            return s.num_workers <= platform.device_count
+    return s.num_workers <= (os.cpu_count() or 1)
 
 
 def ray_reasons(cfg: Config) -> list[str]:
-    """What of Ray's a config asks for (an empty list: a single local worker torchrun runs as well)."""
+    """What of Ray's a config asks for (an empty list: torchrun runs it as well: a fixed number of workers that
+    fit on this machine, no restarts, no cluster, no object storage)."""
     s, ft = cfg.scaling, cfg.fault_tolerance
+    custom = set(s.resources_per_worker or {}) - {"CPU", "GPU"}
     reasons = [why for why, asked in (
-        ("more than one worker", s.num_workers > 1 or s.elastic), ("restarts", ft.max_failures != 0),
+        ("elastic workers", s.elastic), ("more workers than this machine has GPUs or cores", not fits_this_machine(s)),
+        ("a placement strategy", s.placement_strategy != "PACK"), ("custom resources", bool(custom)),
+        ("restarts", ft.max_failures != 0),
         ("chaos", ft.chaos is not None), ("a cluster address", bool(s.address or envvars.read(envvars.RAY_ADDRESS))),
         ("object storage", "://" in cfg.output.output_dir)) if asked]
     if not reasons:
@@ -90,7 +112,7 @@ def choose_launcher(cfg: Config) -> tuple[Config, str | None]:
         return cfg, None
     chosen = "ray" if ray_reasons(cfg) else "torchrun"
     cfg = cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update={"launcher": chosen})})
-    return cfg, TORCHRUN_NOTE if chosen == "torchrun" else None
+    return cfg, torchrun_note(cfg.scaling.num_workers) if chosen == "torchrun" else None
 
 
 def launcher_for(cfg: Config, redact: Redactor | None = None) -> Launcher:

@@ -212,3 +212,29 @@ def test_agent_refuses_to_start_when_its_driver_already_died():
     agent = subprocess.run([sys.executable, "-m", "scaletrain.launch.torchrun_agent", "1", "--help"],
                            capture_output=True, text=True, timeout=60)
     assert agent.returncode == 1 and "usage" not in agent.stdout
+
+
+def test_the_lean_trainer_leaves_out_the_helper_actors_scaletrain_does_not_use():
+    """Ray Train's default callbacks start a Ray Datasets manager and a placement-group cleaner (a process each):
+    no Ray Dataset is passed, and an embedded Ray dies with its driver, so neither does anything here."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    from scaletrain.launch.ray_launcher import _lean_trainer
+
+    assert callable(TorchTrainer._create_default_callbacks)  # the method the subclass overrides is still Ray's
+
+    datasets_cb, cleaner, other = object.__new__(DatasetsCallback), object.__new__(PlacementGroupCleanerCallback), 1
+
+    class Trainer:  # the two things of DataParallelTrainer the subclass touches
+        def __init__(self, datasets=None):
+            self.datasets = datasets
+
+        def _create_default_callbacks(self):
+            return [other, datasets_cb, cleaner]
+
+    assert _lean_trainer(Trainer, embedded=True)()._create_default_callbacks() == [other]
+    assert _lean_trainer(Trainer, embedded=False)()._create_default_callbacks() == [other, cleaner]  # a cluster
+    assert _lean_trainer(Trainer, embedded=True)({"train": 0})._create_default_callbacks() == [other, datasets_cb,
+                                                                                               cleaner]

@@ -101,6 +101,7 @@ def ray_session(address: str | None) -> Iterator[dict[str, float]]:
             import ray
 
             ray.shutdown()
+            _EMBEDDED[0] = False
 
 
 def ensure_ray(address: str | None) -> bool:
@@ -161,6 +162,9 @@ def _join_warm(warm) -> None:
     ray.init(address=warm.address, **kwargs)
 
 
+_EMBEDDED = [False]  # this driver started the Ray it runs on (it stops with the driver)
+
+
 def _start_embedded() -> None:
     import ray
 
@@ -171,6 +175,7 @@ def _start_embedded() -> None:
     # (token authentication on) is kept: setting RAY_AUTH_MODE after ray is imported breaks the driver.
     logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
     ray.init(include_dashboard=False, **kwargs)
+    _EMBEDDED[0] = True
 
 
 def _probe_address(address: str, timeout_s: float = 5.0) -> None:
@@ -252,7 +257,7 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    trainer = TorchTrainer(
+    trainer = _lean_trainer(TorchTrainer, embedded=_EMBEDDED[0])(
         train_loop_per_worker=_with_private_env,
         train_loop_config={"entry": entry, "config": entry_config, "private": entry_config.pop("private", None)},
         torch_config=TorchConfig(backend=plan.backend, timeout_s=timeout_s),
@@ -285,6 +290,28 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
         thread.join(0.2)
     if "error" in outcome:
         raise outcome["error"]
+
+
+def _lean_trainer(trainer_cls, embedded: bool):
+    """Ray Train V2 starts a helper actor (a Python process, ~0.2 GiB) for each of its default callbacks; two do
+    nothing for scaletrain: the Ray Datasets manager (scaletrain passes no Ray Dataset: each worker reads its own
+    shard) and, on the embedded Ray that dies with this driver, the detached placement-group cleaner (it frees the
+    workers' reservation if the controller dies while the cluster lives on). Ray has no switch for them, so this
+    subclass leaves them out of the default list (benchmarks/RESULTS.md "cold start"); on a Ray whose private
+    classes moved it changes nothing."""
+    try:
+        from ray.train.v2._internal.callbacks import DatasetsCallback
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    except ImportError:
+        return trainer_cls
+    unused = (DatasetsCallback, PlacementGroupCleanerCallback) if embedded else (DatasetsCallback,)
+
+    class LeanTrainer(trainer_cls):
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            return [cb for cb in callbacks if not isinstance(cb, unused)] if not self.datasets else callbacks
+
+    return LeanTrainer
 
 
 def _with_private_env(config: dict) -> None:

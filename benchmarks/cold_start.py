@@ -1,7 +1,8 @@
 """A cold `scaletrain train` (no warm cluster) against the floor: a plain torchrun script of the same loop.
 
 Each variant is a fresh process tree (a user's command): the MiniLM demo job, 20 optimizer steps, 1 and 2 workers;
-scaletrain with its Ray launcher and with its torchrun launcher; `bare_first_step.py` under torchrun (the floor:
+scaletrain as a user runs it (the default, scaling.launcher auto: the launcher it chose is printed) and with its
+Ray launcher forced; `bare_first_step.py` under torchrun (the floor:
 no config checks, no data cache, no checkpoints, no metrics). Measured: the first console line, the first
 optimizer step and the whole wall time from the moment the command starts, and the process tree's peak resident
 memory (the command and every descendant, sampled every 0.2 s). Variants alternate; medians of --rounds.
@@ -9,7 +10,7 @@ memory (the command and every descendant, sampled every 0.2 s). Variants alterna
 LLaMA-Factory is not installed here (it pins its own torch); to add it, install llamafactory in its own venv with
 torch==2.13.0 and run `llamafactory-cli train` on the same data beside these (not automated).
 
-    python benchmarks/cold_start.py --rounds 3
+    python benchmarks/cold_start.py --rounds 5
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -66,14 +68,18 @@ def run_tree(cmd: list[str], env: dict | None = None) -> dict:
     return {"t0": t0, "first_line_s": first[0], "wall_s": time.time() - t0, "tree_peak_gib": peak[0] / 2**30}
 
 
-def scaletrain(cfg: Path, out: Path, launcher: str, workers: int) -> dict:
-    r = run_tree([sys.executable, "-m", "scaletrain", "train", str(cfg), f"scaling.launcher={launcher}",
+def scaletrain(cfg: Path, out: Path, launcher: str | None, workers: int) -> dict:
+    """``launcher`` None: the default (scaling.launcher auto); the one it chose is recorded."""
+    r = run_tree([sys.executable, "-m", "scaletrain", "train", str(cfg),
+                  *([f"scaling.launcher={launcher}"] if launcher else []),
                   f"scaling.num_workers={workers}", f"output.output_dir={out}", "--no-progress"])
     run = next(p for p in out.iterdir() if (p / "metrics.jsonl").is_file())
+    chosen = re.search(r"launcher: (\w+)", (run / "config.resolved.yaml").read_text()).group(1)
     first = min(json.loads(line)["time"] for line in (run / "metrics.jsonl").read_text().splitlines()
                 if '"kind": "train"' in line)
     summary = json.loads((run / "summary.json").read_text())
-    return {**r, "first_step_s": first - r["t0"], "tree_in_summary_gib": summary["memory/tree_peak_bytes"] / 2**30}
+    return {**r, "first_step_s": first - r["t0"], "tree_in_summary_gib": summary["memory/tree_peak_bytes"] / 2**30,
+            "launcher": chosen}
 
 
 def bare(data: Path, out: Path, workers: int) -> dict:
@@ -103,12 +109,13 @@ monitor: {{report: false}}
             for name, fn, fn_args in ((f"bare torchrun x{workers}", bare, (data, work / f"b{workers}-{i}", workers)),
                                       (f"scaletrain ray x{workers}", scaletrain,
                                        (cfg, work / f"r{workers}-{i}", "ray", workers)),
-                                      (f"scaletrain torchrun x{workers}", scaletrain,
-                                       (cfg, work / f"t{workers}-{i}", "torchrun", workers))):
+                                      (f"scaletrain default x{workers}", scaletrain,
+                                       (cfg, work / f"t{workers}-{i}", None, workers))):
                 results.setdefault(name, []).append(fn(*fn_args))
                 r = results[name][-1]
                 print(f"round {i} {name}: first line {r['first_line_s']}, first step {r['first_step_s']:.1f} s, "
-                      f"wall {r['wall_s']:.1f} s, tree {r['tree_peak_gib']:.2f} GiB", flush=True)
+                      f"wall {r['wall_s']:.1f} s, tree {r['tree_peak_gib']:.2f} GiB"
+                      f"{', launcher ' + r['launcher'] if 'launcher' in r else ''}", flush=True)
     print("| variant | first console line | first step | 20-step wall | tree peak RSS | vs the floor (step, wall, "
           "RSS) |")
     print("|---|---|---|---|---|---|")

@@ -35,10 +35,10 @@ HERE = Path(__file__).resolve().parent
 STEPS = 20
 
 
-def run_tree(cmd: list[str], env: dict | None = None) -> dict:
+def run_tree(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> dict:
     """Run ``cmd``; the time of its first stderr/stdout line, its wall time and its tree's peak RSS."""
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     peak, first, lines = [0], [None], []
 
     def sample():

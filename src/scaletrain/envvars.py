@@ -7,10 +7,11 @@ imports nothing of scaletrain's but ``credentials`` (what looks like a secret), 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from scaletrain.credentials import looks_like_secret
 
@@ -129,6 +130,22 @@ def apply_defaults(values: Mapping[str, str]) -> None:
 def apply(values: Mapping[str, str]) -> None:
     """Set variables in this process (for values computed from what the user set, e.g. reconcile_rocr)."""
     os.environ.update(values)
+
+
+@contextlib.contextmanager
+def applied(values: Mapping[str, str]) -> Iterator[None]:
+    """Set variables in this process for a block, then put back what was there (a worker run in the driver's own
+    process: launch/local.py)."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 # The warm cluster's fork server (launch/warm/forkserver.py) hands Ray a worker forked from a process that

@@ -65,12 +65,15 @@ def test_the_commands_that_need_no_ray_run_without_it(no_ray, classify_cfg, tmp_
     assert summary["memory/tree_peak_bytes"] > sum(summary["memory/peak_bytes_per_rank"])
     report = no_ray("report", run)
     assert report.returncode == 0, report.stderr[-1500:]
-    # the default launcher (auto) trains a single local worker without Ray, and says so
+    # the default launcher (auto) trains a single local worker in the command's own process, and says so
     single = write_config(tmp_path / "one.yaml", classify_cfg)
     auto = no_ray("train", single, "output.run_name=one", "--no-progress")
     assert auto.returncode == 0, auto.stderr[-2000:]
-    assert "1 worker on this machine and no restarts asked: under torchrun" in auto.stderr
-    assert "launcher: torchrun" in (tmp_path / "runs" / "one" / "config.resolved.yaml").read_text()
+    assert "1 worker on this machine and no restarts asked: it runs in this process" in auto.stderr
+    one = tmp_path / "runs" / "one"
+    assert "launcher: local" in (one / "config.resolved.yaml").read_text()
+    summary = json.loads((one / "summary.json").read_text())
+    assert summary["memory/tree_peak_processes"] == 1 and summary["steps"] == 12 and (one / "final").is_dir()
 
 
 @pytest.mark.parametrize("args, what", [(("train", "{cfg}"), "scaling.launcher=ray"),

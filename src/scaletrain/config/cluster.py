@@ -29,9 +29,10 @@ class ScalingConfig(_Section):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
     address: Optional[str] = None
-    # auto: torchrun for a fixed number of workers that fit on this machine with nothing of Ray's asked (no restarts,
-    # cluster or object storage: a quicker, lighter start), Ray otherwise (launch/launcher.py choose_launcher).
-    launcher: Literal["auto", "ray", "torchrun"] = "auto"
+    # auto: with nothing of Ray's asked (no restarts, cluster or object storage), one worker runs in this process
+    # (local) and more that fit on this machine under torchrun (a quicker, lighter start); Ray otherwise
+    # (launch/launcher.py choose_launcher). local: the worker loop in the command's own process (1 worker).
+    launcher: Literal["auto", "ray", "torchrun", "local"] = "auto"
     # torchrun: num_workers = nnodes x processes per node; every node runs `scaletrain train` with its node_rank.
     nnodes: int = Field(1, ge=1)
     node_rank: int = Field(0, ge=0)
@@ -76,6 +77,9 @@ class ScalingConfig(_Section):
             raise ValueError(f"scaling.num_workers=[{self.min_workers}, {self.num_workers}] (elastic) needs "
                              f"scaling.launcher=ray: Ray Train restarts the worker group at a new size; torchrun runs "
                              f"a fixed size here: set scaling.launcher=ray, or a fixed scaling.num_workers")
+        if self.launcher == "local" and (self.num_workers > 1 or self.nnodes > 1):
+            raise ValueError(f"scaling.launcher=local runs 1 worker in this process, not scaling.num_workers="
+                             f"{self.num_workers}: set scaling.launcher=torchrun (this machine) or ray (a cluster)")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"scaling.node_rank={self.node_rank} is out of range for scaling.nnodes={self.nnodes}; "
                              f"use 0..{self.nnodes - 1}")

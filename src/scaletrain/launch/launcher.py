@@ -55,9 +55,14 @@ def require_ray(what: str) -> None:
                           f"scaling.launcher=torchrun")
 
 
-def torchrun_note(workers: int) -> str:
-    return (f"{workers} worker{'s' if workers > 1 else ''} on this machine and no restarts asked: under torchrun (no "
-            f"Ray cluster to start: a quicker, lighter start); scaling.launcher=ray forces Ray")
+def auto_note(launcher: str, workers: int) -> str:
+    """The line that says what ``scaling.launcher: auto`` chose when it is not Ray."""
+    if launcher == "local":
+        return ("1 worker on this machine and no restarts asked: it runs in this process (nothing to start: the "
+                "quickest, lightest start); scaling.launcher=torchrun gives it a process of its own (a crash is then "
+                "reported, not the command's end), =ray forces Ray")
+    return (f"{workers} workers on this machine and no restarts asked: under torchrun (no Ray cluster to start: a "
+            f"quicker, lighter start); scaling.launcher=ray forces Ray")
 
 
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # the NVIDIA and AMD (ROCm) drivers' control devices
@@ -77,8 +82,8 @@ def fits_this_machine(s) -> bool:
 
 
 def ray_reasons(cfg: Config) -> list[str]:
-    """What of Ray's a config asks for (an empty list: torchrun runs it as well: a fixed number of workers that
-    fit on this machine, no restarts, no cluster, no object storage)."""
+    """What of Ray's a config asks for (an empty list: this process or torchrun runs it as well: a fixed number of
+    workers that fit on this machine, no restarts, no cluster, no object storage)."""
     s, ft = cfg.scaling, cfg.fault_tolerance
     custom = set(s.resources_per_worker or {}) - {"CPU", "GPU"}
     reasons = [why for why, asked in (
@@ -110,9 +115,13 @@ def choose_launcher(cfg: Config) -> tuple[Config, str | None]:
     when it is not Ray."""
     if cfg.scaling.launcher != "auto":
         return cfg, None
-    chosen = "ray" if ray_reasons(cfg) else "torchrun"
+    # One worker runs in this process, except in a drill of injected faults (SCALETRAIN_FAULTS), whose kills are
+    # a worker's, not the command's.
+    drill = bool(envvars.read(envvars.SCALETRAIN_FAULTS))
+    chosen = ("ray" if ray_reasons(cfg) else
+              "local" if cfg.scaling.num_workers == 1 and not drill else "torchrun")
     cfg = cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update={"launcher": chosen})})
-    return cfg, torchrun_note(cfg.scaling.num_workers) if chosen == "torchrun" else None
+    return cfg, auto_note(chosen, cfg.scaling.num_workers) if chosen != "ray" else None
 
 
 def launcher_for(cfg: Config, redact: Redactor | None = None) -> Launcher:
@@ -122,6 +131,10 @@ def launcher_for(cfg: Config, redact: Redactor | None = None) -> Launcher:
         from scaletrain.launch.torchrun_launcher import TorchrunLauncher
 
         return TorchrunLauncher(cfg, redact)
+    if cfg.scaling.launcher == "local":
+        from scaletrain.launch.local import LocalLauncher
+
+        return LocalLauncher(cfg, redact)
     require_ray("scaling.launcher=ray")
     from scaletrain.launch.ray_launcher import RayLauncher
 

@@ -7,8 +7,8 @@ no config checks, no data cache, no checkpoints, no metrics). Measured: the firs
 optimizer step and the whole wall time from the moment the command starts, and the process tree's peak resident
 memory (the command and every descendant, sampled every 0.2 s). Variants alternate; medians of --rounds.
 
-LLaMA-Factory is not installed here (it pins its own torch); to add it, install llamafactory in its own venv with
-torch==2.13.0 and run `llamafactory-cli train` on the same data beside these (not automated).
+LLaMA-Factory beside scaletrain, on a job both run: benchmarks/vs_llamafactory.py (its own venv:
+benchmarks/llamafactory_env.sh).
 
     python benchmarks/cold_start.py --rounds 5
 """

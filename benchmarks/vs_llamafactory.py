@@ -6,17 +6,18 @@ FORCE_TORCHRUN=1 NPROC_PER_NODE=2 for 2 processes, as its docs say); scaletrain 
 of scaletrain's tests saved as a local HF directory (random init, built from its seed: no download), its tokenizer
 with the ChatML template, and LLaMA-Factory's `chatml` template on both sides; the data an alpaca file of --rows
 generated examples (instruction, input, output of 1-12 sentences: 30-400 tokens), cutoff 512, batch 4 per process,
-one epoch. Variants padded and packed (LLaMA-Factory `packing` + `neat_packing`, scaletrain `data.packing` with
+--epochs epochs. Variants padded and packed (LLaMA-Factory `packing` + `neat_packing`, scaletrain `data.packing` with
 per-example attention), 1 and 2 processes, alternating, medians of --rounds.
 
-Measured per run: examples/s (the rows of the epoch over the trainer's own training time: LLaMA-Factory's
-`train_runtime`, scaletrain's `train_time_s`), start-up (the command's wall time minus that training time), and the
-process tree's peak RSS (the command and every descendant, summed, every 0.2 s; cold_start.py's sampler).
+Measured per run: examples/s (the examples trained over the trainer's own training time: LLaMA-Factory trains every
+row, over its `train_runtime`; scaletrain's `throughput/samples_per_s` counts the examples it trained, a packed
+epoch leaving out the rows that do not fill a global batch), start-up (the command's wall time minus that training
+time), and the process tree's peak RSS (the command and every descendant, summed, every 0.2 s; cold_start.py's sampler).
 
 LLaMA-Factory lives in a venv of its own (other transformers/accelerate/trl pins), made by
 `bash benchmarks/llamafactory_env.sh /tmp/lf-venv`:
 
-    python benchmarks/vs_llamafactory.py --llamafactory /tmp/lf-venv --rounds 2
+    python benchmarks/vs_llamafactory.py --llamafactory /tmp/lf-venv --rounds 3 --epochs 3
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def rows(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def setup(work: Path, n: int) -> dict[str, Path]:
+def setup(work: Path, n: int, epochs: int) -> dict[str, Path]:
     import torch  # noqa: F401  (the model is built here, once)
 
     from scaletrain.config.schema import ModelConfig
@@ -73,7 +74,7 @@ def setup(work: Path, n: int) -> dict[str, Path]:
             f"model_name_or_path: {model_dir}", "stage: sft", "do_train: true", "finetuning_type: lora",
             "lora_rank: 8", "lora_alpha: 16", "lora_target: all", "dataset: bench", f"dataset_dir: {data}",
             "template: chatml", "cutoff_len: 512", "overwrite_cache: true", f"per_device_train_batch_size: {BATCH}",
-            "gradient_accumulation_steps: 1", "learning_rate: 1.0e-4", "num_train_epochs: 1.0",
+            "gradient_accumulation_steps: 1", "learning_rate: 1.0e-4", f"num_train_epochs: {epochs}.0",
             "lr_scheduler_type: cosine", "logging_steps: 10", "save_strategy: 'no'", "report_to: none",
             "overwrite_output_dir: true", "dataloader_num_workers: 0",
             *(["packing: true", "neat_packing: true"] if packed else []), ""]))
@@ -85,7 +86,7 @@ def setup(work: Path, n: int) -> dict[str, Path]:
     return configs
 
 
-def llamafactory(venv: Path, cfg: Path, workers: int, out: Path, work: Path) -> dict:
+def llamafactory(venv: Path, cfg: Path, workers: int, out: Path, work: Path, examples: int) -> dict:
     env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "DISABLE_VERSION_CHECK": "1",
            "HF_HUB_OFFLINE": "1", "WANDB_DISABLED": "true",
            **({"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": str(workers)} if workers > 1 else {})}
@@ -93,15 +94,16 @@ def llamafactory(venv: Path, cfg: Path, workers: int, out: Path, work: Path) -> 
     r = run_tree([str(venv / "bin" / "llamafactory-cli"), "train", str(cfg), f"output_dir={out}"], env=env,
                  cwd=work)
     train_s = json.loads((out / "train_results.json").read_text())["train_runtime"]
-    return {**r, "train_s": train_s}
+    return {**r, "train_s": train_s, "examples_per_s": examples / train_s}
 
 
-def scaletrain(cfg: Path, workers: int, out: Path, work: Path) -> dict:
+def scaletrain(cfg: Path, workers: int, out: Path, work: Path, examples: int) -> dict:
     r = run_tree([sys.executable, "-m", "scaletrain", "train", str(cfg), f"scaling.num_workers={workers}",
                   f"output.output_dir={out}", "--no-progress"], cwd=work)
     run = next(p for p in out.iterdir() if (p / "summary.json").is_file())
     summary = json.loads((run / "summary.json").read_text())
-    return {**r, "train_s": summary["train_time_s"] + summary.get("eval_time_s", 0.0)}
+    return {**r, "train_s": summary["train_time_s"] + summary.get("eval_time_s", 0.0),
+            "examples_per_s": summary["throughput/samples_per_s"]}
 
 
 def main() -> None:
@@ -109,9 +111,10 @@ def main() -> None:
     ap.add_argument("--llamafactory", type=Path, required=True, help="the venv benchmarks/llamafactory_env.sh made")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--epochs", type=int, default=3)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="scaletrain-vs-lf-"))
-    configs = setup(work, args.rows)
+    configs = setup(work, args.rows, args.epochs)
     results: dict[tuple, list[dict]] = {}
     for i in range(args.rounds):
         for layout in ("padded", "packed"):
@@ -119,15 +122,15 @@ def main() -> None:
                 runs = [("LLaMA-Factory", llamafactory, (args.llamafactory, configs[layout], workers)),
                         ("scaletrain", scaletrain, (configs[f"st-{layout}"], workers))]
                 for side, fn, fn_args in (runs if i % 2 == 0 else runs[::-1]):
-                    r = fn(*fn_args, work / f"{side[:2]}-{layout}-{workers}-{i}", work)
-                    r["examples_per_s"] = args.rows / r["train_s"]
+                    r = fn(*fn_args, work / f"{side[:2]}-{layout}-{workers}-{i}", work, args.rows * args.epochs)
                     r["startup_s"] = r["wall_s"] - r["train_s"]
                     results.setdefault((layout, workers, side), []).append(r)
                     print(f"round {i} {layout} x{workers} {side}: {r['examples_per_s']:.1f} examples/s, start-up "
                           f"{r['startup_s']:.1f} s, wall {r['wall_s']:.1f} s, tree {r['tree_peak_gib']:.2f} GiB",
                           flush=True)
-    print("| variant | examples/s LF / st | ratio | start-up LF / st | ratio | tree peak RSS LF / st | ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | examples/s LF / st | ratio | start-up LF / st | ratio | tree peak RSS LF / st | ratio | "
+          "examples/s ratio per round |")
+    print("|---|---|---|---|---|---|---|---|")
     for layout in ("padded", "packed"):
         for workers in (1, 2):
             m = {side: {k: statistics.median(r[k] for r in results[(layout, workers, side)])
@@ -135,10 +138,12 @@ def main() -> None:
                  for side in ("LLaMA-Factory", "scaletrain")}
             lf, st = m["LLaMA-Factory"], m["scaletrain"]
             ratio = {k: st[k] / lf[k] for k in lf}
+            pairs = zip(results[(layout, workers, "LLaMA-Factory")], results[(layout, workers, "scaletrain")])
+            rounds = ", ".join(f"{b['examples_per_s'] / a['examples_per_s']:.2f}" for a, b in pairs)
             print(f"| {layout}, {workers} process(es) | {lf['examples_per_s']:.1f} / {st['examples_per_s']:.1f} | "
                   f"{ratio['examples_per_s']:.2f}x | {lf['startup_s']:.1f} / {st['startup_s']:.1f} s | "
                   f"{ratio['startup_s']:.2f}x | {lf['tree_peak_gib']:.2f} / {st['tree_peak_gib']:.2f} GiB | "
-                  f"{ratio['tree_peak_gib']:.2f}x |")
+                  f"{ratio['tree_peak_gib']:.2f}x | {rounds} |")
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,5 @@
 """Secrets never reach Ray's logs or dashboard, the run directory, or what the driver prints: a shell HF_TOKEN
-and comm.env credentials (by name and by shape), on both launchers and for a failing run."""
+and comm.env credentials (by name and by shape), on every launcher and for a failing run."""
 
 import hashlib
 import json
@@ -47,12 +47,13 @@ def _config(classify_cfg, tmp_path, name, **scaling):
     return write_config(tmp_path / f"{name}.yaml", cfg)
 
 
-@pytest.mark.parametrize("launcher", ["ray", "torchrun"])
+@pytest.mark.parametrize("launcher", ["ray", "torchrun", "local"])
 def test_no_secret_in_ray_logs_run_directory_or_output(classify_cfg, tmp_path, monkeypatch, capfd, ray_local,
                                                        no_orphans, launcher):
     for k, v in SHELL.items():
         monkeypatch.setenv(k, v)
-    path = _config(classify_cfg, tmp_path, launcher, launcher=launcher)
+    one = launcher == "local"  # the loop in this process: 1 worker
+    path = _config(classify_cfg, tmp_path, launcher, launcher=launcher, **({"num_workers": 1} if one else {}))
     assert cli.main(["train", str(path), "--no-progress"]) == 0
     out = capfd.readouterr()
     run_dir = tmp_path / "runs" / launcher
@@ -63,7 +64,7 @@ def test_no_secret_in_ray_logs_run_directory_or_output(classify_cfg, tmp_path, m
     resolved = (run_dir / "config.resolved.yaml").read_text()
     assert "AUTH_HEADER: '***'" in resolved and "WANDB_API_KEY: '***'" in resolved
     assert "NCCL_DEBUG: WARN" in resolved
-    worker_log = (run_dir / "logs" / "worker-1.log").read_text()
+    worker_log = (run_dir / "logs" / f"worker-{0 if one else 1}.log").read_text()
     assert "'AUTH_HEADER': '***'" in worker_log  # the comm.env line, masked (by shape: no secret name)
 
 

@@ -2,6 +2,7 @@
 directory, checkpoints, Ctrl-C, resume and failure messages of the other launchers, and the process left as it was
 (environment, torch threads, no process group)."""
 
+import logging
 import os
 import signal
 import threading
@@ -42,6 +43,7 @@ def _weights(run_dir):
 
 def test_one_worker_runs_here_and_leaves_the_process_as_it_was(classify_cfg, tmp_path):
     environ, threads = dict(os.environ), torch.get_num_threads()
+    handlers, level = list(logging.getLogger().handlers), logging.getLogger().level
     result = run_job(_cfg(classify_cfg, "here", checkpoint={"save_steps": 4}), tmp_path / "c.yaml",
                      show_progress=False)
     assert "launcher: local" in (result.run_dir / "config.resolved.yaml").read_text()
@@ -54,6 +56,7 @@ def test_one_worker_runs_here_and_leaves_the_process_as_it_was(classify_cfg, tmp
     # the workers' variables (HF offline, ...) were this run's only; torch's threads and process group too
     assert {k: os.environ.get(k) for k in WORKER_ENV_DEFAULTS} == {k: environ.get(k) for k in WORKER_ENV_DEFAULTS}
     assert torch.get_num_threads() == threads and not dist.is_initialized()
+    assert logging.getLogger().handlers == handlers and logging.getLogger().level == level  # worker-0.log closed
 
 
 def test_the_same_weights_as_torchrun(classify_cfg, tmp_path):

@@ -49,7 +49,7 @@ class LocalLauncher:
         # The spec as the other launchers hand it over: secrets masked (this process's environment has them).
         spec = dataclasses.replace(spec, config=self.redact.mapping(spec.config))
         env = envvars.worker_env(effective_env(self.cfg.comm.profile, self.cfg.comm.env), envvars.snapshot())
-        with envvars.applied(env), _threads(int(plan.resources_per_worker["CPU"])), \
+        with envvars.applied(env), _threads(int(plan.resources_per_worker["CPU"])), _worker_logging(), \
                 _process_group(spec, self.cfg.comm.timeout_s, plan.use_gpu) as ctx:
             try:
                 run_loop(ctx, spec)
@@ -85,6 +85,23 @@ def _threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _worker_logging():
+    """The loop sends this process's logging to the rank's file (metrics/logs.py); afterwards the driver's
+    records are not the worker's: that handler goes (closed) and the root level is put back."""
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -1,10 +1,11 @@
 """One launcher interface, chosen once from ``scaling.launcher``.
 
 A launcher has two steps: ``plan(platform)`` sizes the job against what it can run on (Ray: the cluster it
-starts or joins; torchrun: this node) and fails before any run directory exists if it does not fit;
-``run(spec, plan)`` runs the worker loop on every worker and raises what they raised (launch/failures.py
-words it). ``close()`` releases what the launcher started (a Ray it started, a torchrun agent). The torchrun
-launcher starts its agent when it is made, so its start-up overlaps the driver's data preparation.
+starts or joins; torchrun: this node; local: this process, one worker) and fails before any run directory exists
+if it does not fit; ``run(spec, plan)`` runs the worker loop on every worker and raises what they raised
+(launch/failures.py words it). ``close()`` releases what the launcher started (a Ray it started, a torchrun
+agent). The torchrun launcher starts its agent when it is made, so its start-up overlaps the driver's data
+preparation.
 """
 
 from __future__ import annotations

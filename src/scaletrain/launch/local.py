@@ -89,8 +89,9 @@ def _threads(n: int):
 
 @contextlib.contextmanager
 def _worker_logging():
-    """The loop sends this process's logging to the rank's file (metrics/logs.py); afterwards the driver's
-    records are not the worker's: that handler goes (closed) and the root level is put back."""
+    """The loop sends this process's logging to the rank's file (metrics/logs.py, which drops the scaletrain
+    handlers it finds); afterwards the driver's records are not the worker's: that handler goes (closed), and the
+    root logger's handlers and level are put back as they were."""
     import logging
 
     root = logging.getLogger()
@@ -98,9 +99,13 @@ def _worker_logging():
     try:
         yield
     finally:
-        for handler in [h for h in root.handlers if h not in handlers]:
+        added = [h for h in root.handlers if h not in handlers]
+        for handler in list(root.handlers):
             root.removeHandler(handler)
+        for handler in added:
             handler.close()
+        for handler in handlers:  # in their order
+            root.addHandler(handler)
         root.setLevel(level)
 
 

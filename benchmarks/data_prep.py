@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=512)
     args = ap.parse_args()
-    from scaletrain.model import load_tokenizer
+    from scaletrain.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-bert")  # MiniLM's tokenizer (the fast one)
     work = Path(tempfile.mkdtemp(prefix="scaletrain-dataprep-"))

@@ -45,8 +45,7 @@ def checkpoint_part(rounds: int, endpoint: str, tmp: Path) -> dict:
     import torch
     import torch.distributed as dist
 
-    from scaletrain.checkpoint import Checkpointer
-    from scaletrain.checkpoint.storage import checkpoints_of
+    from scaletrain.checkpoint import Checkpointer, checkpoints_of
     from scaletrain.comm.context import DistContext
     from scaletrain.config.schema import CheckpointConfig
     from scaletrain.storage.uri import Store

@@ -64,7 +64,8 @@ def trl_worker(args) -> None:
 
     from scaletrain.config.schema import ModelConfig
     from scaletrain.memory.measure import PeakMemory
-    from scaletrain.model import Vocab, build_model, load_tokenizer
+    from scaletrain.model import build_model
+    from scaletrain.tokenizer import Vocab, load_tokenizer
     from scaletrain.worker.trainer import seed_everything
 
     memory = PeakMemory("cpu")  # where scaletrain's workers start theirs: after the imports, before the model

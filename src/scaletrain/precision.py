@@ -19,10 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.dtypes import TORCH_NAMES, torch_dtype, torch_name
 from scaletrain.errors import ConfigError
-
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-TORCH_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -46,13 +44,6 @@ class Policy:
         return torch_dtype(getattr(self, which))
 
 
-def torch_dtype(name: str):
-    """torch's dtype for "fp32", "bf16" or "fp16"."""
-    import torch
-
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
-
-
 def policy(device: str, bf16: bool, fp16: bool, torch_dtype: str = "auto", strategy: str = "ddp",
            bf16_supported: bool = True, fp16_supported: bool = True) -> Policy:
     """``device``: "cpu" or "gpu"; ``torch_dtype``: ``model.torch_dtype`` (the storage of frozen weights)."""
@@ -60,7 +51,7 @@ def policy(device: str, bf16: bool, fp16: bool, torch_dtype: str = "auto", strat
     stored = TORCH_NAMES.get(torch_dtype)  # None: auto
     if stored in ("bf16", "fp16") and wanted and stored != wanted:
         raise ConfigError(f"model.torch_dtype={torch_dtype} and train.{wanted}=true disagree (frozen weights in "
-                          f"{stored}, compute in {wanted}); set model.torch_dtype={_torch(wanted)} or auto")
+                          f"{stored}, compute in {wanted}); set model.torch_dtype={torch_name(wanted)} or auto")
     if stored in ("bf16", "fp16") and not wanted and not (device == "cpu"):
         raise ConfigError(f"model.torch_dtype={torch_dtype} needs train.{stored}=true (weights stored in {stored} "
                           f"compute in {stored}); set it, or model.torch_dtype=auto for fp32")
@@ -88,49 +79,3 @@ def policy(device: str, bf16: bool, fp16: bool, torch_dtype: str = "auto", strat
                   f"precision {wanted}: trainable fp32 master weights, frozen weights {frozen}, {wanted} compute by "
                   f"{how}, fp32 optimizer states and gradient reduction" + ("; grad scaler" if wanted == "fp16"
                                                                            else ""))
-
-
-def _torch(name: str) -> str:
-    return {v: k for k, v in TORCH_NAMES.items()}[name]
-
-
-def checkpoint_dtype(config: dict) -> str | None:
-    """The dtype a checkpoint's config.json says it is stored in (``torch_dtype``, or transformers 5's ``dtype``)."""
-    value = config.get("dtype") or config.get("torch_dtype")
-    return TORCH_NAMES.get(str(value).removeprefix("torch.")) if value else None
-
-
-def final_dtype(model_cfg, compute: str) -> str:
-    """The dtype ``final/`` is written in: the checkpoint's own (its config.json), or the policy's compute dtype
-    for a model built from a config. A stored dtype scaletrain cannot read is an error (before any worker)."""
-    from scaletrain.model import model_dir
-    from scaletrain.model_files import read_model_config
-
-    path = model_dir(model_cfg.name_or_path)
-    if path is None:
-        return compute
-    config = read_model_config(path, model_cfg.name_or_path)
-    value = config.get("dtype") or config.get("torch_dtype")
-    if value is None:
-        return "fp32"  # transformers' default for a config that names none
-    stored = TORCH_NAMES.get(str(value).removeprefix("torch."))
-    if stored is None:
-        raise ConfigError(f"model.name_or_path={model_cfg.name_or_path}: config.json stores its weights as "
-                          f"{value!r}, a dtype scaletrain does not train from ({', '.join(TORCH_NAMES)}); fix "
-                          f"config.json's torch_dtype or convert the checkpoint")
-    return stored
-
-
-def set_config_dtype(model_dir, dtype: str) -> None:
-    """Name ``dtype`` in a saved model's config.json (transformers writes the dtype of the model object it saved
-    from, which holds fp32 master weights, not the dtype of the tensors written)."""
-    import json
-    from pathlib import Path
-
-    path = Path(model_dir) / "config.json"
-    config = json.loads(path.read_text())
-    name = _torch(dtype)
-    for key in ("dtype", "torch_dtype"):
-        if key in config or key == "dtype":
-            config[key] = name
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -214,7 +214,7 @@ def test_a_bf16_checkpoint_on_two_fsdp_workers_keeps_the_policy_and_the_plans_by
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.model import tiny_llama_tokenizer
+    from scaletrain.tokenizer import tiny_llama_tokenizer
 
     ckpt = tmp_path / "llama-bf16"
     torch.manual_seed(0)

@@ -11,8 +11,7 @@ import time
 import pytest
 import torch
 
-from scaletrain.checkpoint import Checkpointer, resume_point
-from scaletrain.checkpoint.storage import checkpoints_of
+from scaletrain.checkpoint import Checkpointer, checkpoints_of, resume_point
 from scaletrain.comm.context import DistContext
 from scaletrain.config.schema import CheckpointConfig, StorageConfig
 from scaletrain.errors import LaunchError

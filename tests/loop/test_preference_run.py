@@ -45,12 +45,13 @@ def test_a_tiny_llama_learns_a_synthetic_preference(demo_dir, tmp_path, loss):
 def _trainer(cfg_dict: dict, run_dir):
     from scaletrain.comm.context import DistContext
     from scaletrain.comm.watchdog import Heartbeat
+    from scaletrain.worker.preference import objective_for
     from scaletrain.worker.trainer import build_trainer
 
     cfg, _, spec = local_spec(cfg_dict, run_dir)
     ctx = DistContext(world_rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device="cpu",
                       backend="gloo")
-    return build_trainer(ctx, spec, cfg, Heartbeat(spec.run_dir, 0, stall_s=60))
+    return build_trainer(ctx, spec, cfg, Heartbeat(spec.run_dir, 0, stall_s=60), objective_for(cfg.train))
 
 
 def _count(model) -> int:

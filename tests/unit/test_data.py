@@ -10,7 +10,8 @@ from scaletrain.config import validate
 from scaletrain.data import IGNORE_INDEX, Collator, prepare_data
 from scaletrain.data.sources import load
 from scaletrain.errors import DataError
-from scaletrain.model import MINILM_VOCAB_SIZE, load_tokenizer
+from scaletrain.model_files import MINILM_VOCAB_SIZE
+from scaletrain.tokenizer import load_tokenizer
 from scaletrain.worker.sampler import ResumableSampler
 
 ROWS = [{"text": f"movie {i} was {'great' if i % 2 else 'awful'}", "label": i % 2} for i in range(20)]

@@ -10,7 +10,8 @@ import pytest
 from scaletrain.config import validate
 from scaletrain.data import prepare_data
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.model import check_model, load_tokenizer
+from scaletrain.model import check_model
+from scaletrain.tokenizer import load_tokenizer
 
 WORDS = {"positive": "great fine love wonderful", "negative": "awful bad hate boring"}
 

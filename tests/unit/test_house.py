@@ -55,9 +55,124 @@ def test_the_registry_is_the_ground_floor():
                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("scaletrain")]
 
 
-def test_no_import_circle_between_checkpointing_and_the_trainer():
-    offenders = [rel for rel, text in _sources() if rel.startswith("checkpoint/") and "scaletrain.worker" in text]
-    assert offenders == []
+# The layers of src/scaletrain, bottom first: a package (or top-level module) imports only from its own package
+# and from lower layers, never from its own layer or above. Written once, here; a new package gets its place.
+LAYERS = (
+    ("__init__", "errors", "console", "credentials", "dtypes", "attention", "demo_data"),
+    ("envvars", "precision", "rundir", "textfile"),
+    ("redact", "storage"),
+    ("config",),
+    ("comm", "data", "model_files"),
+    ("checkpoint", "metrics", "tokenizer"),
+    ("model", "report"),
+    ("memory", "scaling"),
+    ("worker",),
+    ("launch",),
+    ("doctor",),
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def import_graph(root: Path = SRC) -> dict[str, dict[str, int]]:
+    """Module -> {imported scaletrain module: line}, every import counted (top level, in functions, and under
+    TYPE_CHECKING: a circle of annotations is still a circle of knowledge)."""
+    mods = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        out = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t in mods and t != name:
+                    out.setdefault(t, node.lineno)
+        graph[name] = out
+    return graph
+
+
+def import_circles(graph: dict[str, dict]) -> list[list[str]]:
+    """One circle (a -> b -> ... -> a) per strongly connected group of modules (Tarjan's algorithm)."""
+    index, low, stack, on, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+                on.discard(group[-1])
+            if len(group) > 1:
+                groups.append(set(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    circles = []
+    for group in groups:  # walk inside the group from its first module back to it
+        start = min(group)
+        path, seen = [start], {start}
+        while True:
+            nxt = sorted(w for w in graph[path[-1]] if w in group)
+            back = start in nxt
+            if back:
+                break
+            step = next((w for w in nxt if w not in seen), nxt[0])
+            if step in seen:
+                path = path[path.index(step):]
+                break
+            path.append(step)
+            seen.add(step)
+        circles.append(path + [path[0]])
+    return circles
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_the_circle_finder_finds_a_circle_and_passes_a_tree():
+    tree = {"a": {"b": 1}, "b": {"c": 1}, "c": {}}
+    assert import_circles(tree) == []
+    assert import_circles({**tree, "c": {"a": 3}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_circle_anywhere():
+    circles = import_circles(import_graph())
+    assert circles == [], "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_no_module_imports_from_its_own_layer_or_above():
+    level = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+    graph = import_graph()
+    unplaced = sorted({_unit(m) for m in graph} - set(level))
+    assert unplaced == [], f"{unplaced}: not in test_house.LAYERS; give each its layer"
+    upward = [f"{m}:{line} -> {t} ({_unit(m)} is layer {level[_unit(m)]}, {_unit(t)} layer {level[_unit(t)]})"
+              for m, out in sorted(graph.items()) for t, line in out.items()
+              if _unit(m) != _unit(t) and level[_unit(t)] >= level[_unit(m)]]
+    assert upward == []
 
 
 def test_the_worker_loop_reads_in_one_screen():

@@ -12,7 +12,7 @@ from scaletrain.config import validate
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, estimate, model_shape
 from scaletrain.memory.plan import device_named, variants, verdict
-from scaletrain.model import Vocab, load_tokenizer
+from scaletrain.tokenizer import Vocab, load_tokenizer
 
 
 def _cfg(**train):

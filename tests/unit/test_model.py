@@ -4,7 +4,8 @@ import pytest
 
 from scaletrain.config.schema import ModelConfig
 from scaletrain.errors import ConfigError
-from scaletrain.model import Vocab, check_lora_target
+from scaletrain.model import check_lora_target
+from scaletrain.tokenizer import Vocab
 
 
 def _lora(target, name="builtin:tiny-llama", task="causal-lm"):

@@ -10,7 +10,8 @@ from scaletrain.config import validate
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs, prepare_data
 from scaletrain.data.packing import pack
 from scaletrain.errors import ConfigError
-from scaletrain.model import Vocab, build_model, load_tokenizer, packing_support_error
+from scaletrain.model import build_model, packing_support_error
+from scaletrain.tokenizer import Vocab, load_tokenizer
 from scaletrain.worker.step import token_loss_sum
 
 

@@ -4,8 +4,9 @@ import itertools
 
 import pytest
 
+from scaletrain.dtypes import checkpoint_dtype
 from scaletrain.errors import ConfigError
-from scaletrain.precision import checkpoint_dtype, policy
+from scaletrain.precision import policy
 
 COMBOS = list(itertools.product(["gpu", "gpu-no-bf16", "cpu"], ["ddp", "fsdp"], ["bf16", "fp16", "fp32"],
                                 ["full", "lora"]))

@@ -159,18 +159,6 @@ class LocalStorage:
 LOCAL = LocalStorage()
 
 
-def checkpoints_of(run_dir: str | Path, store=None) -> tuple[Path, Storage]:
-    """Where a run's checkpoints live, and their storage: the run directory's folder, or the folder of its store
-    (storage/uri.py ``Store``) when the run lives on object storage."""
-    from scaletrain.rundir import RunDir
-
-    if store is None:
-        return RunDir(run_dir).checkpoints, LOCAL
-    from scaletrain.checkpoint.object_storage import ObjectStorage
-
-    return ObjectStorage.root_of(store.child(RunDir.CHECKPOINTS)), ObjectStorage(store)
-
-
 def failing_writer(path: Path):
     """A DCP writer whose write fails midway with an I/O error, after its first file exists (fault injection: a
     storage fault that is not a full disk)."""

@@ -85,7 +85,7 @@ def _gpu_health(platform) -> list[dict]:
 def _path_errors(cfg) -> list[str]:
     from scaletrain.data.sources import check_files
     from scaletrain.errors import ScaletrainError
-    from scaletrain.model import model_dir
+    from scaletrain.model_files import model_dir
 
     errors = []
     for check in (lambda: model_dir(cfg.model.name_or_path),

@@ -21,9 +21,10 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from scaletrain.commands.runref import local_run
     from scaletrain.console import console
     from scaletrain.report.markdown import write_report
-    from scaletrain.storage.mirror import Mirror, home_of, local_run
+    from scaletrain.storage.mirror import Mirror, home_of
 
     run_dir = local_run(args.run_dir, [], "report")
     store = home_of(run_dir)
@@ -37,9 +38,9 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
+    from scaletrain.commands.runref import local_run
     from scaletrain.metrics.goodput import account, one_line
     from scaletrain.metrics.monitor import JsonlFollower
-    from scaletrain.storage.mirror import local_run
     from scaletrain.storage.uri import is_uri
 
     # A URI: a snapshot of the run fetched now (--once); following one on a store fetches it again each round.

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scaletrain.commands.runref import local_run
 from scaletrain.config import load_config
 from scaletrain.errors import ConfigError
 from scaletrain.launch.resume import resume_config
-from scaletrain.storage.mirror import home_of, local_run
+from scaletrain.storage.mirror import home_of
 
 
 def register(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:

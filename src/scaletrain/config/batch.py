@@ -9,16 +9,33 @@ accumulation, so the steps, the LR schedule and the samples of every step stay t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from scaletrain.config.stages import PREFERENCE_STAGES
 from scaletrain.errors import ConfigError
 
-if TYPE_CHECKING:  # the schema imports this module for its elastic check
-    from scaletrain.config.schema import Config, TrainConfig
+
+# What the arithmetic reads of the config, named here rather than imported: the schema validates with these rules,
+# so this module sits below it (config.schema.TrainConfig and Config have these fields).
+class TrainConfig(Protocol):
+    per_device_train_batch_size: int
+    per_device_eval_batch_size: int
+    gradient_accumulation_steps: int
+    learning_rate: float
+    lr_scaling: str
+    lr_reference_batch: int | None
+    stage: str
+    max_steps: int
+    num_train_epochs: float
+    warmup_steps: int
+    warmup_ratio: float
 
 
-PAIR_STAGES = ("dpo", "rm")  # train.stage values that train on chosen/rejected pairs
-PREFERENCE_STAGES = (*PAIR_STAGES, "kto")  # ... and KTO's single replies tagged desirable or not
+class Config(Protocol):
+    train: TrainConfig
+    scaling: object  # config.cluster.ScalingConfig
+
+    def model_copy(self, *, update: dict) -> Config: ...
 
 
 def global_batch(train: TrainConfig, world_size: int) -> int:

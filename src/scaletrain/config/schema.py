@@ -15,6 +15,7 @@ from scaletrain.config import batch
 from scaletrain.config.base import _Section
 from scaletrain.config.cluster import MIN_COMM_TIMEOUT_S, CommConfig, ScalingConfig
 from scaletrain.config.data import DataConfig
+from scaletrain.config.stages import PREFERENCE_STAGES, STAGES
 
 __all__ = ["MIN_COMM_TIMEOUT_S", "CommConfig", "Config", "DataConfig", "ScalingConfig"]
 
@@ -100,7 +101,7 @@ class TrainConfig(_Section):
     # head, the pairwise loss) on chosen/rejected pairs; stage dpo the policy, with pref_loss (sigmoid = DPO,
     # hinge, ipo, simpo, orpo; the last two need no reference model), pref_beta, an SFT term on the chosen reply
     # weighted pref_ftx, simpo_gamma (SimPO's margin) and dpo_label_smoothing (conservative DPO).
-    stage: Literal["sft", "dpo", "kto", "rm"] = "sft"
+    stage: Literal[STAGES] = "sft"
     pref_loss: Literal["sigmoid", "hinge", "ipo", "simpo", "orpo"] = "sigmoid"
     pref_beta: float = Field(0.1, gt=0)
     pref_ftx: float = Field(0.0, ge=0)
@@ -292,7 +293,7 @@ class Config(_Section):
                              f"remove data.packing or set model.task=causal-lm")
         if self.train.stage != "sft" and self.model.task != "causal-lm":
             raise ValueError(f"train.stage={self.train.stage} trains a causal LM; set model.task=causal-lm")
-        if self.train.stage in batch.PREFERENCE_STAGES and self.data.packing:
+        if self.train.stage in PREFERENCE_STAGES and self.data.packing:
             raise ValueError(f"data.packing with train.stage={self.train.stage} is not yet supported (preference "
                              f"examples go through padded forwards); remove data.packing")
         chaos = self.fault_tolerance.chaos

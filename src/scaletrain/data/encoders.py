@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from scaletrain.config.batch import PAIR_STAGES
 from scaletrain.config.schema import Config
+from scaletrain.config.stages import PAIR_STAGES
 from scaletrain.data import encode
 from scaletrain.data.labels import Labels
 from scaletrain.data.pairs import encode_kto, encode_pairs

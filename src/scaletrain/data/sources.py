@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scaletrain.config.batch import PAIR_STAGES
 from scaletrain.config.schema import DataConfig
+from scaletrain.config.stages import PAIR_STAGES
 from scaletrain.data.formats import FORMATTINGS, Columns
 from scaletrain.errors import DataError
 from scaletrain.storage.uri import local_input

@@ -23,6 +23,7 @@ from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
 from scaletrain.config.batch import global_batch, scaled_learning_rate, total_steps
 from scaletrain.console import ProgressView, console
+from scaletrain.dtypes import torch_dtype
 from scaletrain.errors import Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
@@ -33,8 +34,7 @@ from scaletrain.metrics.goodput import DriverClock, account
 from scaletrain.metrics.logs import EventLog
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers
-from scaletrain.model import Vocab, model_dir
-from scaletrain.precision import final_dtype, set_config_dtype, torch_dtype
+from scaletrain.model_files import final_dtype, model_dir, set_config_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
 from scaletrain.storage.mirror import (
@@ -47,6 +47,7 @@ from scaletrain.storage.mirror import (
 )
 from scaletrain.storage.relay import download_tree
 from scaletrain.storage.uri import Store, is_uri
+from scaletrain.tokenizer import Vocab
 from scaletrain.worker.faults import chaos_faults, parse_faults
 from scaletrain.worker.spec import JobSpec
 
@@ -181,8 +182,7 @@ def add_goodput(rd: RunDir, driver: dict) -> dict:
 def _resume_notes(run_dir: Path) -> list[str]:
     """What a resume starts from: an error when every checkpoint is unusable (training from step 0 would append
     its steps again to the run's metrics), a note when it falls back past broken newer ones."""
-    from scaletrain.checkpoint import resume_point
-    from scaletrain.checkpoint.storage import checkpoints_of
+    from scaletrain.checkpoint import checkpoints_of, resume_point
 
     found, unusable = resume_point(*checkpoints_of(run_dir, home_of(run_dir)))
     broken = "; ".join(f"{name}: {problem}" for name, problem in unusable)

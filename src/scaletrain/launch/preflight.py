@@ -15,16 +15,10 @@ from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import Shape
 from scaletrain.memory.plan import fit_notes, shape_for
-from scaletrain.model import (
-    Vocab,
-    check_lora_target,
-    check_model,
-    head_mismatch,
-    load_tokenizer,
-    model_dir,
-    packing_support_error,
-)
-from scaletrain.precision import Policy, final_dtype, policy
+from scaletrain.model import check_lora_target, check_model, packing_support_error
+from scaletrain.model_files import final_dtype, head_mismatch, model_dir
+from scaletrain.precision import Policy, policy
+from scaletrain.tokenizer import Vocab, load_tokenizer
 from scaletrain.worker.loss import LIGER_FIX, liger_installed
 
 

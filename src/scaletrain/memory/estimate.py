@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.config.schema import Config
-from scaletrain.model import Vocab
-from scaletrain.precision import BYTES, policy
+from scaletrain.dtypes import BYTES
+from scaletrain.precision import policy
+from scaletrain.tokenizer import Vocab
 
 GIB = 2**30
 GPU_OVERHEAD_BYTES = 1.0 * GIB  # CUDA/HIP context, cuBLAS/hipBLASLt workspaces, NCCL/RCCL buffers

@@ -13,7 +13,7 @@ from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, Shape, estimate, model_shape
 from scaletrain.metrics.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
-from scaletrain.model import Vocab
+from scaletrain.tokenizer import Vocab
 
 ASSUMED_MFU = 0.4  # compute time = FLOPs / (peak x this): a typical dense bf16 fine-tune on one device
 

@@ -288,9 +288,7 @@ def close_trackers(sinks: list[TrackerSink], run_dir: Path) -> None:
     """Send the report, its plots (and, to MLflow, final/) and end the trackers' runs."""
     if not sinks:
         return
-    from scaletrain.report.plots import FILES
-
     rd = RunDir(run_dir)
-    artifacts = [p for p in [rd.report, *(rd.root / f for f in FILES)] if p.is_file()]
+    artifacts = [p for p in [rd.report, *(rd.root / f for f in RunDir.PLOTS)] if p.is_file()]
     for sink in sinks:
         sink.close(artifacts, rd.final if rd.final.is_dir() else None)

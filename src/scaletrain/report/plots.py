@@ -10,10 +10,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from scaletrain.rundir import RunDir
+
 FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
-LOSS, THROUGHPUT, RANKS, UTILIZATION = "loss.png", "throughput.png", "ranks.png", "utilization.png"
-REWARDS, GOODPUT = "rewards.png", "goodput.png"
-FILES = (LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT)
+FILES = RunDir.PLOTS  # named by the run directory's owner (trackers upload them without importing this module)
+LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT = FILES
 
 
 def _save(fig, path: Path) -> Path:

@@ -119,18 +119,6 @@ def upload_tree(local: Path, store: Store) -> None:
             fs.put_file(str(p), f"{store.path}/{p.relative_to(local).as_posix()}")
 
 
-def local_run(run_dir: str, overrides: list[str], what: str) -> Path:
-    """The local directory of ``run_dir``: itself, or for a URI the mirror it is fetched into (with the
-    ``storage.*`` overrides given on the command line: its endpoint, where mirrors go)."""
-    if not is_uri(run_dir):
-        return Path(run_dir).expanduser().resolve()
-    from scaletrain.config.schema import StorageConfig
-
-    given = dict(o.split("=", 1) for o in overrides if o.startswith("storage.") and "=" in o)
-    storage_cfg = StorageConfig(**{k.removeprefix("storage."): v for k, v in given.items()})
-    return fetch_run(run_dir, storage_cfg, what)
-
-
 def _skipped_on_fetch(rel: str) -> bool:
     return rel.split("/", 1)[0] in RunDir.NOT_FETCHED
 

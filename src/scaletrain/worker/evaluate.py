@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.comm.context import DistContext
-from scaletrain.config.batch import PREFERENCE_STAGES
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs
 from scaletrain.worker.loss import chunked_labels, is_installed
 from scaletrain.worker.parallel import all_reduce_sum
@@ -26,10 +25,8 @@ if TYPE_CHECKING:
 def evaluate(t: Trainer, data, collate: Collator) -> dict[str, float]:
     """The trainer's model on ``data`` (every rank its shard), in the trainer's precision."""
     cfg = t.cfg
-    if cfg.train.stage in PREFERENCE_STAGES:
-        from scaletrain.worker.preference import evaluate_pairs
-
-        return evaluate_pairs(t, data, collate)
+    if t.objective is not None:
+        return t.objective.evaluate(t, data, collate)
     return evaluate_model(t.model, data, collate, t.ctx, cfg.train.per_device_eval_batch_size, cfg.model.task,
                           cfg.model.num_labels, t.precision.autocast)
 

@@ -17,6 +17,7 @@ from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import for_world_size
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
+from scaletrain.dtypes import torch_dtype
 from scaletrain.errors import StorageError
 from scaletrain.memory.measure import held_bytes, memory_summary
 from scaletrain.metrics.goodput import mark
@@ -24,7 +25,7 @@ from scaletrain.metrics.gpu import faulty_node_note, gpu_health, hardware_fault,
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
-from scaletrain.precision import final_dtype, set_config_dtype, torch_dtype
+from scaletrain.model_files import final_dtype, set_config_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir
 from scaletrain.storage.mirror import upload_tree
@@ -33,7 +34,7 @@ from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.faults import maybe_fire
 from scaletrain.worker.meter import Meter
 from scaletrain.worker.parallel import all_gather_floats, full_model_state, unwrap
-from scaletrain.worker.preference import with_reference_logps
+from scaletrain.worker.preference import objective_for
 from scaletrain.worker.resize import resize_note
 from scaletrain.worker.sampler import ResumableSampler
 from scaletrain.worker.spec import JobSpec
@@ -80,7 +81,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbe
     _write_pid(spec.run_dir, ctx)
     log.info("worker up: %s", ctx)
     log.info("comm.env: %s", cfg.comm.env)
-    t = build_trainer(ctx, spec, cfg, beat)
+    t = build_trainer(ctx, spec, cfg, beat, objective_for(cfg.train))
     if restored := t.resume():
         p = t.progress
         events("resume", f"from {restored.path.name}: step {p.step}, epoch {p.epoch}, "
@@ -107,8 +108,8 @@ class Data:
         self.t = t
         self.train, self.eval = load_split(t.spec.train_path), load_split(t.spec.eval_path)
         self.collate = Collator(t.spec.pad_token_id)
-        if t.cfg.train.precompute_ref_logps:  # once, cached with the data: no reference model while training
-            splits = with_reference_logps(t, {"train": self.train, "eval": self.eval}, self.collate)
+        if t.objective is not None:  # e.g. reference log-probabilities, once, cached with the data
+            splits = t.objective.prepare(t, {"train": self.train, "eval": self.eval}, self.collate)
             self.train, self.eval = splits["train"], splits["eval"]
         d, tr = t.cfg.data, t.cfg.train
         # Causal LM only: grouping by length could group a classification task's labels (short negative reviews).

@@ -7,13 +7,12 @@ import time
 
 import torch
 
-from scaletrain.config.batch import PREFERENCE_STAGES, global_batch
+from scaletrain.config.batch import global_batch
 from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
 from scaletrain.worker.breakdown import shares
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum
-from scaletrain.worker.preference import stat_means
 from scaletrain.worker.step_check import due
 from scaletrain.worker.trainer import Trainer
 
@@ -93,7 +92,7 @@ class Meter:
         elapsed = time.perf_counter() - self.t0
         self.t.beat.enter("metrics", progress.step)
         loss, samples, tokens, positions, *pref = all_reduce_sum(
-            [self.loss, self.samples, self.tokens, self.positions, *self.t.pref_sums], self.ctx.device)
+            [self.loss, self.samples, self.tokens, self.positions, *self.t.objective_sums], self.ctx.device)
         system = self.sampler.sample()
         per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
                                       self.tokens, self.ready / self.steps, system["system/cpu_pct"]], self.ctx.device)
@@ -121,9 +120,9 @@ class Meter:
             "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
             "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,
         }
-        if self.cfg.train.stage in PREFERENCE_STAGES:  # TRL's names: rewards/chosen, rewards/accuracies, ...
-            record.update(stat_means(pref, stage=self.cfg.train.stage))
-            self.t.pref_sums[:] = [0.0] * len(self.t.pref_sums)
+        if self.t.objective is not None:
+            record.update(self.t.objective.record(pref))
+            self.t.objective_sums[:] = [0.0] * len(self.t.objective_sums)
         if samples:
             f = self.t.facts.flops
             per_token = flops_per_token(f["n_params"], f["n_layers"], f["hidden"], int(tokens / samples),

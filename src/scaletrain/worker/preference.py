@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from scaletrain.config.stages import PREFERENCE_STAGES
 from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.worker.parallel import all_reduce_sum, unwrap
 
@@ -217,10 +218,10 @@ def _reference_logits(t: Trainer, batch: dict) -> torch.Tensor:
 
 def micro_loss(t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:
     """This micro-batch's share of the step's loss (the pairs' mean / the accumulation); its STATS sums are added
-    to ``t.pref_sums`` for the step's record."""
+    to ``t.objective_sums`` for the step's record."""
     losses, sums = _losses(t, batch)
     for i, v in enumerate(sums):
-        t.pref_sums[i] += v
+        t.objective_sums[i] += v
     return losses.mean() / n_micro
 
 
@@ -308,3 +309,32 @@ def _reference_table(t: Trainer, data, collate) -> torch.Tensor:
     t.model.train(was_training)
     flat = all_reduce_sum(table.flatten().tolist(), ctx.device) if len(data) else []
     return torch.tensor(flat, dtype=torch.float32).reshape(len(data), 2)
+
+
+class PreferenceObjective:
+    """worker/objective.py's ``Objective`` for ``train.stage`` dpo, kto and rm."""
+
+    stats = STATS
+
+    def __init__(self, train: TrainConfig):
+        self.train = train
+
+    def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
+        return holds_reference(train, lora)
+
+    def prepare(self, t: Trainer, splits: dict, collate) -> dict:
+        return with_reference_logps(t, splits, collate) if self.train.precompute_ref_logps else splits
+
+    def micro_loss(self, t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:
+        return micro_loss(t, batch, n_micro)
+
+    def evaluate(self, t: Trainer, data, collate) -> dict[str, float]:
+        return evaluate_pairs(t, data, collate)
+
+    def record(self, sums: list[float]) -> dict[str, float]:
+        return stat_means(sums, stage=self.train.stage)  # TRL's names: rewards/chosen, rewards/accuracies, ...
+
+
+def objective_for(train: TrainConfig) -> PreferenceObjective | None:
+    """The objective of ``train.stage``: None for sft (the trainer's token or classification loss)."""
+    return PreferenceObjective(train) if train.stage in PREFERENCE_STAGES else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.model import Vocab
+from scaletrain.tokenizer import Vocab
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from scaletrain.config.batch import PREFERENCE_STAGES
 from scaletrain.data import IGNORE_INDEX, model_inputs
-from scaletrain.worker import preference
 from scaletrain.worker.breakdown import device_sync, time_without_sync
 from scaletrain.worker.faults import delay_s
 from scaletrain.worker.loss import chunked_labels
@@ -52,8 +50,8 @@ def _grad_norm(t: Trainer) -> float:
 def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.Tensor:
     """This micro-batch's share of the step's loss (see the module's docstring). ``tokens_per_rank``: a function
     giving the step's target tokens over the world size (waited for on first use), or None for classification."""
-    if t.cfg.train.stage in PREFERENCE_STAGES:  # the pairs' mean (worker/preference.py)
-        return preference.micro_loss(t, batch, n_micro)
+    if t.objective is not None:  # e.g. the pairs' mean (worker/preference.py)
+        return t.objective.micro_loss(t, batch, n_micro)
     if tokens_per_rank is None:
         return t.model(**model_inputs(batch)).loss / n_micro
     # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.checkpoint import Checkpointer, Restored
-from scaletrain.checkpoint.storage import checkpoints_of
+from scaletrain.checkpoint import Checkpointer, Restored, checkpoints_of
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import chunk_tokens_for, global_batch
@@ -27,11 +26,10 @@ from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
 from scaletrain.worker.loss import install as install_chunked_loss
+from scaletrain.worker.objective import Objective
 from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
-from scaletrain.worker.preference import STATS as PREF_STATS
-from scaletrain.worker.preference import holds_reference
 from scaletrain.worker.spec import JobSpec
 
 
@@ -82,8 +80,9 @@ class Trainer:
     memory: PeakMemory | None = None  # started before the model was built
     grad_norm: float = float("nan")  # of the last step, before clipping (the same on every rank)
     ready_s: float = 0.0  # of the last step: the time until this rank reached the gradient sync (stragglers)
-    reference: torch.nn.Module | None = None  # preference tuning, full fine-tuning: the frozen reference model
-    pref_sums: list[float] = field(default_factory=list)  # preference STATS sums since the last record
+    objective: Objective | None = None  # another loss than the token loss (preference tuning), or None
+    reference: torch.nn.Module | None = None  # the objective's frozen copy of the initial model, where it holds one
+    objective_sums: list[float] = field(default_factory=list)  # the objective's stats summed since the last record
 
     @property
     def run_dir(self) -> RunDir:
@@ -127,7 +126,8 @@ class Trainer:
                          f"materialised)" if self.chunked_loss else ""))
 
 
-def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat) -> Trainer:
+def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
+                  objective: Objective | None = None) -> Trainer:
     lora = cfg.model.finetuning_type == "lora"
     preload(lora=lora)  # imports before the memory baseline: no training memory
     memory = PeakMemory(ctx.device)
@@ -142,7 +142,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
             chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):
         backend = choose_backend(cfg.train.loss_backend, liger_installed(), ctx.device.startswith("cuda"))
         install_chunked_loss(model, chunk, backend)  # before wrapping: DDP and FSDP see an ordinary output layer
-    reference = frozen_reference(model, ctx, cfg, precision) if holds_reference(cfg.train, lora) else None
+    holds = objective is not None and objective.holds_reference(cfg.train, lora)
+    reference = frozen_reference(model, ctx, cfg, precision) if holds else None
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
     root, storage = checkpoints_of(spec.run_dir, Store(spec.store, cfg.storage.endpoint_url) if spec.store else None)
@@ -151,7 +152,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat)
                                 states={"train_state": progress, "scheduler": scheduler, "scaler": precision.scaler},
                                 storage=storage)
     return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
-                   memory, reference=reference, pref_sums=[0.0] * (len(PREF_STATS) + 1))
+                   memory, objective=objective, reference=reference,
+                   objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [])
 
 
 def frozen_reference(model: torch.nn.Module, ctx: DistContext, cfg: Config, precision: Precision) -> torch.nn.Module:

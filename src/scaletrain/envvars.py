@@ -57,10 +57,14 @@ RAY_TRAIN_V2_ENABLED = "RAY_TRAIN_V2_ENABLED"
 RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"
 # Train V2 is the default from Ray 2.51; set in the driver before Ray starts so an older default never picks V1.
 RAY_DRIVER_DEFAULTS: dict[str, str] = {RAY_TRAIN_V2_ENABLED: "1"}
-# A head started with `ray start` (scaletrain up) requires Ray's token authentication; a driver joining it must
-# say so before ray is imported (the token is Ray's own, ~/.ray/auth_token).
+# Ray's token authentication (Ray >= 2.52): a head started with RAY_AUTH_MODE=token, or with a token on file,
+# requires the token of every driver and client; a driver must set the mode before ray is imported. Ray finds the
+# token in RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token (launch/cluster_auth.py).
 RAY_AUTH_MODE = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+RAY_DEFAULT_TOKEN_FILE = "~/.ray/auth_token"
 WARM_CLUSTER_DRIVER_DEFAULTS: dict[str, str] = {RAY_AUTH_MODE: "token"}
+TOKEN_DRIVER_DEFAULTS = WARM_CLUSTER_DRIVER_DEFAULTS  # any cluster that requires the token
 # Ray Train's preemption watcher is one more actor that wakes its core-worker loop 100 times a second
 # (~0.9% of a core, measured) to watch for node preemption, which an embedded single-machine Ray never sees.
 RAY_TRAIN_ENABLE_PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
@@ -206,6 +210,9 @@ MISQUOTED_ENV: dict[str, str] = {
 # --- Experiment trackers (the driver's monitor) ----------------------------------------------------------
 MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
 WANDB_MODE = "WANDB_MODE"
+# Where a tracker writes when the user says so (each tool's own variable wins over the run directory).
+WANDB_DIR = "WANDB_DIR"
+TENSORBOARD_LOGGING_DIR = "TENSORBOARD_LOGGING_DIR"  # transformers' TrainingArguments reads the same name
 # MLflow 3 refuses its file store unless asked; a file: URI is scaletrain's default (no server to run).
 MLFLOW_ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
 # An unreachable tracking server fails in seconds instead of MLflow's minutes of retries (a user's value wins).
@@ -226,9 +233,30 @@ SCALETRAIN_PRIVATE_ENV_FILE = "SCALETRAIN_PRIVATE_ENV_FILE"
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """Values of the environment's secret variables, by name (HF_TOKEN, *_API_KEY, ...) or by shape (Bearer ...,
-    sk-..., a random-looking value of a *KEY*/*AUTH* variable): see credentials.py."""
+    sk-..., a random-looking value of a *KEY*/*AUTH* variable): see credentials.py; and Ray's auth token where it
+    lies in a file (it is a secret wherever it is kept)."""
     environ = os.environ if environ is None else environ
-    return [v for k, v in environ.items() if looks_like_secret(k, v)]
+    found = ray_auth_token(environ)
+    return [v for k, v in environ.items() if looks_like_secret(k, v)] + ([found[0]] if found else [])
+
+
+def ray_auth_token(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(Ray's auth token, where it was found) as Ray's own clients find it, or None: RAY_AUTH_TOKEN, else the file
+    RAY_AUTH_TOKEN_PATH names, else ~/.ray/auth_token; stripped of the spaces and newline an editor or `echo`
+    leaves (Ray strips them too). An unreadable or empty file named by RAY_AUTH_TOKEN_PATH gives an empty token."""
+    from pathlib import Path
+
+    environ = os.environ if environ is None else environ
+    if (value := (environ.get(RAY_AUTH_TOKEN) or "").strip()):
+        return value, RAY_AUTH_TOKEN
+    named = environ.get(RAY_AUTH_TOKEN_PATH)
+    path = Path(named).expanduser() if named else Path(RAY_DEFAULT_TOKEN_FILE).expanduser()
+    try:
+        value = path.read_text(errors="replace").strip()
+    except OSError:
+        return ("", f"{RAY_AUTH_TOKEN_PATH}={named}") if named else None
+    where = f"{RAY_AUTH_TOKEN_PATH}={named}" if named else RAY_DEFAULT_TOKEN_FILE
+    return (value, where) if value or named else None
 
 
 def snapshot() -> dict[str, str]:

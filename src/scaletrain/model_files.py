@@ -116,7 +116,6 @@ def check_weights(path: Path, name: str) -> None:
     """Every ``*.safetensors`` file of ``path`` is whole: its header parses and its tensors' byte ranges end at
     the file's end (read from the header only, never the tensors); a missing shard of an index is named."""
     import json
-    import struct
 
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -130,25 +129,46 @@ def check_weights(path: Path, name: str) -> None:
             raise ConfigError(f"model.name_or_path={name}: {', '.join(missing)} named in {index.name} is missing; "
                               f"download the model again")
     for f in sorted(path.glob("*.safetensors")):
-        size = f.stat().st_size
-        problem = None
-        with open(f, "rb") as fh:
-            head = fh.read(8)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
-            if n is None or 8 + n > size:
-                problem = "its header is cut short"
-            else:
-                try:
-                    header = json.loads(fh.read(n))
-                    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IndexError):
-                    problem = "its header is unreadable"
-                else:
-                    if 8 + n + end != size:
-                        problem = f"it has {size} bytes but its header describes {8 + n + end}"
-        if problem:
-            raise ConfigError(f"model.name_or_path={name}: {f.name} is damaged ({problem}; a download or copy that "
+        header = safetensors_header(f)
+        if isinstance(header, str):
+            raise ConfigError(f"model.name_or_path={name}: {f.name} is damaged ({header}; a download or copy that "
                               f"stopped early?); download the model again")
+
+
+def safetensors_header(f: Path) -> dict | str:
+    """A safetensors file's header (tensor name -> dtype, shape, data_offsets), read without the tensors; or what
+    is wrong with the file (cut short, unreadable, a size its header does not describe)."""
+    import json
+    import struct
+
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+        if n is None or 8 + n > size:
+            return "its header is cut short"
+        try:
+            header = json.loads(fh.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IndexError, AttributeError):
+            return "its header is unreadable"
+    if 8 + n + end != size:
+        return f"it has {size} bytes but its header describes {8 + n + end}"
+    return header
+
+
+HEAD_WEIGHTS = ("classifier.weight", "classifier.out_proj.weight", "score.weight")  # ForSequenceClassification's
+
+
+def _stored_head_rows(path: Path) -> int | None:
+    """The rows of the stored classification head (its label count), from the safetensors headers."""
+    for f in sorted(path.glob("*.safetensors")):
+        header = safetensors_header(f)
+        if isinstance(header, dict):
+            for name, t in header.items():
+                if name.endswith(HEAD_WEIGHTS) and isinstance(t, dict) and t.get("shape"):
+                    return int(t["shape"][0])
+    return None
 
 
 def head_mismatch(cfg: ModelConfig) -> int | None:
@@ -160,7 +180,8 @@ def head_mismatch(cfg: ModelConfig) -> int | None:
     config = read_model_config(path, cfg.name_or_path)
     if not any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or ()):
         return None  # a base model: its head is new at any size
-    saved = len(config.get("id2label") or {}) or config.get("num_labels")
+    # the stored head's rows; config.json names no labels when they are transformers' default of 2 (5.x)
+    saved = _stored_head_rows(path) or len(config.get("id2label") or {}) or config.get("num_labels") or 2
     wanted = cfg.num_labels or 2
     return saved if saved and saved != wanted else None
 

@@ -7,6 +7,7 @@ import pytest
 
 from scaletrain.envvars import RAY_TRAIN_ENABLE_PREEMPTION_WATCHER as WATCHER
 from scaletrain.errors import LaunchError
+from scaletrain.launch.cluster_auth import Answer
 from scaletrain.launch.plan import check_placement
 from scaletrain.launch.ray_launcher import _probe_address
 
@@ -65,6 +66,8 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr("scaletrain.launch.ray_launcher._probe_address", lambda address: None)
+    # no traffic to the fake cluster's address: its GCS "answers" without token authentication
+    monkeypatch.setattr("scaletrain.launch.cluster_auth.ask_gcs", lambda address, token=None: Answer("ok"))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # setenv first so the teardown restores the variable ensure_ray sets (delenv of an unset name records nothing)
     monkeypatch.setenv(WATCHER, "unset")

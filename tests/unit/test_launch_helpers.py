@@ -70,11 +70,13 @@ def test_torchrun_failures_are_grouped_across_ranks_and_worded_like_ray_ones(tmp
     assert failures.groups == [([0, 1], "RuntimeError: boom"), ([2], "ValueError: bad batch")]  # last failure
     error, hang = training_error(failures, tmp_path, 3, 10)
     assert str(error) == (f"training failed: [rank 0, 1]: RuntimeError: boom; [rank 2]: ValueError: bad batch; "
-                          f"see {tmp_path}/logs/worker-<rank>.log") and hang is None
+                          f"see {logs / 'worker-0.log'}, {logs / 'worker-1.log'}, {logs / 'worker-2.log'}") \
+        and hang is None
     empty = tmp_path / "e"
     (empty / "logs").mkdir(parents=True)
     error, _ = training_error(failures_from_logs(empty, 1, empty / "logs" / "t.log"), empty, 2, 10)
     assert "torchrun exited with code 1 before any rank reported an error" in str(error)
+    assert str(error).endswith(f"see {empty / 'logs' / 'main.log'}")  # no worker log: the file there is
 
 
 def test_a_rank_the_agent_saw_die_is_named_first_with_its_signal(tmp_path):

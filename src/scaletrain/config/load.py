@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from scaletrain import envvars
 from scaletrain.config.importers import looks_like_llamafactory
+from scaletrain.config.paths import absolute_paths
 from scaletrain.config.schema import Config
 from scaletrain.credentials import looks_like_secret
 from scaletrain.errors import ConfigError
@@ -51,7 +52,8 @@ def load_config(
     for item in overrides:
         apply_override(raw, item)
     raw = interpolate_env(raw, envvars.snapshot() if environ is None else environ)
-    return validate(raw, source=str(path), overrides=overrides)
+    # local paths absolute, as given relative to this directory: the run directory keeps them so (self-contained)
+    return absolute_paths(validate(raw, source=str(path), overrides=overrides))
 
 
 class DuplicateKey(Exception):

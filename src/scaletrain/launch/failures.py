@@ -15,6 +15,7 @@ from pathlib import Path
 
 from scaletrain.comm.watchdog import HangReport, diagnose, looks_like_timeout
 from scaletrain.errors import ScaletrainError, TrainingError
+from scaletrain.rundir import RunDir
 
 
 class RankFailures(Exception):
@@ -98,13 +99,16 @@ def training_error(e: Exception, run_dir: Path, world_size: int,
                    timeout_s: int) -> tuple[ScaletrainError, HangReport | None]:
     """The one-line error for a failed fit(), and the hang diagnosis if the heartbeats show one."""
     failures = getattr(e, "worker_failures", None)
+    ranks: list[int] = []
     if isinstance(e, RankFailures):
         text = str(e)
+        ranks = sorted({r for group, _ in e.groups for r in group})
     elif failures:
         groups, user = group_failures(failures)
         if user is not None:
             return user, None
         text = format_groups(groups)
+        ranks = sorted(failures)
     else:
         cause = _root_cause(e)
         if isinstance(cause, ScaletrainError):
@@ -113,4 +117,12 @@ def training_error(e: Exception, run_dir: Path, world_size: int,
     hang = diagnose(run_dir, world_size) if looks_like_timeout([text]) else None
     if hang is not None:
         text = f"{hang.message(timeout_s)}; worker errors: {text}"
-    return TrainingError(f"training failed: {text}; see {run_dir}/logs/worker-<rank>.log"), hang
+    return TrainingError(f"training failed: {text}; see {logs_to_read(run_dir, ranks)}"), hang
+
+
+def logs_to_read(run_dir: Path, ranks: list[int]) -> str:
+    """The log files that say more about a failure: those of the failed ranks, else every worker log the run has,
+    else main.log (named as they are on disk, never a pattern to fill in)."""
+    rd = RunDir(run_dir)
+    files = [rd.worker_log(r) for r in ranks] or rd.worker_logs() or [rd.events]
+    return ", ".join(str(f) for f in files[:4]) + (f" (and {len(files) - 4} more)" if len(files) > 4 else "")

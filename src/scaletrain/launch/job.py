@@ -33,7 +33,7 @@ from scaletrain.launch.preflight import Preflight, preflight
 from scaletrain.metrics.goodput import DriverClock, account
 from scaletrain.metrics.logs import EventLog
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
-from scaletrain.metrics.trackers import close_trackers, start_trackers
+from scaletrain.metrics.trackers import close_trackers, start_trackers, tracker_note
 from scaletrain.model_files import final_dtype, model_dir, set_config_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
@@ -111,11 +111,13 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     if mirror is not None:  # the config and the data on the store before a worker looks for them
         mirror.sync()
         mirror.start()
+    output_dir = str(local_output_dir(cfg.output.output_dir, cfg.storage))
+    if said := tracker_note(cfg.monitor, run_dir, output_dir):
+        notes.append(said)
     _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
               resumed=resume_dir is not None)
-    trackers = start_trackers(cfg.monitor, run_dir, str(local_output_dir(cfg.output.output_dir, cfg.storage)),
-                              Path(config_path).stem, resolved,
-                              events, console, cfg.model.task)
+    trackers = start_trackers(cfg.monitor, run_dir, output_dir, Path(config_path).stem, resolved, events, console,
+                              cfg.model.task)
     monitor = RunMonitor(run_dir, cfg.monitor, events, ProgressView(spec.total_steps) if show_progress else None,
                          console, sinks=trackers, phases=phases)
     phases("workers starting")

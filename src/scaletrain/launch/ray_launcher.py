@@ -133,9 +133,16 @@ def _init_kwargs() -> dict:
 
 
 def _join_address(address: str) -> None:
-    import ray
+    from scaletrain.console import console
+    from scaletrain.launch.cluster_auth import ask_gcs, authenticate, gcs_address
 
     _probe_address(address)
+    if (gcs := gcs_address(address)) is not None:  # before ray is imported: its token mode is read then
+        note = authenticate(f"scaling.address={address}", lambda token: ask_gcs(gcs, token))
+        if note:
+            console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    import ray
+
     try:
         ray.init(address=address, include_dashboard=False, **_init_kwargs())
     except (ConnectionError, RuntimeError, ValueError) as e:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from scaletrain.config.batch import global_batch, resized
 from scaletrain.config.load import load_config
+from scaletrain.config.paths import missing_paths
 from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 from scaletrain.rundir import RunDir
@@ -57,6 +58,10 @@ def resume_config(run_dir: Path, config: str | None, overrides: list[str],
         raise ConfigError(f"--resume {run_dir}: this run finished ({RunDir.SUMMARY} exists); start a new run instead")
     saved = load_config(rd.resolved_config)
     cfg, note = resized(saved, load_config(config or rd.resolved_config, overrides))
+    if gone := missing_paths(cfg):
+        raise ConfigError(f"--resume {run_dir}: {', '.join(gone)}, recorded by the run, does not exist on this "
+                          f"machine (the run started where it does); make it available at that path (a shared "
+                          f"filesystem), or give its new place as an override with --force-resume")
     conflicts = resume_conflicts(saved, cfg)
     if conflicts and not force:
         raise ConfigError(f"--resume {run_dir}: the config changes {'; '.join(conflicts)}, which breaks an exact "

@@ -8,6 +8,7 @@ given as paths on shared storage. It writes the same run directory, on the clust
 
 from __future__ import annotations
 
+import http.client
 import math
 import shlex
 import urllib.error
@@ -37,7 +38,9 @@ def probe_dashboard(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             r.read(256)
     except urllib.error.HTTPError:
-        return  # it answered (401: a token-authenticated cluster; the client sends Ray's token)
+        return  # it answered (401: a token-authenticated cluster: cluster_auth.authenticate asks it)
+    except http.client.HTTPException:
+        return  # something answers, not in HTTP/1 (the GCS port?): cluster_auth.authenticate says what it is
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise LaunchError(f"--address {address}: no Ray dashboard answers there within {timeout_s:.0f} s ({reason}); "
@@ -47,13 +50,13 @@ def probe_dashboard(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
 
 def client(address: str):
     probe_dashboard(address)
-    from scaletrain.launch.warm.cluster import current, require_dashboard
+    from scaletrain.console import console
+    from scaletrain.launch.cluster_auth import ask_dashboard, authenticate
+    from scaletrain.launch.warm.cluster import require_dashboard
 
-    warm = current()
-    if warm is not None and address.rstrip("/").endswith(warm.dashboard.rpartition(":")[2]):
-        from scaletrain.launch.warm.env import prepare_warm_cluster_driver
-
-        prepare_warm_cluster_driver()  # our own head: Ray's token authentication
+    url = _http_address(address)
+    if note := authenticate(f"--address {address}", lambda token: ask_dashboard(url, token), "dashboard"):
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     require_dashboard()
     from ray.job_submission import JobSubmissionClient
 
@@ -169,6 +172,16 @@ port=6379
 stop_ray() {{ srun --nodes={sh.nodes} --ntasks={sh.nodes} ray stop --force >/dev/null 2>&1 || true; }}
 trap stop_ray EXIT
 
+# Ray's token authentication: every node, and the driver below, read the token from one file on storage all nodes
+# share ($HOME on most clusters; else set RAY_AUTH_TOKEN_PATH to such a file before sbatch). srun passes both
+# variables on; the token itself is never printed.
+export RAY_AUTH_MODE=token
+export RAY_AUTH_TOKEN_PATH="${{RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}}"
+if [ ! -s "$RAY_AUTH_TOKEN_PATH" ]; then
+    mkdir -p "$(dirname "$RAY_AUTH_TOKEN_PATH")"
+    (umask 077; python -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
+fi
+
 srun --nodes=1 --ntasks=1 -w "$head" ray start --head --node-ip-address="$head_ip" --port=$port \\
     --num-cpus={sh.cpus_per_node}{gpus} --block &
 sleep 5
@@ -205,6 +218,7 @@ def kuberay_manifest(cfg: Config, config_text: str, overrides: list[str], sh: Sh
     if sh.gpus_per_node:
         worker_resources[vendor_gpu] = str(sh.gpus_per_node)
     mount = {"name": "scaletrain-config", "mountPath": "/scaletrain"}
+    token_secret = f"{name}-ray-token"
     volume = {"name": "scaletrain-config", "configMap": {"name": f"{name}-config"}}
 
     def container(role: str, resources: dict) -> dict:
@@ -217,6 +231,10 @@ def kuberay_manifest(cfg: Config, config_text: str, overrides: list[str], sh: Sh
            "spec": {"entrypoint": entrypoint("/scaletrain/config.yaml", overrides),
                     "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 600,
                     "rayClusterSpec": {
+                        # token authentication (KubeRay >= 1.5.1): the operator sets RAY_AUTH_MODE and RAY_AUTH_TOKEN
+                        # from this Secret in every Ray container and the job's submitter
+                        "rayVersion": ray_version_of(image),
+                        "authOptions": {"mode": "token", "secretName": token_secret},
                         "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
                                           "template": {"spec": {"containers": [container(
                                               "head", {"cpu": "4", "memory": "16Gi"})], "volumes": [volume]}}},
@@ -224,4 +242,24 @@ def kuberay_manifest(cfg: Config, config_text: str, overrides: list[str], sh: Sh
                                               "maxReplicas": sh.nodes, "rayStartParams": {},
                                               "template": {"spec": {"containers": [container(
                                                   "worker", worker_resources)], "volumes": [volume]}}}]}}}
-    return yaml.safe_dump_all([config_map, job], sort_keys=False)
+    how = (f"# Written by `scaletrain submit --emit kuberay`. Ray's token authentication is on: create its Secret\n"
+           f"# once, before applying this file (the token stays in Kubernetes; nothing here holds it):\n"
+           f"#   kubectl create secret generic {token_secret} \\\n"
+           f"#     --from-literal=auth_token=\"$(openssl rand -hex 32)\"\n"
+           f"# A client outside the cluster (scaletrain jobs ... --address URL) reads it into ~/.ray/auth_token:\n"
+           f"#   kubectl get secret {token_secret} -o jsonpath='{{.data.auth_token}}' \\\n"
+           f"#     | base64 -d > ~/.ray/auth_token\n")
+    return how + yaml.safe_dump_all([config_map, job], sort_keys=False)
+
+
+def ray_version_of(image: str) -> str:
+    """The Ray version of a ``rayproject/ray:X.Y.Z...`` image (KubeRay's ``rayVersion``; token authentication needs
+    2.52 or newer), else the version of the Ray installed here."""
+    import re
+
+    m = re.search(r":(\d+\.\d+\.\d+)", image)
+    if m:
+        return m.group(1)
+    from importlib.metadata import version
+
+    return version("ray")

@@ -18,6 +18,24 @@ _FAILURE = "rank %d failed at step %d (phase %s): %s: %s%s"
 _FAILURE_LINE = re.compile(r"\[rank (\d+)\] ERROR " + re.escape(WORKER_LOGGER)
                            + r": rank \d+ failed at step \d+ \(phase [\w-]+\): (.*)$")
 
+class WorkerLogHandler(logging.FileHandler):
+    """A rank's log file that a full disk cannot turn into console noise: logging's own handleError prints
+    "--- Logging error ---" and a traceback for every record that fails to write (the in-process launcher's console
+    is the user's); here the first failure is one warning line, and the lines are lost until there is space (as
+    main.log's ``EventLog`` does)."""
+
+    _scaletrain = True
+    unwritable = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not self.unwritable:
+            self.unwritable = True
+            reason = getattr(error, "strerror", None) or error
+            sys.stderr.write(f"warning: {self.baseFilename} cannot be written ({reason}); its lines are lost until "
+                             f"there is space\n")
+
+
 def setup_worker_logging(run_dir: str | Path, rank: int, redactor=None) -> logging.Logger:
     """Send this process's logging and warnings to its per-rank file (appending across restarts)."""
     path = RunDir(run_dir).worker_log(rank)
@@ -26,8 +44,7 @@ def setup_worker_logging(run_dir: str | Path, rank: int, redactor=None) -> loggi
     for h in list(root.handlers):
         if getattr(h, "_scaletrain", False):
             root.removeHandler(h)
-    handler = logging.FileHandler(path)
-    handler._scaletrain = True  # type: ignore[attr-defined]
+    handler = WorkerLogHandler(path)
     handler.setFormatter(logging.Formatter(_LINE_FORMAT.format(rank=rank)))
     if redactor is not None:
         from scaletrain.redact import RedactingFilter

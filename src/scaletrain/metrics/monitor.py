@@ -17,6 +17,7 @@ from scaletrain.config.schema import MonitorConfig
 from scaletrain.errors import ConfigError, LaunchError
 from scaletrain.metrics.alerts import build_rules, write_alert
 from scaletrain.metrics.sampler import TreeMemory
+from scaletrain.metrics.trackers import tensorboard_dir
 from scaletrain.rundir import RunDir
 
 
@@ -138,7 +139,7 @@ class RunMonitor:
         self.sinks = []
         self.trackers = list(sinks)  # closed by their owner after the report exists (metrics/trackers.py)
         if "tensorboard" in cfg.report_to:
-            self.sinks.append(TensorBoardSink(RunDir(run_dir).tensorboard))
+            self.sinks.append(TensorBoardSink(tensorboard_dir(run_dir)[0]))
         if cfg.prometheus_port:
             self.sinks.append(PrometheusSink(cfg.prometheus_port))
         self.alerts = []

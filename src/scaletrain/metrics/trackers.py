@@ -128,8 +128,9 @@ class RunIds:
 class WandbTracker:
     name = "wandb"
 
-    def __init__(self, run_dir: Path, project: str, config: dict):
+    def __init__(self, run_dir: Path, project: str, config: dict, files_dir: Path | None = None):
         self.run_dir, self.project, self.config = Path(run_dir), project, config
+        self.files_dir = Path(files_dir or run_dir)  # wandb_dir(): WANDB_DIR when set
         self.ids = RunIds(run_dir)
         self.run = None
         self.step = 0
@@ -142,7 +143,7 @@ class WandbTracker:
         self.ids.save(wandb=run_id, wandb_project=saved.get("wandb_project", self.project))
         try:
             self.run = wandb.init(project=saved.get("wandb_project", self.project), name=self.run_dir.name,
-                                  id=run_id, resume="allow", dir=str(self.run_dir), config=self.config,
+                                  id=run_id, resume="allow", dir=str(self.files_dir), config=self.config,
                                   settings=wandb.Settings(console="off", silent=True, save_code=False))
         except wandb.errors.UsageError as e:
             text = str(e).lower()
@@ -260,6 +261,47 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def wandb_dir(run_dir: Path) -> tuple[Path, str]:
+    """Where W&B keeps its files, and why: WANDB_DIR when set (as every W&B tool honours it), else the run
+    directory."""
+    from scaletrain import envvars
+
+    if given := envvars.read(envvars.WANDB_DIR):
+        return Path(given).expanduser(), envvars.WANDB_DIR
+    return Path(run_dir), "the run directory"
+
+
+def tensorboard_dir(run_dir: Path) -> tuple[Path, str]:
+    """Where the TensorBoard event files go, and why: TENSORBOARD_LOGGING_DIR/<run name> when set (runs side by
+    side under it, as TensorBoard lists them), else the run directory's tensorboard/."""
+    from scaletrain import envvars
+
+    if given := envvars.read(envvars.TENSORBOARD_LOGGING_DIR):
+        return Path(given).expanduser() / Path(run_dir).name, envvars.TENSORBOARD_LOGGING_DIR
+    return RunDir(run_dir).tensorboard, "the run directory"
+
+
+def mlflow_uri(monitor_cfg, output_dir: str) -> tuple[str, str]:
+    """The MLflow tracking URI, and why: monitor.mlflow_tracking_uri, else MLFLOW_TRACKING_URI, else a file store
+    beside the runs."""
+    from scaletrain import envvars
+
+    if monitor_cfg.mlflow_tracking_uri:
+        return monitor_cfg.mlflow_tracking_uri, "monitor.mlflow_tracking_uri"
+    if given := envvars.read(envvars.MLFLOW_TRACKING_URI):
+        return given, envvars.MLFLOW_TRACKING_URI
+    return f"file:{Path(output_dir).expanduser().resolve() / 'mlruns'}", "beside the runs"
+
+
+def tracker_note(monitor_cfg, run_dir: Path, output_dir: str) -> str | None:
+    """One line for main.log: where each tracker of ``monitor.report_to`` writes, and which setting says so."""
+    places = {"wandb": lambda: wandb_dir(run_dir), "tensorboard": lambda: tensorboard_dir(run_dir),
+              "mlflow": lambda: mlflow_uri(monitor_cfg, output_dir)}
+    said = [f"{name} -> {where} ({why})" for name in monitor_cfg.report_to if name in places
+            for where, why in [places[name]()]]
+    return "trackers write to: " + "; ".join(said) if said else None
+
+
 def start_trackers(monitor_cfg, run_dir: Path, output_dir: str, name: str, config: dict, events,
                    console=None, task: str = "causal-lm") -> list[TrackerSink]:
     """A started sink per tracker of ``monitor.report_to`` (none when it names no tracker). ``config`` is the
@@ -268,11 +310,10 @@ def start_trackers(monitor_cfg, run_dir: Path, output_dir: str, name: str, confi
 
     sinks = []
     if "wandb" in monitor_cfg.report_to:
-        tracker = WandbTracker(run_dir, monitor_cfg.wandb_project or name, config)
+        tracker = WandbTracker(run_dir, monitor_cfg.wandb_project or name, config, wandb_dir(run_dir)[0])
         sinks.append(TrackerSink(tracker, events, console))
     if "mlflow" in monitor_cfg.report_to:
-        uri = (monitor_cfg.mlflow_tracking_uri or envvars.read(envvars.MLFLOW_TRACKING_URI)
-               or f"file:{Path(output_dir).expanduser().resolve() / 'mlruns'}")
+        uri = mlflow_uri(monitor_cfg, output_dir)[0]
         envvars.apply_defaults(envvars.TRACKER_DRIVER_DEFAULTS)
         if uri.startswith("file:"):
             envvars.apply_defaults({envvars.MLFLOW_ALLOW_FILE_STORE: "true"})

@@ -70,10 +70,17 @@ def create_remote_run(output_dir: str, run_name: str | None, config_path: str | 
     names = [run_name] if run_name else [default_run_name(config_path)] + [
         f"{default_run_name(config_path)}-{i}" for i in range(2, 1000)]
     for name in names:
-        if (base / name).exists() or _exists(parent.child(name)):
+        in_store = _exists(parent.child(name))
+        if (base / name).exists() or in_store:
+            if run_name and not in_store:  # the run is gone from the store; this machine's copy of it is left
+                raise LaunchError(f"output.run_name={run_name}: {parent.child(name)} is not in the store, but a local "
+                                  f"mirror of a run of that name is left at {base / name} (the remote run was "
+                                  f"removed); keep what you need from it, then remove it (rm -r {base / name}), or "
+                                  f"choose another run_name")
             if run_name:
-                raise LaunchError(f"output.run_name={run_name}: {parent.child(name)} already exists (or its mirror "
-                                  f"{base / name}) and is never overwritten; choose another run_name")
+                raise LaunchError(f"output.run_name={run_name}: {parent.child(name)} already exists and is never "
+                                  f"overwritten; choose another run_name, or continue it with --resume "
+                                  f"{parent.child(name)}")
             continue
         base.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
         (base / name).mkdir(mode=DIR_MODE)

@@ -117,6 +117,14 @@ def test_the_mirror_uploads_what_changed_and_keeps_machine_files_local(s3_server
     # another machine fetches it into its own mirror
     there = fetch_run(f"{store.uri}/r1", StorageConfig(endpoint_url=s3_server, mirror_dir=str(tmp_path / "b")))
     assert there != local and RunDir(there).metrics.read_text().count("\n") == 2
+    # the remote run is removed; this machine's mirror of it is left: named, with how to remove it, kept
+    fs.rm(f"{store.path}/r1", recursive=True)
+    fs.invalidate_cache()
+    with pytest.raises(LaunchError) as stale:
+        create_remote_run(store.uri, "r1", "c.yaml", cfg)
+    assert f"{store.uri}/r1 is not in the store, but a local mirror of a run of that name is left at {local}" \
+        in str(stale.value) and f"(rm -r {local})" in str(stale.value)
+    assert rd.metrics.is_file()  # nothing of it was touched
 
 
 def test_the_relay_writes_what_workers_send_and_tells_them_to_stop(tmp_path):

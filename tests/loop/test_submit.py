@@ -1,6 +1,7 @@
 """Job submission without a cluster: the Slurm script and the KubeRay manifest scaletrain writes, and the bad
 inputs (no dashboard at the address, no job id, an --out that exists) as one line each."""
 
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +36,17 @@ def test_emit_slurm_is_a_valid_script_for_the_nodes_the_config_needs(gpu_cfg, tm
     assert "ray start --head" in text and 'ray start --address="$head_ip:$port"' in text
     assert "trap stop_ray EXIT" in text  # Ray is stopped however the job ends
     assert f'scaletrain train {gpu_cfg} train.max_steps=5 --no-progress scaling.address="$head_ip:$port"' in text
+    # Ray's token authentication on every node and for the driver: one token file on shared storage, made when
+    # missing (owner-only), never printed
+    assert "export RAY_AUTH_MODE=token" in text
+    setup = text[text.index("export RAY_AUTH_MODE=token"):text.index("\nfi\n") + 4]
+    home = tmp_path / "home"
+    shown = subprocess.run(["bash", "-euc", setup + 'echo "$RAY_AUTH_TOKEN_PATH"'], capture_output=True, text=True,
+                           env={"HOME": str(home), "PATH": os.environ["PATH"]})
+    token_file = home / ".ray" / "auth_token"
+    assert shown.returncode == 0 and shown.stdout.strip() == str(token_file), shown.stderr
+    assert len(token_file.read_text().strip()) == 64 and token_file.stat().st_mode & 0o077 == 0
+    assert token_file.read_text().strip() not in shown.stdout + shown.stderr
     again = _cli("submit", gpu_cfg, "--emit", "slurm", "--out", out)
     assert again.returncode != 0 and "exists; nothing overwritten" in again.stderr and out.read_text() == text
 
@@ -58,6 +70,11 @@ def test_emit_kuberay_is_a_rayjob_with_the_config_in_a_configmap(gpu_cfg, tmp_pa
     assert container["resources"]["limits"]["amd.com/gpu"] == "8"
     assert container["volumeMounts"][0]["mountPath"] == "/scaletrain"
     assert workers["template"]["spec"]["volumes"][0]["configMap"]["name"] == config_map["metadata"]["name"]
+    # token authentication: KubeRay sets RAY_AUTH_MODE/RAY_AUTH_TOKEN from the named Secret in every container
+    secret = f"{job['metadata']['name']}-ray-token"
+    assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token", "secretName": secret}
+    assert spec["rayClusterSpec"]["rayVersion"] >= "2.52"
+    assert f"kubectl create secret generic {secret}" in proc.stdout and "auth_token=" in proc.stdout
 
 
 def test_submit_to_an_address_without_a_dashboard_fails_in_seconds(gpu_cfg):

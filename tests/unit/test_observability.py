@@ -411,3 +411,24 @@ def test_a_faulty_nodes_restart_leaves_it_out(tmp_path):
         "ray.io/node-id": f"!in({bad},{other})"}
     log = (tmp_path / "logs" / "main.log").read_text()
     assert log.count("exclude: node a1a1a1a1a1a1 (a likely hardware fault on rank 1's GPU)") == 1
+
+
+def test_a_worker_log_on_a_full_disk_is_one_warning_not_a_traceback_per_line(tmp_path, capfd):
+    """/dev/full fails every write with ENOSPC, as a full disk does: logging's own handler would print
+    '--- Logging error ---' and a traceback for each record."""
+    import logging
+
+    from scaletrain.metrics.logs import WorkerLogHandler
+
+    handler = WorkerLogHandler("/dev/full")
+    log = logging.getLogger("scaletrain.test.full")
+    log.addHandler(handler)
+    try:
+        for i in range(3):
+            log.warning("line %d", i)
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    err = capfd.readouterr().err
+    assert err.count("warning: /dev/full cannot be written (No space left on device)") == 1
+    assert "Logging error" not in err and "Traceback" not in err

@@ -149,3 +149,37 @@ def test_mlflow_logs_final_as_an_artifact_and_as_a_transformers_model(tmp_path, 
     exp = client.get_run(tracker.run_id).info.experiment_id
     (model,) = mlflow.search_logged_models(experiment_ids=[exp], output_format="list")
     assert model.name == "model" and model.source_run_id == tracker.run_id
+
+
+def test_each_tracker_writes_where_its_own_variable_says_else_the_run_directory(tmp_path, monkeypatch):
+    from scaletrain.config.schema import MonitorConfig
+    from scaletrain.metrics.trackers import tensorboard_dir, tracker_note, wandb_dir
+
+    for name in ("WANDB_DIR", "TENSORBOARD_LOGGING_DIR", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    run = tmp_path / "runs" / "r1"
+    cfg = MonitorConfig(report_to=["wandb", "tensorboard", "mlflow"])
+    assert wandb_dir(run) == (run, "the run directory") and tensorboard_dir(run)[0] == run / "tensorboard"
+    assert tracker_note(cfg, run, str(tmp_path / "runs")) == (
+        f"trackers write to: wandb -> {run} (the run directory); tensorboard -> {run / 'tensorboard'} (the run "
+        f"directory); mlflow -> file:{tmp_path / 'runs' / 'mlruns'} (beside the runs)")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "w"))
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracker_note(cfg, run, str(tmp_path / "runs")) == (
+        f"trackers write to: wandb -> {tmp_path / 'w'} (WANDB_DIR); tensorboard -> {tmp_path / 'tb' / 'r1'} "
+        f"(TENSORBOARD_LOGGING_DIR); mlflow -> http://127.0.0.1:5000 (MLFLOW_TRACKING_URI)")
+    assert tracker_note(MonitorConfig(report_to=[]), run, str(tmp_path)) is None
+
+
+def test_the_tensorboard_sink_writes_under_tensorboard_logging_dir(tmp_path, monkeypatch):
+    from scaletrain.config.schema import MonitorConfig
+    from scaletrain.metrics.monitor import RunMonitor
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    run = tmp_path / "runs" / "r2"
+    run.mkdir(parents=True)
+    monitor = RunMonitor(run, MonitorConfig(report_to=["tensorboard"]))
+    monitor.sinks[0].write({"kind": "train", "step": 1, "train/loss": 1.5})
+    monitor.sinks[0].close()
+    assert list((tmp_path / "tb" / "r2").glob("events.out.tfevents.*")) and not (run / "tensorboard").exists()

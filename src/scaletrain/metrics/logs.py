@@ -28,7 +28,21 @@ class WorkerLogHandler(logging.FileHandler):
     unwritable = False
 
     def handleError(self, record: logging.LogRecord) -> None:
-        error = sys.exc_info()[1]
+        self._lost(sys.exc_info()[1])
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as e:
+            self._lost(e)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as e:  # the buffered lines could not be written either
+            self._lost(e)
+
+    def _lost(self, error) -> None:
         if not self.unwritable:
             self.unwritable = True
             reason = getattr(error, "strerror", None) or error

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # install their own torch into the venv first (see README) and set TORCH_SPEC= to keep it.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-unit lint clean-venv
+.PHONY: install demo test test-fast test-unit test-loop lint clean-venv
 
 $(BIN)/scaletrain: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,16 +21,23 @@ demo: install
 	$(BIN)/python -m scaletrain.demo_data examples/data
 	$(BIN)/scaletrain train examples/classify.yaml scaling.num_workers=2
 
-# -rs: every skipped test says why at the end of the run.
-test: install
-	$(BIN)/python -m pytest -q -rs tests
+# -rs: every skipped test says why at the end of the run; --durations=10: the slowest ten; the time at the end.
+PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
+timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 
-# The tiers (tests/README.md): pure functions (seconds); + the in-process loop, no Ray (a few minutes); all.
+test: install
+	@$(call timed,$(PYTEST) tests,make test)
+
+# The tiers (tests/README.md): pure functions (seconds); + the in-process loop without its slow CLI subprocesses
+# (under 3 minutes); the whole loop tier (its own budget); all.
 test-unit: install
-	$(BIN)/python -m pytest -q -rs tests/unit -m "not loop"
+	@$(call timed,$(PYTEST) tests/unit -m "not loop",make test-unit)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -rs tests/unit tests/loop
+	@$(call timed,$(PYTEST) tests/unit tests/loop -m "not slow",make test-fast)
+
+test-loop: install
+	@$(call timed,$(PYTEST) tests/loop,make test-loop)
 
 lint: install
 	$(BIN)/ruff check .

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import without_phases, write_config
 
+pytestmark = pytest.mark.slow  # subprocesses of the CLI or whole runs: make test-loop's budget, not test-fast's
+
 
 def run_cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,

@@ -16,6 +16,8 @@ import pytest
 from scaletrain import envvars
 from scaletrain.launch.warm import forkserver
 
+pytestmark = pytest.mark.slow  # subprocesses of the CLI or whole runs: make test-loop's budget, not test-fast's
+
 SCRIPT = """import json, os, sys, time
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
                   "foo": os.environ.get("FOO"), "argv": sys.argv[1:], "main": __name__,

@@ -65,6 +65,7 @@ def test_one_worker_runs_here_and_leaves_the_process_as_it_was(classify_cfg, tmp
     assert logging.getLogger().handlers == handlers and logging.getLogger().level == level  # worker-0.log closed
 
 
+@pytest.mark.slow
 def test_the_same_weights_as_torchrun(classify_cfg, tmp_path):
     here = run_job(_cfg(classify_cfg, "here"), tmp_path / "c.yaml", show_progress=False)
     there = run_job(_cfg(classify_cfg, "there", scaling={"launcher": "torchrun"}), tmp_path / "c.yaml",

@@ -10,8 +10,11 @@ import pytest
 
 from tests.conftest import write_config
 
+pytestmark = pytest.mark.slow  # subprocesses of the CLI or whole runs: make test-loop's budget, not test-fast's
+
 BLOCK_RAY = '''
 import sys
+
 class _NoRay:
     def find_spec(self, name, path=None, target=None):
         if name == "ray" or name.startswith("ray."):

@@ -66,6 +66,7 @@ def test_the_meta_pass_counts_fused_attention_not_the_seq_by_seq_weights(vocab):
 
 
 @pytest.mark.loop
+@pytest.mark.slow
 def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
     from transformers import LlamaConfig
 

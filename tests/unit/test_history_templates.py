@@ -1,0 +1,95 @@
+"""Templates that write a conversation's history differently from its last turn (Qwen3's own: the reasoning of
+turns before the last user query is dropped, the last turn keeps it): the whole conversation is rendered once with
+the model's template, each assistant turn is located in that render, and the labels are exactly what the template
+writes of each assistant turn (its reasoning where the template keeps it, its tool calls, its end-of-turn token),
+never a token of a user, system or tool turn. Ids equal apply_chat_template's."""
+
+from pathlib import Path
+
+import pytest
+
+from scaletrain.data.encode import assistant_mask
+from scaletrain.data.templates import located_spans, render
+from scaletrain.tokenizer import load_tokenizer
+
+QWEN3 = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3_4b_thinking_2507.jinja").read_text()
+SPECIAL = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def _call(city: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}]}
+
+
+CHATS = {
+    "multi_turn": ([{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Opposite of hot?"}, {"role": "assistant", "content": "Cold."},
+                    {"role": "user", "content": "Of fast?"}, {"role": "assistant", "content": "Slow."},
+                    {"role": "user", "content": "Of up?"}, {"role": "assistant", "content": "Down."}],
+                   None, ["Cold.<|im_end|>", "Slow.<|im_end|>", "\n</think>\n\nDown.<|im_end|>"]),
+    # reasoning in every turn, inline and as reasoning_content: the history's is dropped by the template
+    "reasoning": ([{"role": "user", "content": "2+2?"},
+                   {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4."},
+                   {"role": "user", "content": "Times 3?"},
+                   {"role": "assistant", "content": "12.", "reasoning_content": "4 x 3."}],
+                  None, ["4.<|im_end|>", "4 x 3.\n</think>\n\n12.<|im_end|>"]),
+    # two tool calls with their results after the last query: the calls without reasoning are written without a
+    # think block (the template's rule for turns that are not the last), the final answer with its reasoning
+    "tools": ([{"role": "user", "content": "Weather in Paris and Rome?"}, _call("Paris"),
+               {"role": "tool", "content": '{"temp_c": 21}'}, _call("Rome"),
+               {"role": "tool", "content": '{"temp_c": 25}'},
+               {"role": "assistant", "content": "<think>\nBoth known.\n</think>\n\nParis 21 C, Rome 25 C."}],
+              [WEATHER],
+              ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+               '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>',
+               "Both known.\n</think>\n\nParis 21 C, Rome 25 C.<|im_end|>"]),
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("builtin:tiny-llama")
+
+
+@pytest.mark.parametrize("case", list(CHATS))
+def test_each_assistant_turn_is_what_the_models_template_writes_of_it(case, tok):
+    chat, tools, expected = CHATS[case]
+    (text,), (spans,) = render([chat], QWEN3, SPECIAL, "qwen3", [tools])
+    real = tok.apply_chat_template(chat, tools=tools, chat_template=QWEN3, tokenize=False, **SPECIAL)
+    assert text == real  # the one render of the whole conversation: the model's own
+    assert [text[a:b] for a, b in spans] == expected
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == tok.apply_chat_template(chat, tools=tools, chat_template=QWEN3, tokenize=True,
+                                                       return_dict=True, **SPECIAL)["input_ids"]
+    mask = assistant_mask(enc["offset_mapping"], spans)
+    labelled = tok.decode([t for t, m in zip(enc["input_ids"], mask) if m])
+    assert labelled == "".join(expected)
+    for m in chat:  # no user, system or tool text is ever a label
+        if m["role"] != "assistant":
+            assert m["content"] not in labelled
+
+
+def test_prefix_stable_templates_keep_their_spans(tok):
+    """A template whose prefixes render as prefixes (ChatML) gets the same spans either way."""
+    from scaletrain.data.templates import BUILTIN_TEMPLATES, _prefix_spans
+
+    chat = CHATS["multi_turn"][0]
+    (text,), _ = render([chat], BUILTIN_TEMPLATES["chatml"], SPECIAL, "chatml")
+    located = located_spans(chat, text, BUILTIN_TEMPLATES["chatml"], SPECIAL)
+    assert [text[a:b] for a, b in located] == ["Cold.<|im_end|>", "Slow.<|im_end|>", "Down.<|im_end|>"]
+    assert [text[a:b].rstrip("\n") for a, b in _prefix_spans(chat, text, BUILTIN_TEMPLATES["chatml"], SPECIAL)] == \
+        [text[a:b] for a, b in located]
+
+
+def test_a_reply_the_template_also_writes_elsewhere_cannot_be_isolated():
+    from scaletrain.errors import DataError
+
+    echo = ("{% if messages|length > 3 %}<recap>{{ messages[1].content }}</s>{% endif %}"
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    with pytest.raises(DataError, match="writes an assistant turn's reply into other turns too.*mask_history"):
+        render([chat], echo, {"eos_token": "</s>"}, "echo")

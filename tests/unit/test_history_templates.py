@@ -93,3 +93,57 @@ def test_a_reply_the_template_also_writes_elsewhere_cannot_be_isolated():
             {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
     with pytest.raises(DataError, match="writes an assistant turn's reply into other turns too.*mask_history"):
         render([chat], echo, {"eos_token": "</s>"}, "echo")
+
+
+def _prepared(tmp_path, tok, rows, **data):
+    import json
+
+    from scaletrain.config import validate
+    from scaletrain.data import prepare_data
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                    "data": {"train_file": str(path), "formatting": "messages", "max_length": 256, "eval_ratio": 0,
+                             **data},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    return prepare_data(cfg, tok)
+
+
+def _labelled(tok, example) -> str:
+    return tok.decode([t for t, lab in zip(example["input_ids"], example["labels"]) if lab != -100])
+
+
+ROWS = [{"messages": [{"role": "user", "content": f"Q{i}?"}, {"role": "assistant", "content": f"A{i}."},
+                      {"role": "user", "content": f"R{i}?"},
+                      {"role": "assistant", "content": f"B{i}.", "reasoning_content": f"think {i}"}]}
+        for i in range(20)]
+
+
+def test_qwen3_multi_turn_with_reasoning_trains_through_the_pipeline_and_says_what(tmp_path):
+    tok = load_tokenizer("builtin:tiny-llama")
+    tok.chat_template = QWEN3  # data.template=auto: the tokenizer's own
+    spans = _prepared(tmp_path, tok, ROWS)
+    by_text = {_labelled(tok, ex) for ex in spans.train}
+    assert "A3.<|im_end|>think 3\n</think>\n\nB3.<|im_end|>" in by_text
+    note = next(n for n in spans.notes if "multi_turn=" in n)
+    assert note.startswith("data: multi_turn=spans: every assistant turn of the whole conversation") and \
+        "20 train examples" in note and "tokens supervised" in note
+    last = _prepared(tmp_path, tok, ROWS, mask_history=True)  # LLaMA-Factory's name for multi_turn: last
+    assert "think 3\n</think>\n\nB3.<|im_end|>" in {_labelled(tok, ex) for ex in last.train}
+    assert any(n.startswith("data: multi_turn=last: the last assistant turn only") for n in last.notes)
+
+
+def test_reasoning_a_template_cannot_write_goes_into_the_reply_not_away(tmp_path):
+    tok = load_tokenizer("builtin:tiny-llama")
+    chatml = _prepared(tmp_path, tok, ROWS, template="chatml")
+    assert "A3.<|im_end|><think>\nthink 3\n</think>\n\nB3.<|im_end|>" in {_labelled(tok, ex) for ex in chatml.train}
+
+
+def test_one_example_per_turn_is_refused_in_one_line():
+    from pydantic import ValidationError
+
+    from scaletrain.config.data import DataConfig
+
+    with pytest.raises(ValidationError, match="data.multi_turn=per_turn .* not supported yet; use spans"):
+        DataConfig(train_file="x.jsonl", multi_turn="per_turn")

@@ -25,7 +25,11 @@ class DataConfig(_Section):
     # causal-lm: the records' format (LLaMA-Factory's names) and the chat template that renders them.
     formatting: Literal["alpaca", "sharegpt", "messages", "text"] = "alpaca"
     template: str = "auto"  # auto (the tokenizer's own, else alpaca), a built-in name, or a .jinja file
-    mask_history: bool = False  # loss on the last assistant turn only
+    # Which assistant turns of a multi-turn conversation train: spans (every turn, in the one render of the whole
+    # conversation with the model's own template, also where it writes the history differently from the last turn,
+    # as Qwen3's does), last (the last turn only; LLaMA-Factory's mask_history: true means the same).
+    multi_turn: Literal["spans", "per_turn", "last"] = "spans"
+    mask_history: bool = False  # LLaMA-Factory's name for multi_turn: last
     # causal-lm: pack examples into rows of max_length tokens (attention never crosses examples); eval too with
     # pack_eval. Without packing, balance_ranks forms each step's batches so its ranks hold similar token counts
     # (causal-lm).
@@ -109,6 +113,15 @@ class DataConfig(_Section):
         except LookupError:
             raise ValueError(f"{v!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, cp1252, "
                              f"utf-16") from None
+
+    @model_validator(mode="after")
+    def _multi_turn(self) -> "DataConfig":
+        if self.multi_turn == "per_turn":
+            raise ValueError("data.multi_turn=per_turn (one example per assistant turn) is not supported yet; use "
+                             "spans (every turn of the whole conversation) or last")
+        if self.mask_history and self.multi_turn != "last":
+            self.multi_turn = "last"  # the same setting under LLaMA-Factory's name
+        return self
 
     @model_validator(mode="after")
     def _source(self) -> "DataConfig":

@@ -11,7 +11,7 @@ import bisect
 import math
 from typing import Any
 
-from scaletrain.data.formats import Columns, to_conversation
+from scaletrain.data.formats import REASONING, Columns, to_conversation
 from scaletrain.data.templates import render_records, supports_tools
 
 IGNORE_INDEX = -100  # label value the loss skips (prompt tokens, padding)
@@ -90,7 +90,8 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
         chats.append(chat)
         skip.append(why)
     good = [i for i, c in enumerate(chats) if c is not None]
-    rendered = render_records([chats[i].messages for i in good], template, special_tokens(tokenizer),
+    rendered = render_records([with_reasoning(chats[i].messages, template) for i in good], template,
+                              special_tokens(tokenizer),
                               [chats[i].tools for i in good])
     for i, r in zip(good, rendered):
         if isinstance(r, str):
@@ -118,6 +119,17 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
         out_ids.append(ids)
         out_labels.append(labels)
     return {"input_ids": out_ids, "labels": out_labels, "_skip": skip, "_full": full}
+
+
+def with_reasoning(messages: list[dict], template: str) -> list[dict]:
+    """The messages as ``template`` can write them: a template that reads ``reasoning_content`` (Qwen3's,
+    DeepSeek-R1's) gets the field and decides where reasoning is kept; any other gets it inside the reply as
+    ``<think>...</think>`` (the convention those models write), so no reasoning in the data is dropped unseen."""
+    if REASONING in template or not any(REASONING in m for m in messages):
+        return messages
+    return [{**{k: v for k, v in m.items() if k != REASONING},
+             "content": f"<think>\n{m[REASONING].strip()}\n</think>\n\n{m.get('content') or ''}"}
+            if REASONING in m else m for m in messages]
 
 
 def special_tokens(tokenizer) -> dict[str, Any]:

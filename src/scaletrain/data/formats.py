@@ -26,6 +26,7 @@ from typing import Any
 from scaletrain.config.schema import DataConfig
 
 FORMATTINGS = ("alpaca", "sharegpt", "messages", "text")
+REASONING = "reasoning_content"  # an assistant turn's reasoning as its own field (OpenAI/DeepSeek, Qwen3's templates)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,8 @@ def _turns(row: dict, formatting: str, c: Columns) -> tuple[list[dict] | None, s
                        "tool_call_id": turn.get("tool_call_id") or (call["id"] if call else _call_id(row, i, ""))}
         else:
             message = {"role": kind, "content": content}
+        if kind in ("assistant", "call") and isinstance(turn.get(REASONING), str) and turn[REASONING].strip():
+            message[REASONING] = turn[REASONING]  # OpenAI/DeepSeek-style reasoning beside the reply
         messages.append(message)
         last = kind
     if last not in ("assistant", "call"):

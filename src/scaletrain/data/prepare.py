@@ -24,6 +24,7 @@ from pathlib import Path
 
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
+from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.data.encoders import encoder_for
 from scaletrain.data.labels import Labels, resolve_labels
 from scaletrain.data.pairs import PAIR_COLUMNS
@@ -126,6 +127,8 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         else:
             train, evals = _split(train, cfg, train_sources[0])
         train = train.add_column("length", example_lengths(train))  # for balanced ranks
+        if (said := supervision_note(train, cfg)) is not None:
+            notes.append(said)
         if d.packing:
             from scaletrain.data.packing import pack
 
@@ -147,6 +150,25 @@ def example_lengths(ds) -> list[int]:
     if PAIR_COLUMNS[0] in ds.column_names:
         return [len(a) + len(b) for a, b in zip(ds[PAIR_COLUMNS[0]], ds[PAIR_COLUMNS[2]])]
     return [len(ids) for ids in ds["input_ids"]]
+
+
+MULTI_TURN = {"spans": "every assistant turn of the whole conversation, as the template writes it",
+              "last": "the last assistant turn only"}
+
+
+def supervision_note(train, cfg: Config) -> str | None:
+    """What trains of a chat dataset, said at start: which assistant turns (data.multi_turn) and the share of
+    tokens that are labels, counted on the Arrow column (no token list in Python)."""
+    import pyarrow.compute as pc
+
+    d = cfg.data
+    if cfg.model.task != "causal-lm" or d.formatting == "text" or "labels" not in train.column_names:
+        return None
+    labels = pc.list_flatten(train.with_format("arrow")["labels"])  # the selected rows, as Arrow
+    supervised, total = pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0, len(labels)
+    what = "every token (data.train_on_prompt)" if d.train_on_prompt else MULTI_TURN[d.multi_turn]
+    return (f"data: multi_turn={d.multi_turn}: {what}; {len(train)} train examples, {supervised:,} of {total:,} "
+            f"tokens supervised ({100 * supervised / max(total, 1):.1f}%)")
 
 
 PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")

@@ -131,3 +131,21 @@ def test_a_llamafactory_dpo_file_becomes_a_dpo_job():
     assert (c.train.stage, c.train.pref_loss, c.train.pref_beta, c.train.pref_ftx) == ("dpo", "sigmoid", 0.1, 0.0)
     assert c.data.dataset == ["dpo_en_demo"] and c.model.finetuning_type == "lora"
     assert set(_rows(rows)) >= set(lf)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_nothink", "qwen3_5", "gemma3", "gpt", "gpt_oss", "deepseekr1",
+                                  "llama4", "mistral_small"])
+def test_the_2026_template_names_map_to_the_models_own_with_the_reason(name):
+    from scaletrain.config.importers import LF_OWN_TEMPLATE
+
+    cfg, rows = from_llamafactory({"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora",
+                                   "dataset": "d", "template": name, "do_train": True})
+    row = next(r for r in rows if r.key == "template")
+    assert cfg["data"]["template"] == "auto" and row.where == "data.template"
+    assert row.note == f"LLaMA-Factory's {name!r} -> the tokenizer's own chat template: {LF_OWN_TEMPLATE[name]}"
+
+
+def test_an_unknown_template_name_is_said_not_silently_mapped():
+    _, rows = from_llamafactory({"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora",
+                                 "dataset": "d", "template": "someday", "do_train": True})
+    assert "no built-in for LLaMA-Factory's 'someday'" in next(r for r in rows if r.key == "template").note

@@ -99,6 +99,25 @@ FOREVER_S = 24 * 3600
 # (LLaMA-Factory's qwen template writes Qwen2.5's default system prompt; its llama3 has no Llama-3.1 date header.)
 TEMPLATES = {"alpaca": "alpaca", "qwen": "qwen", "chatml": "chatml", "llama3": "llama3", "mistral": "mistral",
              "gemma": "gemma", "gemma2": "gemma", "vicuna": "vicuna"}
+# LLaMA-Factory's templates of the models of 2025-26, each with why the model's own chat template (data.template:
+# auto) is the right choice: it is what the model was trained with, and scaletrain locates every assistant turn in
+# the one render of the whole conversation (data.multi_turn: spans), also where the history is written differently.
+LF_OWN_TEMPLATE = {
+    "qwen3": "Qwen3's own template (thinking: <think> blocks; the reasoning of turns before the last user query is "
+             "dropped, as the model was trained)",
+    "qwen3_nothink": "the model's own template: Qwen3-2507 Instruct's writes no <think> blocks; a hybrid Qwen3's "
+                     "writes an empty one after the last query, as enable_thinking=false does at inference",
+    "qwen3_5": "Qwen3.5's own template",
+    "deepseekr1": "DeepSeek-R1's own template (the reasoning of earlier turns dropped, as the model was trained)",
+    "deepseek3": "DeepSeek-V3's own template",
+    "gemma3": "Gemma 3's own template (a system prompt goes into the first user turn, as it writes it)",
+    "gpt": "gpt-oss's own harmony template (analysis/final channels, tool calls)",
+    "gpt_oss": "gpt-oss's own harmony template (analysis/final channels, tool calls)",
+    "llama4": "Llama 4's own template",
+    "mistral_small": "Mistral Small's own template (its [SYSTEM_PROMPT] and tool-call format)",
+    "glm4": "GLM-4's own template",
+    "kimi_vl": "Kimi's own template",
+}
 LF_MARKERS = ("model_name_or_path", "stage", "finetuning_type", "dataset", "template", "do_train")
 
 
@@ -197,6 +216,9 @@ def _names(key, value, lf, put, rows) -> None:
 def _template(key, value, lf, put, rows) -> None:
     if value in TEMPLATES:
         put(key, "data", "template", TEMPLATES[value])
+    elif value in LF_OWN_TEMPLATE:
+        put(key, "data", "template", "auto", f"LLaMA-Factory's {value!r} -> the tokenizer's own chat template: "
+                                             f"{LF_OWN_TEMPLATE[value]}")
     else:
         put(key, "data", "template", "auto", f"no built-in for LLaMA-Factory's {value!r}: the tokenizer's own chat "
                                              f"template is used (check it matches)")

@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         imports,
         plan,
         predict,
+        preview,
         report,
         scale,
         submit,
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (train, doctor, plan, submit, cluster, env, topo, commbench, report, scale, predict, imports):
+    for command in (train, doctor, plan, preview, submit, cluster, env, topo, commbench, report, scale, predict,
+                    imports):
         command.register(sub, [common])
     return parser
 

@@ -80,6 +80,23 @@ class PreparedData:
         return self.train_path, self.eval_path
 
 
+def cached_entry(cfg: Config, tokenizer) -> Path | None:
+    """The data cache entry of this config and tokenizer when it exists (what `train` would load), else None."""
+    d = cfg.data
+    train_sources, eval_srcs = sources(d, cfg.model.task, cfg.train.stage), eval_sources(d, cfg.train.stage)
+    template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
+    for src in train_sources + eval_srcs:
+        exists(src)  # a missing file: one line naming its key, as train says it
+    entry = _cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
+    return entry if (entry / META).is_file() else None
+
+
+def _cache_root(cfg: Config) -> Path:
+    d = cfg.data
+    return Path(d.cache_dir or local_output_dir(cfg.output.output_dir, cfg.storage) / ".cache" / "data"
+                ).expanduser().resolve()
+
+
 def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     """Read, split and tokenize both splits once for the whole job (in the driver), or load them from the cache."""
     import datasets
@@ -90,10 +107,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
     for src in train_sources + eval_srcs:
         exists(src)
-    fingerprint = _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
-    root = Path(d.cache_dir or local_output_dir(cfg.output.output_dir, cfg.storage) / ".cache" / "data"
-                ).expanduser().resolve()
-    entry = root / fingerprint
+    entry = _cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if (entry / META).is_file() and not d.overwrite_cache:
         meta = json.loads((entry / META).read_text())
@@ -158,7 +172,9 @@ MULTI_TURN = {"spans": "every assistant turn of the whole conversation, as the t
 
 def supervision_note(train, cfg: Config) -> str | None:
     """What trains of a chat dataset, said at start: which assistant turns (data.multi_turn) and the share of
-    tokens that are labels, counted on the Arrow column (no token list in Python)."""
+    tokens that are labels, counted on the Arrow column (no token list in Python). A chat dataset where no token,
+    or every token, is a label is an error: nothing would train, or the prompts would (a template whose assistant
+    turns were not found)."""
     import pyarrow.compute as pc
 
     d = cfg.data
@@ -166,6 +182,13 @@ def supervision_note(train, cfg: Config) -> str | None:
         return None
     labels = pc.list_flatten(train.with_format("arrow")["labels"])  # the selected rows, as Arrow
     supervised, total = pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0, len(labels)
+    if total and supervised == 0:
+        raise DataError(f"data: no token of the {len(train)} training examples is a label (nothing would train); "
+                        f"check data.template and the assistant turns (scaletrain preview CONFIG shows them)")
+    if total and supervised == total and not d.train_on_prompt:
+        raise DataError(f"data.template: every token of the {len(train)} training examples is a label, prompts "
+                        f"included (the template's assistant turns were not found); choose data.template (auto: the "
+                        f"model's own), or set data.train_on_prompt=true if that is meant")
     what = "every token (data.train_on_prompt)" if d.train_on_prompt else MULTI_TURN[d.multi_turn]
     return (f"data: multi_turn={d.multi_turn}: {what}; {len(train)} train examples, {supervised:,} of {total:,} "
             f"tokens supervised ({100 * supervised / max(total, 1):.1f}%)")

@@ -23,6 +23,7 @@ from scaletrain.comm.profiles import check_names, effective_env
 from scaletrain.config import Config
 from scaletrain.config.batch import global_batch, scaled_learning_rate, total_steps
 from scaletrain.console import ProgressView, console
+from scaletrain.data.preview import first_example
 from scaletrain.dtypes import torch_dtype
 from scaletrain.errors import Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
@@ -102,6 +103,8 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     clock.attach(run_dir)
     events = EventLog(run_dir, "driver", redact)
     phases.attach(events)
+    if (example := first_example(tokenizer, data.train)) is not None:  # exactly what trains, in main.log
+        events("first example", example)
     resolved = redact.mapping(cfg.model_dump(mode="json"))  # what the run directory and the trackers keep
     if resume_dir is None:
         rd.resolved_config.write_text(yaml.safe_dump(resolved, sort_keys=False))

@@ -147,3 +147,19 @@ def test_one_example_per_turn_is_refused_in_one_line():
 
     with pytest.raises(ValidationError, match="data.multi_turn=per_turn .* not supported yet; use spans"):
         DataConfig(train_file="x.jsonl", multi_turn="per_turn")
+
+
+def test_enable_thinking_reaches_a_template_with_the_switch_and_is_refused_by_one_without(tmp_path):
+    from scaletrain.errors import ConfigError
+
+    tok = load_tokenizer("builtin:tiny-llama")
+    switch = tmp_path / "switch.jinja"  # the generation-prompt switch Qwen3's hybrid template has, on every turn
+    switch.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                      "{% if m.role == 'assistant' and enable_thinking is defined and enable_thinking is false %}"
+                      "<think>\n\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    off = _prepared(tmp_path, tok, ROWS, template=str(switch), enable_thinking=False)
+    assert any("<think>\n\n</think>\n\nA3." in tok.decode(ex["input_ids"]) for ex in off.train)
+    with pytest.raises(ConfigError, match="data.enable_thinking=false: the chat template .chatml. has no thinking "
+                                          "switch"):
+        _prepared(tmp_path, tok, ROWS, template="chatml", enable_thinking=False)

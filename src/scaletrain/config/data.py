@@ -30,6 +30,8 @@ class DataConfig(_Section):
     # as Qwen3's does), last (the last turn only; LLaMA-Factory's mask_history: true means the same).
     multi_turn: Literal["spans", "per_turn", "last"] = "spans"
     mask_history: bool = False  # LLaMA-Factory's name for multi_turn: last
+    # LLaMA-Factory's enable_thinking: passed to a chat template that has the switch (Qwen3's); unset: its default.
+    enable_thinking: Optional[bool] = None
     # causal-lm: pack examples into rows of max_length tokens (attention never crosses examples); eval too with
     # pack_eval. Without packing, balance_ranks forms each step's batches so its ranks hold similar token counts
     # (causal-lm).

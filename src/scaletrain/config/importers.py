@@ -27,6 +27,7 @@ DIRECT: dict[str, tuple[str, str]] = {
     "dataloader_num_workers": ("data", "loader_workers"),
     "val_size": ("data", "eval_ratio"),
     "mask_history": ("data", "mask_history"),
+    "enable_thinking": ("data", "enable_thinking"),
     "train_on_prompt": ("data", "train_on_prompt"),
     "per_device_train_batch_size": ("train", "per_device_train_batch_size"),
     "per_device_eval_batch_size": ("train", "per_device_eval_batch_size"),

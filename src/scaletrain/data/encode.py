@@ -79,7 +79,8 @@ NO_TOOL_FORMAT = "declares or calls tools, and the chat template has no tool for
 
 
 def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
-                template_name: str, max_length: int, mask_history: bool, train_on_prompt: bool) -> dict[str, list]:
+                template_name: str, max_length: int, mask_history: bool, train_on_prompt: bool,
+                enable_thinking: bool | None = None) -> dict[str, list]:
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     chats, skip = [], []
     tools_ok = supports_tools(template)
@@ -91,7 +92,7 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
         skip.append(why)
     good = [i for i, c in enumerate(chats) if c is not None]
     rendered = render_records([with_reasoning(chats[i].messages, template) for i in good], template,
-                              special_tokens(tokenizer),
+                              template_variables(tokenizer, enable_thinking),
                               [chats[i].tools for i in good])
     for i, r in zip(good, rendered):
         if isinstance(r, str):
@@ -130,6 +131,12 @@ def with_reasoning(messages: list[dict], template: str) -> list[dict]:
     return [{**{k: v for k, v in m.items() if k != REASONING},
              "content": f"<think>\n{m[REASONING].strip()}\n</think>\n\n{m.get('content') or ''}"}
             if REASONING in m else m for m in messages]
+
+
+def template_variables(tokenizer, enable_thinking: bool | None = None) -> dict[str, Any]:
+    """What a chat template renders with: the tokenizer's special tokens, and ``enable_thinking`` when it is set."""
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    return {**special_tokens(tokenizer), **extra}
 
 
 def special_tokens(tokenizer) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from scaletrain.data.sources import (
     sources,
 )
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
-from scaletrain.errors import DataError
+from scaletrain.errors import ConfigError, DataError
 from scaletrain.storage.mirror import local_output_dir
 
 log = logging.getLogger("scaletrain.data")
@@ -105,6 +105,10 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     train_sources = sources(d, cfg.model.task, cfg.train.stage)
     eval_srcs = eval_sources(d, cfg.train.stage)
     template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
+    if d.enable_thinking is not None and "enable_thinking" not in template[1]:
+        raise ConfigError(f"data.enable_thinking={str(d.enable_thinking).lower()}: the chat template "
+                          f"({template[0] or 'none'}) has no thinking switch; remove data.enable_thinking, or use "
+                          f"the template of a model that has one (Qwen3's)")
     for src in train_sources + eval_srcs:
         exists(src)
     entry = _cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)

@@ -163,3 +163,20 @@ def test_enable_thinking_reaches_a_template_with_the_switch_and_is_refused_by_on
     with pytest.raises(ConfigError, match="data.enable_thinking=false: the chat template .chatml. has no thinking "
                                           "switch"):
         _prepared(tmp_path, tok, ROWS, template="chatml", enable_thinking=False)
+
+
+R1 = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "deepseek_r1_distill_qwen_32b.jinja").read_text()
+R1_SPECIAL = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
+
+
+def test_deepseek_r1s_template_trains_each_answer_as_it_writes_it(tok):
+    """R1's template drops every turn's reasoning and its generation prompt opens <think>: the history is not a
+    prefix of the prompts, so the turns are located in the whole render; each trains its answer and end token."""
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4."},
+            {"role": "user", "content": "Times 3?"}, {"role": "assistant", "content": "<think>\nmul\n</think>\n\n12."}]
+    (text,), (spans,) = render([chat], R1, R1_SPECIAL, "deepseek_r1")
+    assert text == tok.apply_chat_template(chat, chat_template=R1, tokenize=False, **R1_SPECIAL)
+    assert [text[a:b] for a, b in spans] == ["\n\n4.<｜end▁of▁sentence｜>", "\n\n12.<｜end▁of▁sentence｜>"]
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    labelled = tok.decode([t for t, m in zip(enc["input_ids"], assistant_mask(enc["offset_mapping"], spans)) if m])
+    assert labelled == "\n\n4.<｜end▁of▁sentence｜>\n\n12.<｜end▁of▁sentence｜>" and "2+2?" not in labelled

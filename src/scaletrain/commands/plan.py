@@ -75,12 +75,14 @@ def run(args: argparse.Namespace) -> int:
                       for n in sizes]
     interval = save_steps_for(args, cfg, shape, compute) if args.mtbf_hours is not None else None
     if args.json:
-        print(json.dumps({"device": device.key, "device_memory_gib": device.memory_bytes / GIB, "rows": rows,
+        moe = ({"moe": {"experts": shape.experts[0], "experts_per_token": shape.experts[1],
+                        "parameters": shape.total, "active_parameters": shape.active_total}} if shape.experts else {})
+        print(json.dumps({"device": device.key, "device_memory_gib": device.memory_bytes / GIB, "rows": rows, **moe,
                           **({"checkpoint_interval": interval} if interval else {}),
                           "verdicts": {n: v[1] for n, v in verdicts.items()}, "timing": timing,
                           "assumed_mfu": ASSUMED_MFU if compute is not None else None}, indent=1))
     else:
-        _print(cfg, device, rows, verdicts, timing, compute, dtype, args.all)
+        _print(cfg, device, rows, verdicts, timing, compute, dtype, args.all, shape.moe_line())
         if interval:
             import textwrap
 
@@ -116,7 +118,7 @@ def save_steps_for(args, cfg, shape, compute_s: float | None) -> dict:
                     f"step)"}
 
 
-def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool) -> None:
+def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool, moe: str | None = None) -> None:
     """The configured job, one line per world size (peak, what dominates, fits, step time, speedup), then the
     verdicts wrapped at 80 columns; ``--all`` adds the variant table."""
     import textwrap
@@ -127,6 +129,8 @@ def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool) 
     say = lambda text: print(textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False,
                                            break_on_hyphens=False))
     say(f"scaletrain plan: {cfg.model.name_or_path} on {device.key} ({gib:.0f} GiB per device), {dtype}")
+    if moe:
+        say(moe)
     timed = {r["workers"]: r for r in timing}
     print(f"{'devices':>7} {'peak GiB':>9}  {'largest part':<26} {'fits':<4} {'step s':>7} {'speedup':>8}")
     parts = ("parameters", "gradients", "optimizer", "activations", "buffers", "overhead", "reference")

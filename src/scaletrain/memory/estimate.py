@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from scaletrain.config.schema import Config
 from scaletrain.dtypes import BYTES
+from scaletrain.moe import active_parameters, experts_of
 from scaletrain.precision import policy
 from scaletrain.tokenizer import Vocab
 
@@ -55,6 +56,26 @@ class Shape:
     logits: int  # bytes of the fp32 logits (their gradient is the largest buffer at the start of backward)
     eval_logits: int  # the same at the eval batch size
     act_loss: int = 0  # bytes the plain loss keeps for backward (the fp32 logits' log-softmax), not in act_outside
+    active_block_params: int = 0  # parameters of one block a token computes with (MoE: top-k of the experts)
+    experts: tuple[int, int] | None = None  # MoE: (routed experts, experts per token)
+
+    @property
+    def active_total(self) -> int:
+        """The parameters a token computes with: all but the routed experts it does not go through."""
+        return self.total - self.layers * (self.block_params - self.block_compute_params)
+
+    def moe_line(self) -> str | None:
+        """What `plan` says of an MoE model: its experts, and total against active parameters."""
+        if not self.experts:
+            return None
+        count, top_k = self.experts
+        return (f"MoE: {count} routed experts, {top_k} per token: {self.total / 1e9:.1f}B parameters held (memory), "
+                f"{self.active_total / 1e9:.1f}B active per token (FLOPs, MFU)")
+
+    @property
+    def block_compute_params(self) -> int:
+        """The parameters of one block that compute per token (FLOPs, MFU); all of them for a dense model."""
+        return self.active_block_params or self.block_params
 
 
 @dataclass(frozen=True)
@@ -153,7 +174,9 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
     per_token_logits = logits.shape[-1] * BYTES_FP32
     hidden = getattr(getattr(model, "config", None), "hidden_size", 0) or 0
     block = blocks[0] if blocks else None
-    block_params = sum(p.numel() for p in block.parameters()) if block is not None else 0
+    experts = experts_of(model.config)
+    block_params, active_block = (active_parameters(block.named_parameters(), experts) if block is not None
+                                  else (0, 0))
     block_trainable = sum(p.numel() for p in block.parameters() if p.requires_grad) if block is not None else 0
     causal = cfg.model.task == "causal-lm"
     return Shape(total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
@@ -161,7 +184,8 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
                  act_blocks=saved["blocks"], act_block_inputs=len(blocks) * batch * seq * hidden * BYTES_FP32,
                  act_outside=saved["outside"], act_loss=saved["loss"],
                  logits=batch * (seq if causal else 1) * per_token_logits,
-                 eval_logits=eval_batch * (seq if causal else 1) * per_token_logits)
+                 eval_logits=eval_batch * (seq if causal else 1) * per_token_logits, active_block_params=active_block,
+                 experts=(experts.count, experts.top_k) if experts else None)
 
 
 def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -176,6 +200,16 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
+_AUTOCAST = torch.autocast
+
+
+def _autocast_beside_meta(device_type: str, *args, **kwargs):
+    """torch.autocast, and nothing on the meta device (there is no precision to switch there)."""
+    if device_type == "meta":
+        return contextlib.nullcontext()
+    return _AUTOCAST(device_type, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def _no_data_dependent_checks():
     """The meta pass as a real run: fused attention (``_fused_attention``), and no packed-sequence detection
@@ -183,6 +217,8 @@ def _no_data_dependent_checks():
     plain ones)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(F, "scaled_dot_product_attention", _fused_attention))
+        # peft's LoRA on fused experts turns autocast off around its matmul, which torch refuses on "meta"
+        stack.enter_context(mock.patch.object(torch, "autocast", _autocast_beside_meta))
         try:
             import transformers.masking_utils as masking
         except ImportError:

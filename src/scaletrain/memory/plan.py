@@ -124,7 +124,7 @@ def step_time_s(cfg: Config, shape: Shape, device: Device, dtype: str) -> float 
     if not peak:
         return None
     lora = shape.trainable if cfg.model.finetuning_type == "lora" else None
-    non_embedding = shape.layers * shape.block_params
+    non_embedding = shape.layers * shape.block_compute_params  # MoE: the experts a token goes through
     per_token = flops_per_token(non_embedding, shape.layers, shape.hidden, cfg.data.max_length, lora)
     if cfg.train.gradient_checkpointing:
         per_token += 2 * non_embedding  # the forward again, block by block, in backward

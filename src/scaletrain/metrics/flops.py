@@ -95,13 +95,15 @@ def mfu(tokens_per_s_per_device: float, flops_token: float, peak: float | None) 
 
 
 def model_flops_facts(model) -> dict[str, int]:
-    """Non-embedding and LoRA parameter counts, layers and hidden size of an HF (or peft) model."""
+    """Non-embedding and LoRA parameter counts, layers and hidden size of an HF (or peft) model; an MoE model's
+    routed experts count top-k/E (the FLOPs a token costs: moe.py)."""
+    from scaletrain.moe import active_parameters, experts_of
+
     cfg = getattr(model, "config", None)
-    emb = 0
-    for name, p in model.named_parameters():
-        if "embed" in name or "wte" in name or "wpe" in name:
-            emb += p.numel()
-    total = sum(p.numel() for p in model.parameters())
-    lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
-    return {"n_params": total - emb - lora, "lora_params": lora, "n_layers": getattr(cfg, "num_hidden_layers", 0),
+    named = list(model.named_parameters())
+    emb = sum(p.numel() for name, p in named if "embed" in name or "wte" in name or "wpe" in name)
+    lora = sum(p.numel() for n, p in named if "lora_" in n)
+    _, active = active_parameters([(n, p) for n, p in named if "lora_" not in n],
+                                  experts_of(cfg) if cfg is not None else None)
+    return {"n_params": active - emb, "lora_params": lora, "n_layers": getattr(cfg, "num_hidden_layers", 0),
             "hidden": getattr(cfg, "hidden_size", 0)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from scaletrain.config.schema import ModelConfig
 from scaletrain.errors import ConfigError
+from scaletrain.lora_targets import WORDS, resolve
 from scaletrain.model_files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
 from scaletrain.tokenizer import Vocab
 
@@ -169,35 +170,46 @@ def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:
                           f"trained with this model")
 
 
-def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> None:
-    """Every name in ``model.lora_target`` must name a module of the model, checked in the driver on an empty
-    (meta-device) copy: PEFT fails only when no name matches, inside the workers, and drops a misspelt name
-    among good ones without a word (LoRA then trains fewer layers than asked)."""
+def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> str | None:
+    """What LoRA will adapt, resolved in the driver on an empty (meta-device) copy (lora_targets.py), as the
+    start-of-run note; every name in ``model.lora_target`` must name a module or parameter of the model: PEFT fails
+    only when no name matches, inside the workers, and drops a misspelt name among good ones without a word."""
     import torch
 
-    if cfg.finetuning_type != "lora" or cfg.lora_target == "all-linear":
-        return
+    if cfg.finetuning_type != "lora":
+        return None
     auto, config = auto_and_config(cfg, vocab)
     with torch.device("meta"):
         model = auto.from_config(config)
-    names = [name for name, _ in model.named_modules() if name]
-    missing = [t for t in cfg.lora_target if not any(n == t or n.endswith("." + t) for n in names)]
+    targets = resolve(model, cfg.lora_target, cfg.name_or_path)
+    names = [name for name, _ in model.named_modules() if name] + [n for n, _ in model.named_parameters()]
+    asked = [] if cfg.lora_target == "all-linear" else [t for t in cfg.lora_target if t not in WORDS]
+    missing = [t for t in asked if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ConfigError(f"model.lora_target: {', '.join(missing)} names no module of {cfg.name_or_path}; its "
                           f"linear layers are {', '.join(linear)} (or set model.lora_target=all-linear)")
+    return targets.note(cfg.lora_rank)
 
 
 def apply_lora(model, cfg: ModelConfig):
     from peft import LoraConfig, TaskType, get_peft_model
 
     task = TaskType.SEQ_CLS if cfg.task == "sequence-classification" else TaskType.CAUSAL_LM
+    targets = resolve(model, cfg.lora_target, cfg.name_or_path)
     lcfg = LoraConfig(task_type=task, r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=cfg.lora_target)
+                      target_modules=targets.peft_modules, target_parameters=targets.parameters or None)
     try:
-        return get_peft_model(model, lcfg)
+        adapted = get_peft_model(model, lcfg)
     except ValueError as e:
         raise ConfigError(f"model.lora_target={cfg.lora_target}: {str(e).splitlines()[0]}") from None
+    adapted.scaletrain_lora = targets.summary()  # what was adapted, for summary.json (lora_summary)
+    return adapted
+
+
+def lora_summary(model) -> dict:
+    """summary.json's record of what LoRA adapted (modules, fused expert parameters, the router), or {}."""
+    return dict(getattr(model, "scaletrain_lora", None) or {})
 
 
 def count_parameters(model) -> tuple[int, int]:

@@ -59,13 +59,15 @@ def preflight(cfg: Config) -> Preflight:
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     vocab = Vocab.of(tokenizer)
     check_model(cfg.model, tokenizer, cfg.data.max_length)
-    check_lora_target(cfg.model, vocab)
+    lora_note = check_lora_target(cfg.model, vocab)
     if cfg.data.packing and (why := packing_support_error(cfg.model, vocab)):
         raise ConfigError(f"data.packing: {why}")
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
     data = prepare_data(cfg, tokenizer)
     cfg = data.resolve(cfg)
+    if lora_note:
+        data.notes.append(f"model: {lora_note}")
     if (saved := head_mismatch(cfg.model)) is not None:
         data.notes.append(f"model: the classification head of {cfg.model.name_or_path} has {saved} label(s) and "
                           f"this run {cfg.model.num_labels}: it is re-initialised at the new size (the rest of "

@@ -152,5 +152,5 @@ class Meter:
             "samples_per_step_per_device": (cfg.train.per_device_train_batch_size
                                             * cfg.train.gradient_accumulation_steps),
             "parameters/trainable": self.t.facts.trainable, "parameters/total": self.t.facts.total,
-            "final": final_eval,
+            **self.t.facts.lora, "final": final_eval,
         }

@@ -21,7 +21,7 @@ from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
-from scaletrain.model import build_model, count_parameters, preload, trained_model_config
+from scaletrain.model import build_model, count_parameters, lora_summary, preload, trained_model_config
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
@@ -62,6 +62,7 @@ class ModelFacts:
     trainable: int
     total: int
     flops: dict  # metrics.flops.model_flops_facts
+    lora: dict = field(default_factory=dict)  # model.lora_summary: what LoRA adapted
 
 
 @dataclass
@@ -136,7 +137,7 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     model = build_model(trained_model_config(cfg.model, cfg.train.stage), spec.vocab, cfg.data.label_names,
                         packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
-    facts = ModelFacts(trainable, total, model_flops_facts(model))
+    facts = ModelFacts(trainable, total, model_flops_facts(model), lora_summary(model))
     # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).
     if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
             chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):

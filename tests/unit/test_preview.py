@@ -75,3 +75,15 @@ def test_a_template_that_marks_every_token_is_refused(tmp_path):
                      "{% endfor %}{% endgeneration %}")
     with pytest.raises(DataError, match="every token of the 6 training examples is a label, prompts included"):
         prepare_data(_cfg(tmp_path, template=str(every)), load_tokenizer("builtin:tiny-llama"))
+
+
+def test_main_log_gets_a_first_example_of_token_data_only():
+    import datasets
+
+    from scaletrain.data.preview import first_example
+
+    tok = load_tokenizer("builtin:tiny-llama")
+    chat = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]], "labels": [[-100, 2, 3]]})
+    assert first_example(tok, chat).startswith("example 0: 3 tokens, 2 trained (66.7%)")
+    classes = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]], "labels": [1]})  # a class label per example
+    assert first_example(tok, classes) is None

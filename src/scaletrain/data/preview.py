@@ -48,4 +48,7 @@ def first_example(tokenizer, train) -> str | None:
     """main.log's record of what trains: the first training example, marked (a causal-LM token dataset only)."""
     if len(train) == 0 or not {"input_ids", "labels"} <= set(train.column_names):
         return None
-    return describe(tokenizer, train[0], 0)
+    example = train[0]
+    if not isinstance(example["labels"], list):  # a classification label: no token is marked
+        return None
+    return describe(tokenizer, example, 0)

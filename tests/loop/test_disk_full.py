@@ -125,3 +125,29 @@ def test_an_io_error_midway_through_a_checkpoint_keeps_the_previous_one(classify
         assert [p.name for p in checkpoint.list_checkpoints(root)] == ["step-4", "step-12"]
         assert "checkpoint failed" in (tmp_path / "run" / "logs" / "main.log").read_text()
     assert checkpoint.verify(root / "step-4") is None and not [p for p in root.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_under_the_local_launcher_is_one_line_not_a_logging_traceback(small_fs, classify_cfg,
+                                                                                        tmp_path):
+    """Through the CLI, in-process (the local launcher): the run directory's disk fills while training; the
+    worker's log handler says so once, and the error names the real log file, never `worker-<rank>`."""
+    import os
+    import sys
+
+    from tests.conftest import write_config
+
+    cfg = _job(classify_cfg)
+    one, rest = _sizes(cfg, tmp_path)
+    _resize(small_fs, (rest + 1.5 * one) / 2**20 + 1)
+    cfg["output"] = {"output_dir": str(small_fs), "run_name": "cli"}
+    cfg["data"] = {**cfg["data"], "cache_dir": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / "c.yaml", cfg),
+                          "scaling.launcher=local", "--no-progress"], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert out.returncode != 0
+    assert "--- Logging error ---" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "<rank>" not in out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "checkpoint step-8 could not be written" in errors[0], out.stderr[-2000:]
+    assert "MiB free there" in errors[0] and "CheckpointException" not in errors[0]

@@ -432,3 +432,27 @@ def test_a_worker_log_on_a_full_disk_is_one_warning_not_a_traceback_per_line(tmp
     err = capfd.readouterr().err
     assert err.count("warning: /dev/full cannot be written (No space left on device)") == 1
     assert "Logging error" not in err and "Traceback" not in err
+
+
+def test_the_system_sampler_on_a_full_disk_says_so_once_and_raises_in_no_thread(capfd):
+    import threading
+    import time
+
+    from scaletrain.metrics.sampler import SystemSampler
+
+    class FullDisk:
+        def write(self, record):
+            raise OSError(28, "No space left on device")
+
+    raised = []
+    hook, threading.excepthook = threading.excepthook, lambda args: raised.append(args.exc_value)
+    try:
+        sampler = SystemSampler(FullDisk(), rank=3, device="cpu", interval_s=0.01)
+        sampler.start()
+        time.sleep(0.2)
+        sampler.stop()
+    finally:
+        threading.excepthook = hook
+    err = capfd.readouterr().err
+    assert raised == [] and sampler.unwritable
+    assert err.count("warning: system metrics of rank 3 cannot be written (No space left on device)") == 1

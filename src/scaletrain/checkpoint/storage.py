@@ -252,10 +252,21 @@ def writing(write) -> str | None:
         return _one_line(e)
     except (Exception, _checkpoint_exception()) as e:  # DCP's CheckpointException is a BaseException
         cause = os_cause(e)
-        if cause is None:
-            raise
-        return _one_line(cause)
+        if cause is not None:
+            return _one_line(cause)
+        if isinstance(e, _checkpoint_exception()):  # a rank's write failed and the errno was lost on the way
+            return _innermost(e)
+        raise
     return None
+
+
+def _innermost(e: BaseException) -> str:
+    """``Type: first line`` of the first rank failure of a CheckpointException (torch's stream writer reports a
+    full disk as a RuntimeError without the errno: agree() adds the free space, which tells it)."""
+    for c in getattr(e, "failures", {}).values():
+        inner = c[0] if isinstance(c, tuple) else c
+        return f"{type(inner).__name__}: {(str(inner).splitlines() or [''])[0][:200]}"
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
 def _checkpoint_exception() -> type[BaseException]:

@@ -19,6 +19,7 @@ class SystemSampler:
         self.sink, self.rank, self.device, self.interval_s = sink, rank, device, interval_s
         self.gpu = gpu_reader
         self.proc = psutil.Process()
+        self.unwritable = False  # the sink failed to write (a full disk): said once
         self.proc.cpu_percent(None)  # prime: the first reading is relative to this call
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scaletrain-sampler", daemon=True)
@@ -48,7 +49,16 @@ class SystemSampler:
         while not self._stop.wait(self.interval_s):
             t0 = time.perf_counter()
             record = {"kind": "system", "rank": self.rank, "time": time.time(), **self.sample()}
-            self.sink.write(record)
+            try:
+                self.sink.write(record)
+            except OSError as e:  # a full disk: one line, never a thread's traceback on the user's console
+                if not self.unwritable:
+                    import sys
+
+                    sys.stderr.write(f"warning: system metrics of rank {self.rank} cannot be written "
+                                     f"({e.strerror or e}); they are lost until there is space\n")
+                self.unwritable = True
+                continue
             self.samples += 1
             self.busy_s += time.perf_counter() - t0
 

@@ -250,7 +250,10 @@ def ray_auth_token(environ: Mapping[str, str] | None = None) -> tuple[str, str] 
     if (value := (environ.get(RAY_AUTH_TOKEN) or "").strip()):
         return value, RAY_AUTH_TOKEN
     named = environ.get(RAY_AUTH_TOKEN_PATH)
-    path = Path(named).expanduser() if named else Path(RAY_DEFAULT_TOKEN_FILE).expanduser()
+    home = environ.get("HOME")  # the home of this environment (a copy passed in has its own, or none)
+    if not named and not home:
+        return None
+    path = Path(named).expanduser() if named else Path(home) / RAY_DEFAULT_TOKEN_FILE.removeprefix("~/")
     try:
         value = path.read_text(errors="replace").strip()
     except OSError:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from scaletrain.launch.cluster_auth import ask_dashboard, ask_gcs
+from tests.integration.test_cluster import _project  # the same project folder (relative data path)
 
 pytestmark = pytest.mark.ray
 
@@ -90,20 +91,6 @@ def _answers(gcs: str) -> bool:
 def _cli(*args, env, cwd=None, timeout=300):
     return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
-
-
-def _project(tmp_path: Path, demo_dir: Path, name: str, **train) -> Path:
-    """A project folder whose config names its data by a relative path (as users write it)."""
-    project = tmp_path / name
-    project.mkdir()
-    (project / "data.jsonl").write_text((demo_dir / "sentiment.jsonl").read_text())
-    cfg = {"model": {"name_or_path": "builtin:tiny-bert"},
-           "data": {"train_file": "data.jsonl", "eval_ratio": 0.2, "max_length": 32},
-           "train": {"per_device_train_batch_size": 8, "max_steps": 4, "logging_steps": 2, **train},
-           "scaling": {"num_workers": 1}, "monitor": {"report": False},
-           "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
-    (project / "config.yaml").write_text(yaml.safe_dump(cfg))
-    return project
 
 
 def _holding(token: str, *roots: Path) -> list[str]:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from scaletrain.data.encode import assistant_mask
-from scaletrain.data.templates import located_spans, render
+from scaletrain.data.spans import located_spans
+from scaletrain.data.templates import render
 from scaletrain.tokenizer import load_tokenizer
 
 QWEN3 = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3_4b_thinking_2507.jinja").read_text()
@@ -73,13 +74,14 @@ def test_each_assistant_turn_is_what_the_models_template_writes_of_it(case, tok)
 
 def test_prefix_stable_templates_keep_their_spans(tok):
     """A template whose prefixes render as prefixes (ChatML) gets the same spans either way."""
-    from scaletrain.data.templates import BUILTIN_TEMPLATES, _prefix_spans
+    from scaletrain.data.spans import assistant_spans
+    from scaletrain.data.templates import BUILTIN_TEMPLATES
 
     chat = CHATS["multi_turn"][0]
     (text,), _ = render([chat], BUILTIN_TEMPLATES["chatml"], SPECIAL, "chatml")
     located = located_spans(chat, text, BUILTIN_TEMPLATES["chatml"], SPECIAL)
     assert [text[a:b] for a, b in located] == ["Cold.<|im_end|>", "Slow.<|im_end|>", "Down.<|im_end|>"]
-    assert [text[a:b].rstrip("\n") for a, b in _prefix_spans(chat, text, BUILTIN_TEMPLATES["chatml"], SPECIAL)] == \
+    assert [text[a:b].rstrip("\n") for a, b in assistant_spans(chat, text, BUILTIN_TEMPLATES["chatml"], SPECIAL)] == \
         [text[a:b] for a, b in located]
 
 

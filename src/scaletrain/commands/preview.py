@@ -39,7 +39,7 @@ def examples(cfg, n: int, split: str = "train"):
         return tokenizer, ds.select(range(min(n, len(ds)))), f"the data cache {cached}"
     with tempfile.TemporaryDirectory(prefix="scaletrain-preview-") as tmp:
         d = cfg.data.model_copy(update={"max_samples": max(n, 1) * 2, "cache_dir": tmp,
-                                        "eval_ratio": cfg.data.eval_ratio and 0.5})
+                                        "eval_ratio": cfg.data.eval_ratio and 0.5})  # half eval: --split eval shows some
         data = prepare_data(cfg.model_copy(update={"data": d}), tokenizer)
         ds = data.train if split == "train" else data.eval
         rows = [ds[i] for i in range(min(n, len(ds)))]

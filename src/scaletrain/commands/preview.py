@@ -38,8 +38,9 @@ def examples(cfg, n: int, split: str = "train"):
         ds = datasets.load_from_disk(str(cached / split))
         return tokenizer, ds.select(range(min(n, len(ds)))), f"the data cache {cached}"
     with tempfile.TemporaryDirectory(prefix="scaletrain-preview-") as tmp:
+        # twice the examples asked, half of them eval when the config holds some out (for --split eval)
         d = cfg.data.model_copy(update={"max_samples": max(n, 1) * 2, "cache_dir": tmp,
-                                        "eval_ratio": cfg.data.eval_ratio and 0.5})  # half eval: --split eval shows some
+                                        "eval_ratio": cfg.data.eval_ratio and 0.5})
         data = prepare_data(cfg.model_copy(update={"data": d}), tokenizer)
         ds = data.train if split == "train" else data.eval
         rows = [ds[i] for i in range(min(n, len(ds)))]

@@ -77,6 +77,14 @@ def _step_tokens(t: Trainer, window: list[dict]):
     return tokens_per_rank
 
 
+def _busy(seconds: float) -> None:
+    """Spin for ``seconds``: a slow device keeps its process as busy as more work would; a sleep would read as a
+    host that starves the process of CPU (the straggler rule's other cause)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
 def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, timing: dict | None = None) -> float:
     """One optimizer step over ``window`` micro-batches; gradients sync on the last one only.
 
@@ -85,7 +93,7 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
     loss_sum = 0.0
     started = time.perf_counter()
     if slow := delay_s(t.spec.faults, t.ctx.world_rank, step):  # fault injection: a straggler's slow device
-        time.sleep(slow)
+        _busy(slow)
     token_mean = t.cfg.model.task == "causal-lm" and t.cfg.train.stage == "sft"
     tokens_per_rank = _step_tokens(t, window) if token_mean else None
     if timing is not None:

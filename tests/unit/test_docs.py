@@ -162,6 +162,10 @@ def test_the_readme_says_how_make_demo_runs(monkeypatch):
     command, config, *overrides = _make_target_command("demo")
     assert command == "train"
     monkeypatch.setattr(launcher, "fits_this_machine", lambda s: True)  # CI's 2 cores run the demo's 2 workers
+    # As on a fresh machine: not the Ray an earlier integration test left joined in this pytest process.
+    monkeypatch.setattr(launcher, "ray_running", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("scaletrain.launch.warm.cluster.current", lambda: None)
     cfg, note = launcher.choose_launcher(load_config(ROOT / config, overrides))
     said = _setup_lines()["make demo"]
     chosen = {"local": "in this process", "torchrun": "under torchrun", "ray": "Ray"}[cfg.scaling.launcher]

@@ -57,10 +57,15 @@ def token_head(tmp_path_factory):
     (home / ".ray" / "auth_token").write_text(TOKEN + "\n")  # as `ray get-auth-token --generate` leaves it
     temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths must fit 107 characters
     gcs, dash = _free_port(), _free_port()
+    # Ports of its own for what Ray would put on fixed defaults: the suite's own Ray runs beside this head on
+    # this machine (its dashboard agent holds 52365, and a second agent there never comes up)
+    own = [f"--{flag}={_free_port()}" for flag in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                   "runtime-env-agent-port", "metrics-export-port")]
     log = open(temp.parent / f"{temp.name}.log", "wb")  # noqa: SIM115 - closed at teardown
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("ray")), "start", "--head", "--dashboard-host=127.0.0.1", f"--port={gcs}",
-         f"--dashboard-port={dash}", "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp}", "--block"],
+         f"--dashboard-port={dash}", *own, "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp}",
+         "--block"],
         env=_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     head = Head(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", temp, home)
     deadline = time.time() + 120

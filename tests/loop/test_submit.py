@@ -108,3 +108,33 @@ def test_up_leaves_a_ray_it_did_not_start_alone(tmp_path, monkeypatch):
             local_cluster.up(2, None)
     assert local_cluster.down() is None  # nothing recorded: nothing stopped
     assert current.exists()
+
+
+class _AgentLate:
+    """A Job API whose head's job agent is not up for the first ``late`` submissions (or never: -1)."""
+
+    def __init__(self, late: int):
+        self.late, self.tries = late, 0
+
+    def submit_job(self, **kw):
+        self.tries += 1
+        if self.late < 0 or self.tries <= self.late:
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try "
+                               "again later..")
+        return "raysubmit_1"
+
+
+def test_submit_waits_for_a_late_job_agent_then_names_its_port(tmp_path, monkeypatch):
+    from scaletrain.errors import LaunchError
+    from scaletrain.launch import submit
+
+    (tmp_path / "c.yaml").write_text("{}")
+    monkeypatch.setattr(submit.time, "sleep", lambda s: None)
+    late = _AgentLate(2)
+    monkeypatch.setattr(submit, "client", lambda address: late)
+    assert submit.submit("127.0.0.1:8265", tmp_path / "c.yaml", [], tmp_path) == "raysubmit_1" and late.tries == 3
+
+    monkeypatch.setattr(submit, "client", lambda address: _AgentLate(-1))
+    monkeypatch.setattr(submit, "AGENT_WAIT_S", 0.0)
+    with pytest.raises(LaunchError, match=r"no job agent after 0 s .*--dashboard-agent-listen-port"):
+        submit.submit("127.0.0.1:8265", tmp_path / "c.yaml", [], tmp_path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import math
 import shlex
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from scaletrain.errors import LaunchError
 from scaletrain.launch.warm.cluster import DASHBOARD_PORT
 
 PROBE_TIMEOUT_S = 3.0
+AGENT_WAIT_S = 60.0  # how long a head's job agent may take to answer after its dashboard does
+AGENT_PORT = 52365  # Ray's default --dashboard-agent-listen-port
 EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.safetensors", "*.pt", "*.bin", ".cache"]
 DEFAULT_IMAGE = "rayproject/ray:2.60.0-py311"
 
@@ -83,8 +86,22 @@ def submit(address: str, config: Path, overrides: list[str], working_dir: Path) 
             from None
     c = client(address)
     runtime_env = {"working_dir": str(working_dir), "excludes": EXCLUDES}
-    return c.submit_job(entrypoint=entrypoint(rel, overrides), runtime_env=runtime_env,
-                        metadata={"scaletrain_config": rel})
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return c.submit_job(entrypoint=entrypoint(rel, overrides), runtime_env=runtime_env,
+                                metadata={"scaletrain_config": rel})
+        except RuntimeError as e:
+            # The head's job agent answers some seconds after its dashboard does (a head just started).
+            if "No available agent" not in str(e):
+                raise
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"--address {address}: the head has no job agent after {AGENT_WAIT_S:.0f} s (Ray's dashboard "
+                    f"agent did not start; dashboard_agent.log in the head's session logs says why: often another "
+                    f"Ray on that node holds its port {AGENT_PORT}: start the head with "
+                    f"--dashboard-agent-listen-port=<a free port>)") from None
+            time.sleep(2.0)
 
 
 def _known(c, job_id: str) -> None:

@@ -142,13 +142,42 @@ def test_reasoning_a_template_cannot_write_goes_into_the_reply_not_away(tmp_path
     assert "A3.<|im_end|><think>\nthink 3\n</think>\n\nB3.<|im_end|>" in {_labelled(tok, ex) for ex in chatml.train}
 
 
-def test_one_example_per_turn_is_refused_in_one_line():
+def test_one_example_per_turn_is_the_true_render_up_to_that_turn_with_the_loss_on_it(tmp_path):
+    """data.multi_turn: per_turn: each assistant turn is an example of its own, the conversation up to it as
+    apply_chat_template renders it (Qwen3's template writes the last turn's think block, which the history's
+    render drops), the loss on that turn only; its cost is said; the eval split holds out whole conversations."""
+    import re
+
+    tok = load_tokenizer("builtin:tiny-llama")
+    tok.chat_template = QWEN3
+    per_turn = _prepared(tmp_path, tok, ROWS, multi_turn="per_turn")
+    assert len(per_turn.train) == 40
+    for ex in per_turn.train:
+        text = tok.decode(ex["input_ids"])
+        i = int(re.search(r"Q(\d+)\?", text).group(1))
+        turns = 2 if f"R{i}?" in text else 1
+        prefix = ROWS[i]["messages"][:2 * turns]
+        assert ex["input_ids"] == tok.apply_chat_template(prefix, tokenize=True, return_dict=True)["input_ids"]
+        assert _labelled(tok, ex) == ("\n</think>\n\nA{i}.<|im_end|>\n" if turns == 1 else
+                                      "think {i}\n</think>\n\nB{i}.<|im_end|>").format(i=i)
+    cost = next(n for n in per_turn.notes if "examples from" in n)
+    assert "40 examples from 20 conversations, 1,730 tokens to run: 1.59x the 1,090 of one render" in cost
+    said = next(n for n in per_turn.notes if n.startswith("data: multi_turn="))
+    assert said.startswith("data: multi_turn=per_turn: one example per assistant turn") and "40 train examples" in said
+
+    split = _prepared(tmp_path, tok, ROWS, multi_turn="per_turn", eval_ratio=0.25, overwrite_cache=True)
+    of = lambda ds: {re.search(r"Q(\d+)\?", tok.decode(ex["input_ids"])).group(1) for ex in ds}
+    assert (len(split.train), len(split.eval)) == (30, 10) and len(of(split.eval)) == 5
+    assert not of(split.train) & of(split.eval)  # no turn of an eval conversation trains
+
+
+def test_per_turn_and_mask_history_together_are_refused_in_one_line():
     from pydantic import ValidationError
 
     from scaletrain.config.data import DataConfig
 
-    with pytest.raises(ValidationError, match="data.multi_turn=per_turn .* not supported yet; use spans"):
-        DataConfig(train_file="x.jsonl", multi_turn="per_turn")
+    with pytest.raises(ValidationError, match="data.mask_history=true .* contradicts data.multi_turn=per_turn"):
+        DataConfig(train_file="x.jsonl", multi_turn="per_turn", mask_history=True)
 
 
 def test_enable_thinking_reaches_a_template_with_the_switch_and_is_refused_by_one_without(tmp_path):

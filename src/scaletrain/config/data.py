@@ -27,7 +27,9 @@ class DataConfig(_Section):
     template: str = "auto"  # auto (the tokenizer's own, else alpaca), a built-in name, or a .jinja file
     # Which assistant turns of a multi-turn conversation train: spans (every turn, in the one render of the whole
     # conversation with the model's own template, also where it writes the history differently from the last turn,
-    # as Qwen3's does), last (the last turn only; LLaMA-Factory's mask_history: true means the same).
+    # as Qwen3's does), per_turn (one example per assistant turn: the conversation up to it as the model sees it
+    # at inference, the loss on that turn; costs more tokens, said at start), last (the last turn only;
+    # LLaMA-Factory's mask_history: true means the same).
     multi_turn: Literal["spans", "per_turn", "last"] = "spans"
     mask_history: bool = False  # LLaMA-Factory's name for multi_turn: last
     # LLaMA-Factory's enable_thinking: passed to a chat template that has the switch (Qwen3's); unset: its default.
@@ -118,9 +120,9 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _multi_turn(self) -> "DataConfig":
-        if self.multi_turn == "per_turn":
-            raise ValueError("data.multi_turn=per_turn (one example per assistant turn) is not supported yet; use "
-                             "spans (every turn of the whole conversation) or last")
+        if self.mask_history and self.multi_turn == "per_turn":
+            raise ValueError("data.mask_history=true (LLaMA-Factory's name for multi_turn: last) contradicts "
+                             "data.multi_turn=per_turn; keep one of them")
         if self.mask_history and self.multi_turn != "last":
             self.multi_turn = "last"  # the same setting under LLaMA-Factory's name
         return self

@@ -80,7 +80,11 @@ NO_TOOL_FORMAT = "declares or calls tools, and the chat template has no tool for
 
 def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
                 template_name: str, max_length: int, mask_history: bool, train_on_prompt: bool,
-                enable_thinking: bool | None = None) -> dict[str, list]:
+                enable_thinking: bool | None = None, per_turn: bool = False) -> dict[str, list]:
+    """One example per conversation (``input_ids``, ``labels``); with ``per_turn`` one per assistant turn, each
+    the render of the conversation up to that turn with the loss on that turn only, returned per conversation
+    as lists (``turn_input_ids``, ``turn_labels``, ``_full`` per turn) for the caller to flatten once the
+    skipped records are counted by their own position."""
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     chats, skip = [], []
     tools_ok = supports_tools(template)
@@ -91,35 +95,42 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
         chats.append(chat)
         skip.append(why)
     good = [i for i, c in enumerate(chats) if c is not None]
-    rendered = render_records([with_reasoning(chats[i].messages, template) for i in good], template,
-                              template_variables(tokenizer, enable_thinking),
-                              [chats[i].tools for i in good])
-    for i, r in zip(good, rendered):
-        if isinstance(r, str):
-            chats[i], skip[i] = None, r
-    texts = {i: r for i, r in zip(good, rendered) if not isinstance(r, str)}
-    order = sorted(texts)
-    encodings = dict(zip(order, encode_texts(tokenizer, [texts[i][0] for i in order])))
-    out_ids, out_labels, full = [], [], []
-    for i in range(len(chats)):
-        if i not in encodings:
-            out_ids.append([])
-            out_labels.append([])
-            full.append(0)
-            continue
-        encoding, turn_spans = encodings[i], texts[i][1]
-        full.append(len(encoding.ids))
-        ids, mask = fit(encoding.ids, assistant_mask(encoding.offsets, turn_spans), max_length,
-                        keep_last=mask_history)
-        if mask_history:  # the loss on the last assistant turn only
+    # (record, the messages rendered): the whole conversation, or (per_turn) what the model sees up to each reply
+    units = [(i, m) for i in good for m in (turn_prefixes(chats[i].messages) if per_turn else [chats[i].messages])]
+    rendered = render_records([with_reasoning(m, template) for _, m in units], template,
+                              template_variables(tokenizer, enable_thinking), [chats[i].tools for i, _ in units])
+    for (i, _), r in zip(units, rendered):
+        if isinstance(r, str) and not skip[i]:
+            skip[i] = r  # a record one of whose renders fails is skipped whole: no turn of it trains unseen
+    keep = [k for k, (i, _) in enumerate(units) if not skip[i]]
+    encodings = dict(zip(keep, encode_texts(tokenizer, [rendered[k][0] for k in keep])))
+    examples: dict[int, list[tuple[list[int], list[int], int]]] = {i: [] for i in range(len(chats))}
+    for k in keep:
+        i, encoding = units[k][0], encodings[k]
+        ids, mask = fit(encoding.ids, assistant_mask(encoding.offsets, rendered[k][1]), max_length,
+                        keep_last=mask_history or per_turn)
+        if mask_history or per_turn:  # the loss on the last assistant turn only
             runs = [r for r in _runs(mask) if r[0]]
             mask = [1 if runs and runs[-1][1] <= t < runs[-1][2] else 0 for t in range(len(mask))]
         labels = list(ids) if train_on_prompt else [tok if m else IGNORE_INDEX for tok, m in zip(ids, mask)]
-        if not any(mask) and not (train_on_prompt and ids):
+        if not any(mask) and not (train_on_prompt and ids) and not skip[i]:
             skip[i] = f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
-        out_ids.append(ids)
-        out_labels.append(labels)
-    return {"input_ids": out_ids, "labels": out_labels, "_skip": skip, "_full": full}
+        examples[i].append((ids, labels, len(encoding.ids)))
+    for i, why in enumerate(skip):
+        if why:
+            examples[i] = []
+    if per_turn:
+        return {"turn_input_ids": [[e[0] for e in examples[i]] for i in range(len(chats))],
+                "turn_labels": [[e[1] for e in examples[i]] for i in range(len(chats))],
+                "_skip": skip, "_full": [[e[2] for e in examples[i]] for i in range(len(chats))]}
+    first = [examples[i][0] if examples[i] else ([], [], 0) for i in range(len(chats))]
+    return {"input_ids": [e[0] for e in first], "labels": [e[1] for e in first], "_skip": skip,
+            "_full": [e[2] for e in first]}
+
+
+def turn_prefixes(messages: list[dict]) -> list[list[dict]]:
+    """The conversation up to and including each assistant turn (data.multi_turn: per_turn)."""
+    return [messages[:k + 1] for k, m in enumerate(messages) if m.get("role") == "assistant"]
 
 
 def with_reasoning(messages: list[dict], template: str) -> list[dict]:

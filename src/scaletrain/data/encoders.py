@@ -79,7 +79,7 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
     return partial(encode.encode_chat, tokenizer=tokenizer, formatting=src.formatting, columns=c,
                    template=template[1], template_name=template[0], max_length=d.max_length,
                    mask_history=d.multi_turn == "last", train_on_prompt=d.train_on_prompt,
-                   enable_thinking=d.enable_thinking)
+                   enable_thinking=d.enable_thinking, per_turn=d.multi_turn == "per_turn")
 
 
 def _check_label_range(ds, num_labels: int, column: str, src: Source) -> None:

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from scaletrain.config.schema import Config
@@ -46,6 +47,7 @@ log = logging.getLogger("scaletrain.data")
 CACHE_VERSION = 2  # bump when the tokenization of the same inputs changes
 META = "meta.json"
 SHOW_BAD = 5  # record numbers listed per skip reason
+CONVERSATION = "_conversation"  # data.multi_turn: per_turn: the conversation an example comes from
 
 
 @dataclass
@@ -129,21 +131,23 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         parts, skipped, notes = [], {}, []
         for src, raw in loaded:
             notes += _placeholders(src, raw)
-            ds, why, cut = _tokenized(src, raw, cfg, tokenizer, template, labels)
+            ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels)
             parts.append(ds)
             _merge(skipped, notes, why, src, raw)
-            notes += [cut] if cut else []
+            notes += said
         train = _mix(parts, cfg)
         if loaded_evals:
             eval_parts = []
             for src, raw in loaded_evals:
-                ds, why, cut = _tokenized(src, raw, cfg, tokenizer, template, labels)
+                ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels)
                 eval_parts.append(ds)
                 _merge(skipped, notes, why, src, raw)
-                notes += [cut] if cut else []
+                notes += said
             evals = datasets.concatenate_datasets(eval_parts) if len(eval_parts) > 1 else eval_parts[0]
         else:
             train, evals = _split(train, cfg, train_sources[0])
+        train, evals = (x.remove_columns([CONVERSATION]) if CONVERSATION in x.column_names else x
+                        for x in (train, evals))
         train = train.add_column("length", example_lengths(train))  # for balanced ranks
         if (said := supervision_note(train, cfg)) is not None:
             notes.append(said)
@@ -171,7 +175,9 @@ def example_lengths(ds) -> list[int]:
 
 
 MULTI_TURN = {"spans": "every assistant turn of the whole conversation, as the template writes it",
-              "last": "the last assistant turn only"}
+              "last": "the last assistant turn only",
+              "per_turn": "one example per assistant turn: the conversation up to it as the model sees it when it "
+                          "writes that turn, the loss on that turn"}
 
 
 def supervision_note(train, cfg: Config) -> str | None:
@@ -291,8 +297,32 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     if n_bad:
         keep = [i for i, why in enumerate(reasons) if not why]
         out = out.select(keep)
-    cut = _cut(src, out, d)
-    return out.remove_columns(["_skip", "_full"]), bad, cut
+    said = []
+    if "turn_input_ids" in out.column_names:  # data.multi_turn: per_turn, once each record is counted
+        said.append(_per_turn_cost(src, out["_full"]))
+        out = out.map(partial(_one_per_turn, source=src.key), batched=True, with_indices=True,
+                      remove_columns=out.column_names, keep_in_memory=True, desc=None)
+    said += [cut] if (cut := _cut(src, out, d)) else []
+    return out.remove_columns(["_skip", "_full"]), bad, said
+
+
+def _per_turn_cost(src: Source, fulls: list[list[int]]) -> str:
+    """What data.multi_turn: per_turn costs: its examples and tokens against one render per conversation (the
+    last turn's render is the whole conversation)."""
+    tokens, whole = sum(map(sum, fulls)), sum(f[-1] for f in fulls if f)
+    return (f"data: {src.key}: multi_turn=per_turn: {sum(map(len, fulls))} examples from {len(fulls)} "
+            f"conversations, {tokens:,} tokens to run: {tokens / max(whole, 1):.2f}x the {whole:,} of one render "
+            f"per conversation (multi_turn=spans)")
+
+
+def _one_per_turn(batch: dict[str, list], indices: list[int], source: str) -> dict[str, list]:
+    """Each conversation's per-turn examples as rows of their own (data.multi_turn: per_turn), with the
+    conversation they come from (held out whole by the eval split: no turn of an eval conversation trains)."""
+    return {"input_ids": [ids for turns in batch["turn_input_ids"] for ids in turns],
+            CONVERSATION: [f"{source}#{i}" for i, turns in zip(indices, batch["turn_input_ids"]) for _ in turns],
+            "labels": [labels for turns in batch["turn_labels"] for labels in turns],
+            "_skip": ["" for turns in batch["turn_input_ids"] for _ in turns],
+            "_full": [full for fulls in batch["_full"] for full in fulls]}
 
 
 def _cut(src: Source, out, d) -> str | None:
@@ -335,17 +365,23 @@ def _mix(parts: list, cfg: Config):
 
 
 def _split(train, cfg: Config, src: Source):
-    """Hold out ``eval_ratio`` with a seeded shuffle, so every run of the config holds out the same rows."""
+    """Hold out ``eval_ratio`` with a seeded shuffle, so every run of the config holds out the same rows (whole
+    conversations under data.multi_turn: per_turn)."""
     d = cfg.data
-    order = list(range(len(train)))
+    groups = train[CONVERSATION] if CONVERSATION in train.column_names else range(len(train))
+    members: dict = {}
+    for row, group in enumerate(groups):
+        members.setdefault(group, []).append(row)
+    order = list(members)
     random.Random(cfg.train.seed).shuffle(order)
-    n_eval = int(round(len(train) * d.eval_ratio))
+    n_eval = int(round(len(order) * d.eval_ratio))
     if d.eval_ratio > 0 and n_eval == 0:
         n_eval = 1
-    if n_eval >= len(train):
-        raise DataError(f"{src.key}={src.path}: {len(train)} record(s) cannot be split with data.eval_ratio="
+    if n_eval >= len(order):
+        raise DataError(f"{src.key}={src.path}: {len(order)} record(s) cannot be split with data.eval_ratio="
                         f"{d.eval_ratio}; add data or give data.eval_file")
-    return train.select(order[n_eval:]), train.select(order[:n_eval])
+    rows = lambda part: [r for g in part for r in members[g]]
+    return train.select(rows(order[n_eval:])), train.select(rows(order[:n_eval]))
 
 
 def _write_entry(entry: Path, train, evals, meta: dict) -> None:

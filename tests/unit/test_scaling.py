@@ -136,10 +136,13 @@ def test_zero3_gathers_parameters_in_every_micro_batch():
 def test_measured_profile_curves_are_the_reference_outputs_rows(profile, side, name):
     from scaletrain.comm.bench import parse_nccl_tests
 
-    rows = {r["size"]: r["busbw"] for r in parse_nccl_tests(reference_file(name).read_text())}
+    parsed = parse_nccl_tests(reference_file(name).read_text())
+    rows = {r["size"]: r["busbw"] for r in parsed}
     points = PROFILES[profile][side].points
     assert len(points) >= 4
     assert all(rows[size] == pytest.approx(bw) for size, bw in points)  # copied, out-of-place busbw
+    eight = next(r for r in parsed if r["size"] == 8)  # the small-message latency: the 8-byte row's time
+    assert PROFILES[profile][side].latency_s == pytest.approx(eight["time_us"] * 1e-6)
 
 
 def test_every_device_people_use_has_a_profile_with_its_source_and_the_rest_say_how_to_measure():

@@ -68,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
             grads = shape.trainable * 4
             inp = Inputs(compute_s=compute, grad_bytes=grads, intra=profile["intra"], inter=profile["inter"],
                          gpus_per_node=args.gpus_per_node, strategy=cfg.train.strategy, topology=profile["topology"],
-                         param_bytes=shape.total * (2 if dtype != "fp32" else 4), n_layers=max(1, shape.layers))
+                         param_bytes=shape.total * (2 if dtype != "fp32" else 4), n_layers=max(1, shape.layers),
+                         micro_batches=cfg.train.gradient_accumulation_steps,  # FSDP gathers in each one
+                         reshard_after_forward=cfg.train.fsdp_reshard_after_forward)
             timing = table(inp, sizes)
         else:
             timing = [{"workers": n, "step_time_s": compute, "note": f"compute only: {missing(device.key)}"}
@@ -132,7 +134,8 @@ def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool, 
     if moe:
         say(moe)
     timed = {r["workers"]: r for r in timing}
-    print(f"{'devices':>7} {'peak GiB':>9}  {'largest part':<26} {'fits':<4} {'step s':>7} {'speedup':>8}")
+    print(f"{'devices':>7} {'peak GiB':>9}  {'largest part':<26} {'fits':<4} {'step s':>7} {'speedup':>8} "
+          f"{'effic.':>6}")
     parts = ("parameters", "gradients", "optimizer", "activations", "buffers", "overhead", "reference")
     for r in (r for r in rows if r["variant"] == "configured"):
         largest = max(parts, key=lambda k: r[k])
@@ -140,11 +143,18 @@ def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool, 
         t = timed.get(r["devices"], {})
         step = f"{t['step_time_s']:.3f}" if "step_time_s" in t else "-"
         speed = f"{t['speedup']:.2f}x" if "speedup" in t else "-"
+        eff = f"{t['efficiency']:.1%}" if "efficiency" in t else "-"
         print(f"{r['devices']:>7} {r['peak']:>9.1f}  {what:<26} {'yes' if r['fits'] else 'no':<4} {step:>7} "
-              f"{speed:>8}")
+              f"{speed:>8} {eff:>6}")
     for n, (_, text) in verdicts.items():
         say(f"{n} device(s): {text}")
-    notes = {r["note"] for r in timing if r.get("note")}
+    if lossy := [r for r in timing if r.get("largest_loss")]:
+        from scaletrain.scaling.predict import LOSSES
+
+        r = lossy[-1]
+        say(f"scaling: at {r['workers']} devices {r['lost_share']:.1%} of the step is lost to scale, most to "
+            f"{LOSSES[r['largest_loss']]} ({r[r['largest_loss']] / r['step_time_s']:.1%} of the step)")
+    notes = {r["note"] for r in timing if r.get("note") and r["note"] != "predicted"}
     for note in sorted(notes):
         say(f"step time: {note}")
     if compute is not None:

@@ -34,6 +34,17 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--micro-batches", type=int, default=1, help="FSDP/ZeRO-3: micro-batches per step (each "
                                                                 "gathers the parameters again)")
     p.add_argument("--layers", type=int, default=32, help="FSDP: transformer blocks (one is gathered at a time)")
+    p.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+                   help="FSDP: forward's gathered parameters are kept for backward (train.fsdp_reshard_after_forward"
+                        "=false): one gather per micro-batch")
+    p.add_argument("--sync-each-micro-batch", action="store_true",
+                   help="FSDP: gradients reduced in every micro-batch (DeepSpeed ZeRO-3) instead of once a step")
+    p.add_argument("--contention", type=float, default=None,
+                   help="compute slowdown while communication overlaps it (default 0.189: arXiv:2507.03114)")
+    p.add_argument("--straggler-cv", type=float, default=0.0,
+                   help="per-micro-batch compute spread across ranks, std / mean (default 0: none assumed)")
+    p.add_argument("--check-published", action="store_true",
+                   help="predicted vs published speedups for every row of scaletrain/scaling/published.py")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -63,6 +74,9 @@ def _check_numbers(args) -> None:
             raise ConfigError(f"{flag} {value}: must be >= 1")
     if not 0 <= args.overlap <= 1:
         raise ConfigError(f"--overlap {args.overlap}: a fraction between 0 and 1")
+    for flag, value in (("--contention", args.contention), ("--straggler-cv", args.straggler_cv)):
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"{flag} {value:g}: a fraction between 0 and 1")
 
 
 def inputs_from_args(args):
@@ -104,25 +118,73 @@ def inputs_from_args(args):
         topology = args.topology or "switch"
     else:
         raise ConfigError("give --profile NAME or --commbench commbench.json for the network")
+    extra = {} if args.contention is None else {"contention": args.contention}
     return Inputs(compute_s=compute, grad_bytes=grad_bytes, intra=intra, inter=inter,
                   gpus_per_node=args.gpus_per_node or per_node, bucket_bytes=args.bucket_mb * 1024**2,
                   overlap=args.overlap, strategy=args.strategy, param_bytes=args.param_bytes,
                   samples_per_step_per_device=samples, topology=topology, micro_batches=args.micro_batches,
-                  n_layers=args.layers)
+                  n_layers=args.layers, reshard_after_forward=args.reshard_after_forward,
+                  sync_each_micro_batch=args.sync_each_micro_batch, straggler_cv=args.straggler_cv, **extra)
+
+
+LOSS_NAMES = {"gather_s": "gather", "reduce_s": "reduce", "latency_s": "latency", "contention_s": "contend",
+              "straggler_s": "stragg"}
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per device count: the step, the share of it each loss takes, speedup and efficiency."""
+    print(f"{'workers':>7} {'nodes':>5} {'step s':>9} " + " ".join(f"{v:>7}" for v in LOSS_NAMES.values())
+          + f" {'speedup':>8} {'effic.':>7}" + ("  samples/s" if "samples_per_s" in rows[0] else ""))
+    for r in rows:
+        print(f"{r['workers']:>7} {r['nodes']:>5} {r['step_time_s']:9.4f} "
+              + " ".join(f"{r[k] / r['step_time_s']:7.1%}" for k in LOSS_NAMES)
+              + f" {r['speedup']:8.2f} {r['efficiency']:7.1%}"
+              + (f"  {r['samples_per_s']:9.1f}" if "samples_per_s" in r else ""))
+    worst = [r for r in rows if r.get("largest_loss")]
+    if worst:
+        r = worst[-1]
+        print(f"at {r['workers']} devices the largest loss is {LOSS_NAMES[r['largest_loss']]} "
+              f"({r[r['largest_loss']] / r['step_time_s']:.1%} of the step); shares are of the step time")
+
+
+def print_published() -> int:
+    """Predicted vs published speedups, every row of scaling/published.py, with the target and what is assumed."""
+    import textwrap
+
+    from scaletrain.scaling.published import PUBLISHED, TARGET, check
+
+    rows = check()
+    print(f"{'published':<37} {'GPUs':>4} {'speedup':>7} {'predict':>7} {'error':>7} {f'<{TARGET:.0%}':>4} "
+          f"{'largest':>8}")
+    for r in rows:
+        if r["predicted"] is None:
+            print(f"{r['row']:<37} {r['gpus']:>4} {r['published']:>6.2f}x {'-':>7} {'-':>7} {'-':>4}  (none)")
+        else:
+            print(f"{r['row']:<37} {r['gpus']:>4} {r['published']:>6.2f}x {r['predicted']:>6.2f}x "
+                  f"{r['error']:>+7.1%} {'yes' if r['within'] else 'NO':>4} "
+                  f"{LOSS_NAMES.get(r['largest_loss'], '-'):>8}")
+    for row in PUBLISHED:
+        print(textwrap.fill(f"- {row.name}: {row.source}; {row.setup}"
+                            + (f"; assumed: {row.assumed}" if row.assumed else "")
+                            + (f"; not compared: {row.no_prediction}" if row.no_prediction else ""),
+                            80, subsequent_indent="  ", break_long_words=False))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from scaletrain.commands.scale import parse_workers
     from scaletrain.scaling.predict import table
 
+    if args.check_published:
+        if args.json:
+            from scaletrain.scaling.published import check
+
+            print(json.dumps(check(), indent=1))
+            return 0
+        return print_published()
     rows = table(inputs_from_args(args), parse_workers(args.gpus, flag="--gpus"))
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'workers':>7} {'nodes':>5} {'step s':>9} {'comm s':>9} {'exposed':>8} {'speedup':>8} {'effic.':>7}"
-          + ("  samples/s" if "samples_per_s" in rows[0] else ""))
-    for r in rows:
-        print(f"{r['workers']:>7} {r['nodes']:>5} {r['step_time_s']:9.4f} {r['comm_s']:9.4f} "
-              f"{r['exposed_comm_share']:8.1%} {r['speedup']:8.2f} {r['efficiency']:7.1%}"
-              + (f"  {r['samples_per_s']:9.1f}" if "samples_per_s" in r else ""))
+    print_table(rows)
     return 0

@@ -15,7 +15,24 @@ DDP: gradients are all-reduced in buckets (``bucket_mb``, torch's default 25) wh
 buckets but the last can hide behind ``overlap`` x backward time (backward ~ 2/3 of compute).
 FSDP/ZeRO-3: parameters are all-gathered in forward and again in backward, gradients reduce-scattered;
 prefetching can hide them behind ``overlap`` x compute except the first gather.
-Step time = compute (per-device batch fixed, so unchanged) + exposed communication.
+Step time = compute (per-device batch fixed, so unchanged) + the time lost to scale, each a named term in the
+categories a run's own breakdown uses (``LOSSES``):
+
+- ``gather_s`` / ``reduce_s``: the exposed parameter all-gathers and gradient reductions: what cannot overlap (each
+  micro-batch's first block gather, which nothing precedes; the last block's reduce-scatter or DDP's last bucket,
+  which follows the last compute) plus what exceeds ``overlap`` x compute. FSDP gathers every micro-batch, in
+  forward and again in backward unless ``reshard_after_forward`` is false; it reduces once per step (scaletrain,
+  FSDP2 without gradient sync in accumulation) or in every micro-batch (``sync_each_micro_batch``: DeepSpeed
+  ZeRO-3).
+- ``latency_s``: the small collectives of every step (the loss's all-reduce for logging, the gradient norm's for
+  clipping), each at the curve's small-message latency (``BusCurve.latency_s``, the 8-byte row of the same
+  nccl-tests/rccl-tests output).
+- ``contention_s``: compute slows while a collective runs beside it (communication kernels take compute units,
+  caches and HBM bandwidth): ``contention`` x the hidden communication time. CONTENTION is the average compute
+  slowdown measured with overlapped communication on A100, H100, MI250 and MI210 (arXiv:2507.03114).
+- ``straggler_s``: synchronous training waits for the slowest rank at every micro-batch: with a per-micro-batch
+  compute spread ``straggler_cv`` (std / mean, e.g. padding differences between ranks' batches), the expected
+  slowest of n is mean x (1 + cv x E[max of n standard normals]). No default is assumed (0): give one measured.
 """
 
 from __future__ import annotations
@@ -27,11 +44,19 @@ from scaletrain.comm.bench import bus_factor
 from scaletrain.errors import ConfigError
 
 GB = 1e9
+# Compute slowdown while communication overlaps it: 18.9% on average (40.0% at most) over GPT and LLaMA layers on
+# 4x A100, H100, MI250 and MI210 ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+# Learning: Performance and Power Implications", arXiv:2507.03114, 2025, abstract).
+CONTENTION = 0.189
+LOSSES = {"gather_s": "exposed parameter gathers", "reduce_s": "exposed gradient reduction",
+          "latency_s": "small collectives' latency", "contention_s": "compute slowed by overlapping communication",
+          "straggler_s": "waiting for the slowest rank"}
 
 
 @dataclass(frozen=True)
 class BusCurve:
     points: tuple[tuple[int, float], ...]  # (message bytes, busbw GB/s), sizes ascending
+    latency_s: float = 0.0  # the smallest message's time (the 8-byte row): no collective takes less
 
     def busbw(self, size: float) -> float:
         pts = self.points
@@ -59,11 +84,30 @@ class BusCurve:
 
 
 def allreduce_s(size: float, n: int, curve: BusCurve) -> float:
-    return 0.0 if n <= 1 or size <= 0 else size * bus_factor("all_reduce", n) / (curve.busbw(size) * GB)
+    if n <= 1 or size <= 0:
+        return 0.0
+    return max(size * bus_factor("all_reduce", n) / (curve.busbw(size) * GB), curve.latency_s)
 
 
 def allgather_s(size: float, n: int, curve: BusCurve) -> float:
-    return 0.0 if n <= 1 or size <= 0 else size * bus_factor("all_gather", n) / (curve.busbw(size) * GB)
+    if n <= 1 or size <= 0:
+        return 0.0
+    return max(size * bus_factor("all_gather", n) / (curve.busbw(size) * GB), curve.latency_s)
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] (0 for n=1; 0.564 for 2, 1.029 for 4, 1.424 for 8): the integral
+    of x n phi(x) Phi(x)^(n-1), by the trapezoid rule on [-9, 9] (written out: scipy is not a dependency)."""
+    if n <= 1:
+        return 0.0
+    steps, lo, hi = 3600, -9.0, 9.0
+    h = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps + 1):
+        x = lo + i * h
+        f = x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
+        total += f * (0.5 if i in (0, steps) else 1.0)
+    return total * h
 
 
 @dataclass(frozen=True)
@@ -81,6 +125,11 @@ class Inputs:
     samples_per_step_per_device: float | None = None
     topology: str = "switch"  # inside a node: "switch" (full bandwidth for any GPU count) or "full-mesh"
     micro_batches: int = 1  # FSDP/ZeRO-3 gathers the parameters again in every micro-batch's forward and backward
+    reshard_after_forward: bool = True  # FSDP: False keeps forward's gathered parameters for backward (one gather)
+    sync_each_micro_batch: bool = False  # FSDP: gradients reduced in every micro-batch (DeepSpeed ZeRO-3)
+    contention: float = CONTENTION  # compute slowdown while communication overlaps it
+    straggler_cv: float = 0.0  # per-micro-batch compute spread across ranks (std / mean); 0: none assumed
+    small_collectives: int = 2  # per step: the loss's all-reduce (logging) and the gradient norm's (clipping)
 
 
 @dataclass(frozen=True)
@@ -93,6 +142,10 @@ class _Scaled:
     def busbw(self, size: float) -> float:
         return self.curve.busbw(size) * self.factor
 
+    @property
+    def latency_s(self) -> float:
+        return self.curve.latency_s
+
 
 def link_factor(topology: str, ranks: int, gpus_per_node: int) -> float:
     """The share of the node's measured busbw that ``ranks`` GPUs of it get (see the module docstring)."""
@@ -102,7 +155,8 @@ def link_factor(topology: str, ranks: int, gpus_per_node: int) -> float:
 
 
 def step(inp: Inputs, n: int) -> dict:
-    """Predicted step of one device when ``n`` devices train together."""
+    """Predicted step of one device when ``n`` devices train together, with the time lost to each term of
+    LOSSES (see the module docstring)."""
     nodes = math.ceil(n / inp.gpus_per_node)
     curve = inp.intra if nodes == 1 else (inp.inter or inp.intra)
     if nodes == 1:
@@ -112,23 +166,36 @@ def step(inp: Inputs, n: int) -> dict:
         full, rest = divmod(inp.grad_bytes, inp.bucket_bytes)
         buckets = [inp.bucket_bytes] * int(full) + ([rest] if rest else [])
         times = [allreduce_s(b, n, curve) for b in buckets]
-        total = sum(times)
-        hideable = total - (times[-1] if times else 0.0)  # the last bucket finishes after backward
-        hidden = min(hideable, inp.overlap * inp.compute_s * 2 / 3)
+        gathers, reduces = 0.0, sum(times)
+        fixed_gather, fixed_reduce = 0.0, (times[-1] if times else 0.0)  # the last bucket follows backward
+        budget = inp.overlap * inp.compute_s * 2 / 3  # buckets overlap backward only
     elif inp.strategy == "fsdp":
-        # one block at a time: each all-gather moves one block's parameters
-        per_layer = inp.param_bytes / max(1, inp.n_layers)
-        gather = allgather_s(per_layer, n, curve) * inp.n_layers
-        reduce = allgather_s(inp.grad_bytes, n, curve)  # reduce-scatter moves the same bytes as all-gather
-        total = 2 * gather * inp.micro_batches + reduce
-        first_layer = gather / max(1, inp.n_layers)
-        hidden = min(total - first_layer, inp.overlap * inp.compute_s)
+        layers = max(1, inp.n_layers)
+        gather_pass = allgather_s(inp.param_bytes / layers, n, curve) * layers  # one block at a time
+        passes = inp.micro_batches * (2 if inp.reshard_after_forward else 1)
+        syncs = inp.micro_batches if inp.sync_each_micro_batch else 1
+        gathers = gather_pass * passes
+        reduces = allgather_s(inp.grad_bytes, n, curve) * syncs  # reduce-scatter moves what all-gather does
+        fixed_gather = gather_pass / layers * inp.micro_batches  # each micro-batch's first block: nothing precedes
+        fixed_reduce = allgather_s(inp.grad_bytes / layers, n, curve) * syncs  # the last block's: nothing follows
+        budget = inp.overlap * inp.compute_s
     else:
         raise ConfigError(f"--strategy {inp.strategy}: choose ddp or fsdp")
-    exposed = max(0.0, total - hidden)
-    step_s = inp.compute_s + exposed
-    return {"workers": n, "nodes": nodes, "step_time_s": step_s, "comm_s": total, "exposed_comm_s": exposed,
-            "exposed_comm_share": exposed / step_s if step_s else 0.0}
+    movable = max(0.0, gathers - fixed_gather) + max(0.0, reduces - fixed_reduce)
+    hidden = min(movable, budget)
+    spill = movable - hidden  # what exceeds the compute it could hide behind, split by share
+    share = (gathers - fixed_gather) / movable if movable else 0.0
+    lost = {"gather_s": fixed_gather + spill * share, "reduce_s": fixed_reduce + spill * (1 - share),
+            "latency_s": inp.small_collectives * allreduce_s(8, n, curve),
+            "contention_s": inp.contention * hidden,
+            "straggler_s": inp.compute_s * inp.straggler_cv * expected_max_normal(n)}
+    step_s = inp.compute_s + sum(lost.values())
+    exposed = lost["gather_s"] + lost["reduce_s"] + lost["latency_s"]
+    largest = max(LOSSES, key=lost.get) if n > 1 and step_s > inp.compute_s else None
+    return {"workers": n, "nodes": nodes, "step_time_s": step_s, "compute_s": inp.compute_s,
+            "comm_s": gathers + reduces, "hidden_comm_s": hidden, "exposed_comm_s": exposed,
+            "exposed_comm_share": exposed / step_s if step_s else 0.0, **lost,
+            "lost_share": 1 - inp.compute_s / step_s if step_s else 0.0, "largest_loss": largest}
 
 
 def table(inp: Inputs, sizes: list[int]) -> list[dict]:

@@ -7,7 +7,9 @@ measured, citable figure goes in; where a source gives the plateau but not the w
 curve of the same kind (single node or spanning nodes) is scaled to that plateau, and the profile says so. A device
 with no citable figure has no profile: `plan` and `predict` say so and how to measure one (`commbench`).
 
-Sources, in the style of shared/reference/SOURCES.md (the figures below were copied from them, not derived):
+Each curve's ``latency_s`` is the 8-byte all-reduce's out-of-place time of the same output (a curve whose ramp is
+borrowed borrows it too). Sources, in the style of shared/reference/SOURCES.md (the figures below were copied from
+them, not derived):
 
 - mi300x intra: hisohara/ai-scripts @ 7b8b1ec2, training/01_rccl-smoketest/README.md, "RCCL Tests with MPI (AAC8
   Kubernetes)": 8x MI300X in one pod over xGMI, RCCL 2.22, rows 1 MiB .. 256 MiB (shared/reference/
@@ -52,24 +54,25 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 MI300X_INTRA = BusCurve(((1 * MiB, 64.64), (4 * MiB, 138.60), (16 * MiB, 195.85), (32 * MiB, 238.45),
-                         (64 * MiB, 271.51), (256 * MiB, 304.96)))
+                         (64 * MiB, 271.51), (256 * MiB, 304.96)), latency_s=19.28e-6)
 MI300X_INTRA_8GIB = 315.69  # the same run's 8 GiB row: the plateau the ramp is scaled from
 MI300X_INTRA_4GIB = 315.26
-MI300X_INTER = BusCurve(((16 * MiB, 63.26), (32 * MiB, 106.58), (64 * MiB, 153.10), (256 * MiB, 293.75)))
+MI300X_INTER = BusCurve(((16 * MiB, 63.26), (32 * MiB, 106.58), (64 * MiB, 153.10), (256 * MiB, 293.75)),
+                        latency_s=256.5e-6)
 MI300X_INTER_4GIB = 353.40
 H100_INTER = BusCurve(((1 * MiB, 9.68), (4 * MiB, 21.57), (16 * MiB, 32.18), (32 * MiB, 59.36),
                        (64 * MiB, 99.74), (128 * MiB, 152.32), (256 * MiB, 213.19), (1 * GiB, 297.86),
-                       (8 * GiB, 338.82)))
+                       (8 * GiB, 338.82)), latency_s=135.8e-6)
 PCIE_NO_P2P = BusCurve(((128 << 10, 2.30), (256 << 10, 3.05), (512 << 10, 3.49), (1 * MiB, 3.75), (2 * MiB, 3.89),
-                        (4 * MiB, 3.94), (16 * MiB, 3.99), (1 * GiB, 4.00)))
+                        (4 * MiB, 3.94), (16 * MiB, 3.99), (1 * GiB, 4.00)), latency_s=12.25e-6)
 
 
 def scaled(curve: BusCurve, factor: float) -> BusCurve:
-    return BusCurve(tuple((size, round(bw * factor, 2)) for size, bw in curve.points))
+    return BusCurve(tuple((size, round(bw * factor, 2)) for size, bw in curve.points), curve.latency_s)
 
 
 def capped(curve: BusCurve, peak: float) -> BusCurve:
-    return BusCurve(tuple((size, min(bw, peak)) for size, bw in curve.points))
+    return BusCurve(tuple((size, min(bw, peak)) for size, bw in curve.points), curve.latency_s)
 
 
 H100_INTRA = scaled(MI300X_INTRA, 370 / MI300X_INTRA_8GIB)

@@ -1,0 +1,134 @@
+"""The scaling prediction's named terms, each by hand on a flat curve (so each fails without its term), and the
+published measurements it is checked against (`predict --check-published`), with the target and the rows it does
+not reach stated as they are."""
+
+import json
+
+import pytest
+
+from scaletrain.scaling.predict import CONTENTION, BusCurve, Inputs, expected_max_normal, step
+
+FLAT = BusCurve(((1, 10.0),))  # 10 GB/s at every size, no latency floor
+
+
+def _fsdp(**kw) -> Inputs:
+    base = dict(compute_s=1.0, grad_bytes=40e6, intra=FLAT, strategy="fsdp", param_bytes=40e6, n_layers=4,
+                overlap=1.0, contention=0.0)
+    return Inputs(**{**base, **kw})
+
+
+def test_the_first_gather_and_the_last_reduce_cannot_overlap():
+    r = step(_fsdp(), 4)  # everything else hides behind 1 s of compute
+    block = 10e6 * 0.75 / 1e10  # one block's all-gather (and reduce-scatter) over 4 ranks
+    assert r["gather_s"] == pytest.approx(block) and r["reduce_s"] == pytest.approx(block)
+    assert r["comm_s"] == pytest.approx(2 * 4 * block + 4 * block)  # forward + backward gathers, one reduce
+    four = step(_fsdp(micro_batches=4), 4)
+    assert four["gather_s"] == pytest.approx(4 * block)  # each micro-batch starts with a gather nothing precedes
+    assert four["reduce_s"] == pytest.approx(block)  # gradients reduced once a step (no sync in accumulation)
+
+
+def test_reshard_after_forward_false_gathers_once_and_zero3_reduces_every_micro_batch():
+    block = 10e6 * 0.75 / 1e10
+    kept = step(_fsdp(micro_batches=4, reshard_after_forward=False), 4)
+    assert kept["comm_s"] == pytest.approx(4 * 4 * block + 4 * block)
+    zero3 = step(_fsdp(micro_batches=4, sync_each_micro_batch=True), 4)
+    assert zero3["comm_s"] == pytest.approx(2 * 4 * 4 * block + 4 * 4 * block)
+    assert zero3["reduce_s"] == pytest.approx(4 * block)
+
+
+def test_what_exceeds_the_compute_is_exposed_in_shares():
+    r = step(_fsdp(compute_s=0.001, overlap=0.5), 4)
+    block = 10e6 * 0.75 / 1e10
+    movable = (8 - 1) * block + (4 - 1) * block
+    spill = movable - 0.0005
+    assert r["hidden_comm_s"] == pytest.approx(0.0005)
+    assert r["gather_s"] == pytest.approx(block + spill * 7 / 10)
+    assert r["reduce_s"] == pytest.approx(block + spill * 3 / 10)
+
+
+def test_contention_slows_compute_by_its_factor_of_the_hidden_communication():
+    assert CONTENTION == 0.189  # arXiv:2507.03114's average
+    r = step(_fsdp(contention=CONTENTION), 4)
+    assert r["contention_s"] == pytest.approx(CONTENTION * r["hidden_comm_s"]) and r["contention_s"] > 0
+    assert step(_fsdp(contention=CONTENTION), 1)["contention_s"] == 0.0
+    assert step(_fsdp(contention=CONTENTION), 4)["largest_loss"] == "contention_s"
+
+
+def test_small_collectives_cost_the_curves_latency():
+    slow = BusCurve(((1, 10.0),), latency_s=1e-3)
+    r = step(_fsdp(intra=slow, param_bytes=0.0, grad_bytes=0.0), 2)
+    assert r["latency_s"] == pytest.approx(2e-3)  # the loss's and the gradient norm's all-reduce
+    assert step(_fsdp(intra=slow), 1)["latency_s"] == 0.0
+
+
+def test_stragglers_cost_the_expected_slowest_of_n():
+    assert [round(expected_max_normal(n), 4) for n in (1, 2, 4, 8)] == [0.0, 0.5642, 1.0294, 1.4236]
+    r = step(_fsdp(straggler_cv=0.1, param_bytes=0.0, grad_bytes=0.0), 8)
+    assert r["straggler_s"] == pytest.approx(1.0 * 0.1 * 1.4236, rel=1e-4)
+    assert step(_fsdp(straggler_cv=0.1), 1)["straggler_s"] == 0.0
+
+
+def test_published_measurements_within_the_target_and_the_ones_that_are_not_said():
+    from scaletrain.scaling.published import PUBLISHED, TARGET, check
+
+    rows = {(r["row"], r["gpus"]): r for r in check()}
+    seed = "seed Llama-3-8B LoRA ZeRO-3 MI300X"
+    assert {r for r, _ in rows} == {p.name for p in PUBLISHED} and len(PUBLISHED) >= 4
+    # within 15%: the seed at 2 and 4 GPUs, both torchtitan 8 -> 128 rows
+    for key in ((seed, 2), (seed, 4), ("torchtitan Llama-3.1-8B FSDP H100", 128),
+                ("torchtitan 8B FSDP+compile H100", 128)):
+        assert rows[key]["within"] and abs(rows[key]["error"]) <= TARGET, rows[key]
+    assert rows[(seed, 2)]["predicted"] == pytest.approx(1.855, abs=0.01)  # published 1.857
+    # not reached: the seed's 8 GPUs (published 81% efficiency, predicted 98%): the loss that grows with n is not
+    # in what the source states; reported, not fitted
+    assert not rows[(seed, 8)]["within"] and rows[(seed, 8)]["published_efficiency"] == pytest.approx(0.81, abs=0.01)
+    mlperf = rows[("MLPerf v5.0 Llama-2-70B LoRA MI300X", 32)]
+    assert mlperf["predicted"] is None and "time to train" in mlperf["why"]
+    assert mlperf["published"] == pytest.approx(29.25 / 10.91)
+
+
+def test_a_published_row_with_a_missing_field_is_named():
+    from dataclasses import replace
+
+    from scaletrain.errors import ConfigError
+    from scaletrain.scaling.published import PUBLISHED, inputs_for
+
+    with pytest.raises(ConfigError, match="published row 'seed .*': param_bytes is missing"):
+        inputs_for(replace(PUBLISHED[0], param_bytes=0.0))
+
+
+def test_predict_check_published_and_plan_name_the_largest_loss(tmp_path, capsys):
+    from transformers import LlamaConfig
+
+    from scaletrain.cli import main
+
+    assert main(["predict", "--check-published"]) == 0
+    out = capsys.readouterr().out
+    assert "seed Llama-3-8B LoRA ZeRO-3 MI300X       8   6.48x   7.85x  +21.2%   NO" in out
+    assert "(none)" in out and "not compared: MLPerf publishes time to train" in " ".join(out.split())
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert main(["predict", "--check-published", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 6
+
+    d = tmp_path / "llama3-8b"  # the seed job from its config.json
+    LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8).save_pretrained(d)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{name_or_path: {d}, task: causal-lm, finetuning_type: lora, lora_rank: 16}}\n"
+                   "data: {train_file: x.jsonl, max_length: 4096}\ntrain: {strategy: fsdp, bf16: true, "
+                   "per_device_train_batch_size: 4, gradient_accumulation_steps: 4}\n")
+    assert main(["plan", str(cfg), "--device", "mi300x", "--gpus", "1,2,4,8", "--json"]) == 0
+    timing = {r["workers"]: r for r in json.loads(capsys.readouterr().out)["timing"]}
+    assert all(timing[n]["efficiency"] < 1.0 for n in (2, 4, 8))
+    # accumulation reaches the predictor: 4 micro-batches, each gathering the 16 GB of bf16 weights twice
+    assert timing[2]["comm_s"] > 4 * 2 * 16e9 * 0.5 / (320e9 / 7) * 0.9
+    assert main(["plan", str(cfg), "--device", "mi300x", "--gpus", "1,2,4,8"]) == 0
+    assert "of the step is lost to scale, most to compute slowed by overlapping communication" in \
+        " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("flag,value", [("--contention", "1.5"), ("--straggler-cv", "-0.1")])
+def test_predict_refuses_fractions_out_of_range(flag, value):
+    from scaletrain.cli import main
+
+    assert main(["predict", "--step-time", "1", "--grad-bytes", "1e6", "--profile", "mi300x", flag, value]) != 0

@@ -132,3 +132,26 @@ def test_predict_refuses_fractions_out_of_range(flag, value):
     from scaletrain.cli import main
 
     assert main(["predict", "--step-time", "1", "--grad-bytes", "1e6", "--profile", "mi300x", flag, value]) != 0
+
+
+def test_hsdp_gathers_inside_a_node_and_only_gradient_shards_cross_nodes():
+    intra, inter = BusCurve(((1, 100.0),)), BusCurve(((1, 10.0),))
+    inp = _fsdp(intra=intra, inter=inter, gpus_per_node=8, param_bytes=80e6, grad_bytes=80e6, n_layers=8)
+    flat = step(inp, 16)
+    hsdp = step(Inputs(**{**inp.__dict__, "shard_size": 8}), 16)
+    gather = 80e6 * 7 / 8 / 100e9  # per pass, inside a node
+    assert hsdp["comm_s"] == pytest.approx(2 * gather + gather + 10e6 * 2 * 1 / 2 / 10e9)
+    assert flat["comm_s"] == pytest.approx(3 * 80e6 * 15 / 16 / 10e9)  # everything over the network
+
+
+def test_levers_name_the_setting_that_buys_the_most():
+    from scaletrain.scaling.predict import levers
+
+    ddp = Inputs(compute_s=0.5, grad_bytes=16e9, intra=FLAT, strategy="ddp", overlap=0.8)
+    best = levers(ddp, 8)[0]
+    assert best["setting"] == "train.gradient_accumulation_steps=2" and best["gain"] > 0.05
+    fsdp = levers(_fsdp(micro_batches=4, compute_s=0.01, overlap=0.8), 4)
+    assert fsdp[0]["setting"] == "train.fsdp_reshard_after_forward=false"
+    nodes = levers(_fsdp(intra=BusCurve(((1, 100.0),)), inter=BusCurve(((1, 1.0),)), compute_s=0.01,
+                         reshard_after_forward=False), 16)
+    assert nodes[0]["setting"] == "train.fsdp_shard_size=8"

@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
                          gpus_per_node=args.gpus_per_node, strategy=cfg.train.strategy, topology=profile["topology"],
                          param_bytes=shape.total * (2 if dtype != "fp32" else 4), n_layers=max(1, shape.layers),
                          micro_batches=cfg.train.gradient_accumulation_steps,  # FSDP gathers in each one
-                         reshard_after_forward=cfg.train.fsdp_reshard_after_forward)
+                         reshard_after_forward=cfg.train.fsdp_reshard_after_forward,
+                         shard_size=cfg.train.fsdp_shard_size)
             timing = table(inp, sizes)
         else:
             timing = [{"workers": n, "step_time_s": compute, "note": f"compute only: {missing(device.key)}"}
@@ -148,12 +149,10 @@ def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool, 
               f"{speed:>8} {eff:>6}")
     for n, (_, text) in verdicts.items():
         say(f"{n} device(s): {text}")
-    if lossy := [r for r in timing if r.get("largest_loss")]:
-        from scaletrain.scaling.predict import LOSSES
+    from scaletrain.commands.predict import lost_lines
 
-        r = lossy[-1]
-        say(f"scaling: at {r['workers']} devices {r['lost_share']:.1%} of the step is lost to scale, most to "
-            f"{LOSSES[r['largest_loss']]} ({r[r['largest_loss']] / r['step_time_s']:.1%} of the step)")
+    for line in lost_lines(timing):
+        say(f"scaling: {line}")
     notes = {r["note"] for r in timing if r.get("note") and r["note"] != "predicted"}
     for note in sorted(notes):
         say(f"step time: {note}")

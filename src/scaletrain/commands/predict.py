@@ -140,11 +140,28 @@ def print_table(rows: list[dict]) -> None:
               + " ".join(f"{r[k] / r['step_time_s']:7.1%}" for k in LOSS_NAMES)
               + f" {r['speedup']:8.2f} {r['efficiency']:7.1%}"
               + (f"  {r['samples_per_s']:9.1f}" if "samples_per_s" in r else ""))
-    worst = [r for r in rows if r.get("largest_loss")]
-    if worst:
+    for line in lost_lines(rows):
+        print(line)
+
+
+def lost_lines(rows: list[dict]) -> list[str]:
+    """Where the time goes at the largest device count, and per count the lever that buys the most."""
+    from scaletrain.scaling.predict import LOSSES
+
+    lines = []
+    if worst := [r for r in rows if r.get("largest_loss")]:
         r = worst[-1]
-        print(f"at {r['workers']} devices the largest loss is {LOSS_NAMES[r['largest_loss']]} "
-              f"({r[r['largest_loss']] / r['step_time_s']:.1%} of the step); shares are of the step time")
+        lines.append(f"at {r['workers']} devices {r['lost_share']:.1%} of the step is lost to scale, most to "
+                     f"{LOSSES[r['largest_loss']]} ({r[r['largest_loss']] / r['step_time_s']:.1%} of the step)")
+    best: dict[str, list] = {}  # the best lever per device count, grouped by setting
+    for r in rows:
+        if r.get("levers"):
+            lever = r["levers"][0]
+            best.setdefault(lever["setting"], [lever["what"]]).append((r["workers"], lever["gain"]))
+    for setting, (what, *gains) in best.items():
+        lines.append(f"{setting} buys {' / '.join(f'{100 * g:+.1f}' for _, g in gains)} points of efficiency at "
+                     f"{' / '.join(str(n) for n, _ in gains)} devices: {what}")
+    return lines
 
 
 def print_published() -> int:

@@ -38,7 +38,7 @@ categories a run's own breakdown uses (``LOSSES``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scaletrain.comm.bench import bus_factor
 from scaletrain.errors import ConfigError
@@ -130,6 +130,7 @@ class Inputs:
     contention: float = CONTENTION  # compute slowdown while communication overlaps it
     straggler_cv: float = 0.0  # per-micro-batch compute spread across ranks (std / mean); 0: none assumed
     small_collectives: int = 2  # per step: the loss's all-reduce (logging) and the gradient norm's (clipping)
+    shard_size: int | None = None  # FSDP: shard inside groups of this many ranks, replicate across them (HSDP)
 
 
 @dataclass(frozen=True)
@@ -171,13 +172,25 @@ def step(inp: Inputs, n: int) -> dict:
         budget = inp.overlap * inp.compute_s * 2 / 3  # buckets overlap backward only
     elif inp.strategy == "fsdp":
         layers = max(1, inp.n_layers)
-        gather_pass = allgather_s(inp.param_bytes / layers, n, curve) * layers  # one block at a time
+        # HSDP: gathers and reduce-scatters inside a shard group (a node's curve), then the group's gradient shard
+        # all-reduced across the replicas (the curve across nodes)
+        group = min(n, inp.shard_size or n)
+        inner = inp.intra if math.ceil(group / inp.gpus_per_node) == 1 and group < n else curve
+        if inner is inp.intra and group < n:
+            factor = link_factor(inp.topology, group, inp.gpus_per_node)
+            inner = _Scaled(inner, factor) if factor != 1.0 else inner
+        replicas = n // group
+
+        def reduce_of(size: float) -> float:
+            return allgather_s(size, group, inner) + allreduce_s(size / group, replicas, curve)
+
+        gather_pass = allgather_s(inp.param_bytes / layers, group, inner) * layers  # one block at a time
         passes = inp.micro_batches * (2 if inp.reshard_after_forward else 1)
         syncs = inp.micro_batches if inp.sync_each_micro_batch else 1
         gathers = gather_pass * passes
-        reduces = allgather_s(inp.grad_bytes, n, curve) * syncs  # reduce-scatter moves what all-gather does
+        reduces = reduce_of(inp.grad_bytes) * syncs  # reduce-scatter moves what all-gather does
         fixed_gather = gather_pass / layers * inp.micro_batches  # each micro-batch's first block: nothing precedes
-        fixed_reduce = allgather_s(inp.grad_bytes / layers, n, curve) * syncs  # the last block's: nothing follows
+        fixed_reduce = reduce_of(inp.grad_bytes / layers) * syncs  # the last block's: nothing follows
         budget = inp.overlap * inp.compute_s
     else:
         raise ConfigError(f"--strategy {inp.strategy}: choose ddp or fsdp")
@@ -198,6 +211,30 @@ def step(inp: Inputs, n: int) -> dict:
             "lost_share": 1 - inp.compute_s / step_s if step_s else 0.0, "largest_loss": largest}
 
 
+def efficiency(inp: Inputs, n: int) -> float:
+    """Throughput per device at ``n`` devices over one device's, both with ``inp``'s batch."""
+    return step(inp, 1)["step_time_s"] / step(inp, n)["step_time_s"]
+
+
+def levers(inp: Inputs, n: int) -> list[dict]:
+    """What would buy efficiency at ``n`` devices, each with the setting and its predicted gain (percentage points),
+    best first; only those that gain at least half a point."""
+    nodes = math.ceil(n / inp.gpus_per_node)
+    options = [("train.gradient_accumulation_steps=" + str(2 * inp.micro_batches),
+                "twice the accumulation (a global batch twice as large: retune the learning rate)",
+                replace(inp, compute_s=2 * inp.compute_s, micro_batches=2 * inp.micro_batches))]
+    if inp.strategy == "fsdp" and inp.reshard_after_forward:
+        options.append(("train.fsdp_reshard_after_forward=false", "keep forward's gathered parameters for backward "
+                        "(one gather per micro-batch; more memory)", replace(inp, reshard_after_forward=False)))
+    if inp.strategy == "fsdp" and nodes > 1 and not inp.shard_size:
+        options.append((f"train.fsdp_shard_size={inp.gpus_per_node}", "shard inside a node, replicate across "
+                        "nodes (HSDP: only gradients cross the network)", replace(inp, shard_size=inp.gpus_per_node)))
+    now = efficiency(inp, n)
+    out = [{"setting": key, "what": what, "efficiency": efficiency(alt, n), "gain": efficiency(alt, n) - now}
+           for key, what, alt in options]
+    return sorted((o for o in out if o["gain"] >= 0.005), key=lambda o: -o["gain"])
+
+
 def table(inp: Inputs, sizes: list[int]) -> list[dict]:
     rows = []
     base = step(inp, 1)["step_time_s"]
@@ -207,6 +244,7 @@ def table(inp: Inputs, sizes: list[int]) -> list[dict]:
         r["efficiency"] = r["speedup"] / n
         if inp.samples_per_step_per_device:
             r["samples_per_s"] = n * inp.samples_per_step_per_device / r["step_time_s"]
+        r["levers"] = levers(inp, n) if n > 1 else []
         r["note"] = "predicted"
         rows.append(r)
     return rows

@@ -8,7 +8,7 @@ directory is an error there that says how to fetch it); the tokenizer is tokeniz
 
 from __future__ import annotations
 
-from scaletrain.config.schema import ModelConfig
+from scaletrain.config.schema import Config, ModelConfig
 from scaletrain.errors import ConfigError
 from scaletrain.lora_targets import WORDS, resolve
 from scaletrain.model_files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
@@ -190,6 +190,34 @@ def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> str | None:
         raise ConfigError(f"model.lora_target: {', '.join(missing)} names no module of {cfg.name_or_path}; its "
                           f"linear layers are {', '.join(linear)} (or set model.lora_target=all-linear)")
     return targets.note(cfg.lora_rank)
+
+
+def router_loss_note(cfg: Config, vocab: Vocab) -> str | None:
+    """The start-of-run line of an MoE model's load-balancing loss (worker/router.py): its coefficient and where it
+    comes from; train.moe_aux_loss_coef on a dense model is an error."""
+    from scaletrain.moe import experts_of
+
+    asked = cfg.train.moe_aux_loss_coef
+    if cfg.model.task != "causal-lm":
+        return None
+    _, config = auto_and_config(cfg.model, vocab)
+    experts = experts_of(config)
+    if experts is None:
+        if asked:
+            raise ConfigError(f"train.moe_aux_loss_coef={asked:g}: {cfg.model.name_or_path} has no routed experts "
+                              f"(a dense model); remove the key")
+        return None
+    if cfg.train.stage != "sft":
+        return (f"moe: {experts.count} experts, top-{experts.top_k}; train.stage={cfg.train.stage} trains without "
+                f"the load-balancing loss (its own objective only)")
+    coef = asked if asked is not None else float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
+    where = ("train.moe_aux_loss_coef" if asked is not None else
+             "the checkpoint's router_aux_loss_coef; train.moe_aux_loss_coef sets it")
+    if coef == 0:
+        return f"moe: {experts.count} experts, top-{experts.top_k}; no load-balancing loss (coefficient 0: {where})"
+    return (f"moe: {experts.count} experts, top-{experts.top_k}; load-balancing loss over the global batch (every "
+            f"rank and micro-batch counted before the loss), coefficient {coef:g} ({where}), logged as "
+            f"train/moe_aux_loss beside train/loss")
 
 
 def apply_lora(model, cfg: ModelConfig):

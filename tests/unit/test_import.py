@@ -149,3 +149,10 @@ def test_an_unknown_template_name_is_said_not_silently_mapped():
     _, rows = from_llamafactory({"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora",
                                  "dataset": "d", "template": "someday", "do_train": True})
     assert "no built-in for LLaMA-Factory's 'someday'" in next(r for r in rows if r.key == "template").note
+
+
+def test_the_moe_aux_loss_coefficient_imports_with_its_meaning():
+    cfg, rows = from_llamafactory({"model_name_or_path": "/m", "stage": "sft", "finetuning_type": "lora",
+                                   "dataset": "alpaca_en_demo", "moe_aux_loss_coef": 0.001})
+    assert validate(cfg).train.moe_aux_loss_coef == 0.001
+    assert _rows(rows)["moe_aux_loss_coef"].where == "train.moe_aux_loss_coef"

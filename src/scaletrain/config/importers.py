@@ -57,6 +57,7 @@ DIRECT: dict[str, tuple[str, str]] = {
     "dpo_label_smoothing": ("train", "dpo_label_smoothing"),
     "kto_chosen_weight": ("train", "kto_chosen_weight"),
     "kto_rejected_weight": ("train", "kto_rejected_weight"),
+    "moe_aux_loss_coef": ("train", "moe_aux_loss_coef"),  # here over the global batch (worker/router.py)
     "resources_per_worker": ("scaling", "resources_per_worker"),
     "placement_strategy": ("scaling", "placement_strategy"),
 }

@@ -69,6 +69,9 @@ class TrainConfig(_Section):
     per_device_train_batch_size: int = Field(8, ge=1)
     per_device_eval_batch_size: int = Field(16, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
+    # MoE: the load-balancing loss's coefficient (LLaMA-Factory's name); unset: the checkpoint's
+    # router_aux_loss_coef; 0: none. Computed over the global batch (worker/router.py).
+    moe_aux_loss_coef: Optional[float] = Field(None, ge=0)
     learning_rate: float = Field(5e-5, gt=0)
     # Scale learning_rate by global batch / lr_reference_batch (linear or sqrt rule).
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"

@@ -15,7 +15,7 @@ from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import Shape
 from scaletrain.memory.plan import fit_notes, shape_for
-from scaletrain.model import check_lora_target, check_model, packing_support_error
+from scaletrain.model import check_lora_target, check_model, packing_support_error, router_loss_note
 from scaletrain.model_files import final_dtype, head_mismatch, model_dir
 from scaletrain.precision import Policy, policy
 from scaletrain.tokenizer import Vocab, load_tokenizer
@@ -60,6 +60,7 @@ def preflight(cfg: Config) -> Preflight:
     vocab = Vocab.of(tokenizer)
     check_model(cfg.model, tokenizer, cfg.data.max_length)
     lora_note = check_lora_target(cfg.model, vocab)
+    moe_note = router_loss_note(cfg, vocab)
     if cfg.data.packing and (why := packing_support_error(cfg.model, vocab)):
         raise ConfigError(f"data.packing: {why}")
     if cfg.train.loss_backend == "liger" and not liger_installed():
@@ -68,6 +69,8 @@ def preflight(cfg: Config) -> Preflight:
     cfg = data.resolve(cfg)
     if lora_note:
         data.notes.append(f"model: {lora_note}")
+    if moe_note:
+        data.notes.append(moe_note)
     if (saved := head_mismatch(cfg.model)) is not None:
         data.notes.append(f"model: the classification head of {cfg.model.name_or_path} has {saved} label(s) and "
                           f"this run {cfg.model.num_labels}: it is re-initialised at the new size (the rest of "

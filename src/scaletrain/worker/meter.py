@@ -91,8 +91,10 @@ class Meter:
         progress = self.t.progress
         elapsed = time.perf_counter() - self.t0
         self.t.beat.enter("metrics", progress.step)
+        router = self.t.router.sums if self.t.router is not None else []
         loss, samples, tokens, positions, *pref = all_reduce_sum(
-            [self.loss, self.samples, self.tokens, self.positions, *self.t.objective_sums], self.ctx.device)
+            [self.loss, self.samples, self.tokens, self.positions, *self.t.objective_sums, *router], self.ctx.device)
+        pref, router_totals = pref[:len(pref) - len(router)], pref[len(pref) - len(router):]
         system = self.sampler.sample()
         per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
                                       self.tokens, self.ready / self.steps, system["system/cpu_pct"]], self.ctx.device)
@@ -120,6 +122,9 @@ class Meter:
             "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
             "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,
         }
+        if router_totals and router_totals[1]:  # the steps' auxiliary values summed over ranks / the steps
+            record["train/moe_aux_loss"] = router_totals[0] * self.ctx.world_size / router_totals[1]
+            self.t.router.sums[:] = [0.0, 0.0]
         if self.t.objective is not None:
             record.update(self.t.objective.record(pref))
             self.t.objective_sums[:] = [0.0] * len(self.t.objective_sums)

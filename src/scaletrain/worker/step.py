@@ -55,12 +55,18 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.
     if tokens_per_rank is None:
         return t.model(**model_inputs(batch)).loss / n_micro
     # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one
+    routed = {"output_router_logits": True} if t.router is not None else {}
     if t.chunked_loss:  # the output layer returns the token-loss sum, chunk by chunk (worker/loss.py)
         with chunked_labels(t.model, batch["labels"]):
-            loss_sum = t.model(**model_inputs(batch, labels=False), use_cache=False).logits
-        return loss_sum / tokens_per_rank()
-    logits = t.model(**model_inputs(batch, labels=False), use_cache=False).logits
-    return token_loss_sum(logits, batch["labels"]) / tokens_per_rank()
+            out = t.model(**model_inputs(batch, labels=False), use_cache=False, **routed)
+        loss = out.logits / tokens_per_rank()
+    else:
+        out = t.model(**model_inputs(batch, labels=False), use_cache=False, **routed)
+        loss = token_loss_sum(out.logits, batch["labels"]) / tokens_per_rank()
+    if t.router is not None:  # the MoE load-balancing loss over the global batch (worker/router.py)
+        t.lm_loss = float(loss.detach())
+        loss = loss + t.router.micro_loss(out.router_logits, batch)
+    return loss
 
 
 def _step_tokens(t: Trainer, window: list[dict]):
@@ -96,6 +102,8 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
         _busy(slow)
     token_mean = t.cfg.model.task == "causal-lm" and t.cfg.train.stage == "sft"
     tokens_per_rank = _step_tokens(t, window) if token_mean else None
+    if t.router is not None:
+        t.router.begin_step(t.model, window, t.precision.autocast)
     if timing is not None:
         if t.ctx.world_size > 1:  # one worker has no gradient sync to expose
             timing["compute_s"] = time_without_sync(t.model, window, strategy, device, t.precision, t.optimizer)
@@ -115,13 +123,16 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
             t.ready_s = time.perf_counter() - started  # this rank's own work before it waits for the others
         t.precision.backward(loss)
         # Causal LM: this rank's token-loss sum x world size / the step's tokens; the meter's mean over ranks
-        # of it is the step's token mean. Classification: the rank's mean, as before.
-        loss_sum += loss.item()
+        # of it is the step's token mean (an MoE's auxiliary loss is recorded on its own). Classification: the
+        # rank's mean, as before.
+        loss_sum += t.lm_loss if t.router is not None else loss.item()
     if timing is not None:
         device_sync(device)
         timing["fwd_bwd_sync_s"] = time.perf_counter() - t0
         timing.setdefault("compute_s", timing["fwd_bwd_sync_s"])
         t0 = time.perf_counter()
+    if t.router is not None:
+        t.router.end_step()
     t.beat.enter("optimizer", step)
     t.precision.unscale(t.optimizer)
     t.grad_norm = _grad_norm(t)

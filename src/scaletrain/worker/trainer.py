@@ -22,6 +22,7 @@ from scaletrain.config.schema import Config
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import build_model, count_parameters, lora_summary, preload, trained_model_config
+from scaletrain.moe import experts_of
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
@@ -30,6 +31,7 @@ from scaletrain.worker.objective import Objective
 from scaletrain.worker.optim import build_optimizer
 from scaletrain.worker.parallel import wrap_model
 from scaletrain.worker.precision import Precision
+from scaletrain.worker.router import RouterLoss
 from scaletrain.worker.spec import JobSpec
 
 
@@ -84,6 +86,8 @@ class Trainer:
     objective: Objective | None = None  # another loss than the token loss (preference tuning), or None
     reference: torch.nn.Module | None = None  # the objective's frozen copy of the initial model, where it holds one
     objective_sums: list[float] = field(default_factory=list)  # the objective's stats summed since the last record
+    router: RouterLoss | None = None  # an MoE's load-balancing loss over the global batch (worker/router.py)
+    lm_loss: float = 0.0  # with a router loss: the last micro-batch's language-model part
 
     @property
     def run_dir(self) -> RunDir:
@@ -137,6 +141,7 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     model = build_model(trained_model_config(cfg.model, cfg.train.stage), spec.vocab, cfg.data.label_names,
                         packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
+    model_config = getattr(model, "config", None)  # before wrapping (peft, DDP and FSDP keep it, or hide it)
     facts = ModelFacts(trainable, total, model_flops_facts(model), lora_summary(model))
     # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).
     if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
@@ -154,7 +159,21 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
                                 storage=storage)
     return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
                    memory, objective=objective, reference=reference,
-                   objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [])
+                   objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [],
+                   router=router_loss_for(cfg, model_config, ctx))
+
+
+def router_loss_for(cfg: Config, model_config, ctx: DistContext) -> RouterLoss | None:
+    """The MoE load-balancing loss of a supervised causal LM with routed experts: coefficient
+    train.moe_aux_loss_coef, else the checkpoint's router_aux_loss_coef; None when it is 0 or the model is dense
+    (preference objectives keep their own loss)."""
+    experts = experts_of(model_config)
+    if experts is None or cfg.model.task != "causal-lm" or cfg.train.stage != "sft":
+        return None
+    coef = cfg.train.moe_aux_loss_coef
+    if coef is None:
+        coef = float(getattr(model_config, "router_aux_loss_coef", 0.0) or 0.0)
+    return RouterLoss(coef, experts, ctx.world_size, ctx.device) if coef > 0 else None
 
 
 def frozen_reference(model: torch.nn.Module, ctx: DistContext, cfg: Config, precision: Precision) -> torch.nn.Module:

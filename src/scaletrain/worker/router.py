@@ -1,0 +1,112 @@
+"""The load-balancing loss of a Mixture-of-Experts model, over the global batch.
+
+transformers' ``load_balancing_loss_func`` (Switch Transformer, eqs. 4-6; Qwen-MoE, Mixtral, gpt-oss) is
+E x sum_e f_e x P_e, with f_e the share of top-k assignments that go to expert e and P_e its mean router
+probability, both pooled over the MoE layers and the tokens of *one forward*. Computed per micro-batch and rank, a
+job on N ranks or with accumulation balances each small slice instead of the batch it trains on, and 1 and N
+workers optimise different objectives ("Demons in the Detail", Qwen, arXiv:2501.11873, measured the cost of the
+per-micro-batch version). Here f is the global batch's: the assignments of every micro-batch of the step on every
+rank are counted first (with accumulation, a no-grad forward of the window ahead of the first backward; without,
+the same forward's counts, all-reduced before the loss), so the step's auxiliary loss is
+
+    aux = E x sum_e f_e^G x P_e^G,   P_e^G = (sum over the global batch of p_e) / (tokens x layers)
+
+and each micro-batch on each rank contributes E x sum_e f_e^G x (its own sum of p_e) / (tokens x layers),
+times the world size (DDP and FSDP average gradients over ranks): the sum is the single-process value on the
+concatenated global batch, and so are its gradients (f carries none: it counts arg-top-k choices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from scaletrain.data import model_inputs
+from scaletrain.moe import Experts
+from scaletrain.worker.parallel import all_reduce_sum
+
+
+def _flat(router_logits, experts: int) -> list[torch.Tensor]:
+    return [layer.reshape(-1, experts) for layer in router_logits]
+
+
+def _mask(batch: dict, rows: int) -> torch.Tensor | None:
+    """1 for a real token, 0 for padding, per row of the router's [batch x sequence, E] logits."""
+    mask = batch.get("attention_mask")
+    return None if mask is None or mask.numel() != rows else mask.reshape(-1).float()
+
+
+def assignments(router_logits, batch: dict, experts: Experts) -> tuple[torch.Tensor, float]:
+    """(top-k assignments per expert summed over the layers and the real tokens, tokens x layers)."""
+    counts = None
+    rows = 0.0
+    for layer in _flat(router_logits, experts.count):
+        chosen = torch.topk(layer.detach().float(), experts.top_k, dim=-1).indices  # softmax keeps the order
+        mask = _mask(batch, layer.shape[0])
+        weight = torch.ones_like(chosen, dtype=torch.float32) if mask is None else \
+            mask.to(layer.device).unsqueeze(-1).expand_as(chosen)
+        layer_counts = torch.zeros(experts.count, dtype=torch.float32, device=layer.device).scatter_add_(
+            0, chosen.reshape(-1), weight.reshape(-1))
+        counts = layer_counts if counts is None else counts + layer_counts
+        rows += float(layer.shape[0] if mask is None else mask.sum())
+    return counts, rows
+
+
+def probability_sums(router_logits, batch: dict, experts: Experts) -> torch.Tensor:
+    """The router probability of each expert summed over the layers and the real tokens (differentiable)."""
+    total = None
+    for layer in _flat(router_logits, experts.count):
+        probs = torch.softmax(layer.float(), dim=-1)
+        mask = _mask(batch, layer.shape[0])
+        if mask is not None:
+            probs = probs * mask.to(layer.device).unsqueeze(-1)
+        total = probs.sum(0) if total is None else total + probs.sum(0)
+    return total
+
+
+@dataclass
+class RouterLoss:
+    """The step's global expert shares and each micro-batch's share of the auxiliary loss (see the docstring)."""
+
+    coef: float
+    experts: Experts
+    world_size: int
+    device: str
+    shares: torch.Tensor | None = None  # f^G of this step, once counted
+    rows: float = 0.0  # tokens x layers of the step's global batch
+    sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the step's aux values and steps since a record
+
+    def begin_step(self, model, window: list[dict], autocast) -> None:
+        """Count the window's assignments ahead of the first backward when it has more than one micro-batch (a
+        no-grad forward of each; all-reduced over ranks); with one, the forward itself counts them."""
+        self.shares = None
+        if len(window) == 1:
+            return
+        counts, rows = torch.zeros(self.experts.count, dtype=torch.float32, device=self.device), 0.0
+        with torch.no_grad(), autocast():
+            for batch in window:
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                out = model(**model_inputs(batch, labels=False), use_cache=False, output_router_logits=True)
+                c, r = assignments(out.router_logits, batch, self.experts)
+                counts, rows = counts + c.to(counts.device), rows + r
+        self._share(counts, rows)
+
+    def _share(self, counts: torch.Tensor, rows: float) -> None:
+        total = all_reduce_sum([*counts.tolist(), rows], self.device)
+        self.rows = max(total[-1], 1.0)
+        self.shares = torch.tensor(total[:-1], dtype=torch.float32, device=counts.device) / self.rows
+
+    def micro_loss(self, router_logits, batch: dict) -> torch.Tensor:
+        """This micro-batch's share of coef x aux on this rank (x world size: gradients are averaged over ranks);
+        its value is added to the step's record."""
+        if self.shares is None:  # one micro-batch: this forward's counts are the step's
+            counts, rows = assignments(router_logits, batch, self.experts)
+            self._share(counts, rows)
+        sums = probability_sums(router_logits, batch, self.experts)
+        aux = self.experts.count * (self.shares.to(sums.device) * sums).sum() / self.rows
+        self.sums[0] += float(aux.detach())  # summed over micro-batches and (at the record) ranks: the step's aux
+        return self.coef * self.world_size * aux
+
+    def end_step(self) -> None:
+        self.sums[1] += 1.0

@@ -1,0 +1,70 @@
+"""An MoE fine-tune with its load-balancing loss over the global batch, for real: a tiny Qwen3-MoE saved in bf16,
+1 worker with 2 accumulation micro-batches against 2 workers (torchrun) with 1, the same global batch: the
+language-model loss and the auxiliary loss (logged on its own) agree, full fine-tuning under DDP and LoRA under
+FSDP; the start of the run says the coefficient and where it comes from."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scaletrain.metrics.records import read_jsonl
+from tests.conftest import write_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_moe(tmp_path_factory) -> Path:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from scaletrain.tokenizer import tiny_llama_tokenizer
+
+    d = tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-moe"
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+                            num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01)
+    Qwen3MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(d)
+    tiny_llama_tokenizer().save_pretrained(d)
+    return d
+
+
+def _train(tmp_path: Path, model: Path, name: str, workers: int, accumulation: int, finetuning: str,
+           strategy: str) -> Path:
+    data = tmp_path / "data.jsonl"
+    if not data.exists():
+        data.write_text("\n".join(json.dumps({"instruction": f"Count to {i % 7 + 1}.", "input": "",
+                                              "output": " ".join(str(k) for k in range(1, i % 7 + 2))})
+                                  for i in range(48)))
+    cfg = {"model": {"name_or_path": str(model), "task": "causal-lm", "finetuning_type": finetuning,
+                     "lora_rank": 4, "lora_alpha": 8},
+           "data": {"train_file": str(data), "template": "alpaca", "max_length": 64, "eval_ratio": 0},
+           "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": accumulation,
+                     "max_steps": 3, "learning_rate": 1e-3, "logging_steps": 1, "strategy": strategy},
+           "scaling": {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local"},
+           "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / f"{name}.yaml", cfg),
+                          "--no-progress"], capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return tmp_path / "runs" / name
+
+
+@pytest.mark.parametrize("finetuning,strategy", [("full", "ddp"), ("lora", "fsdp")])
+def test_one_and_two_workers_give_the_same_lm_and_aux_loss(tmp_path, tiny_qwen3_moe, finetuning, strategy):
+    one = _train(tmp_path, tiny_qwen3_moe, "one", 1, 2, finetuning, strategy)
+    two = _train(tmp_path, tiny_qwen3_moe, "two", 2, 1, finetuning, strategy)
+    curves = [[r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"] for run in (one, two)]
+    assert [len(c) for c in curves] == [3, 3]
+    for a, b in zip(*curves):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4)
+        assert b["train/moe_aux_loss"] == pytest.approx(a["train/moe_aux_loss"], rel=1e-4)
+    assert 1.0 < curves[0][0]["train/moe_aux_loss"] < 4.0  # E x sum_e f_e P_e: top-k (2) when balanced
+    log = (one / "logs" / "main.log").read_text()
+    assert "4 experts, top-2; load-balancing loss over the global batch" in log
+    assert "coefficient 0.01 (the checkpoint's router_aux_loss_coef" in log

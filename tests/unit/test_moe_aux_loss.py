@@ -1,0 +1,127 @@
+"""The MoE load-balancing loss over the global batch (worker/router.py): summed over the micro-batches of a step
+it equals transformers' own ``load_balancing_loss_func`` on the concatenated batch, value and gradients, for each
+family; averaging the expert shares per micro-batch (what a per-forward loss does) gives another loss; a dense
+model with the coefficient set is one line."""
+
+import pytest
+import torch
+
+from scaletrain.moe import experts_of
+from scaletrain.worker.router import RouterLoss
+from tests.unit.test_moe_lora import _model
+
+FAMILIES = ["qwen3_moe", "mixtral", "gpt_oss"]
+
+
+def _batch(seed: int = 0) -> dict:
+    """4 sequences of 12 tokens, the last two padded at the end (padding must not count)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 128, (4, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, 8:], mask[3, 5:] = 0, 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _reference(model, batch):
+    """transformers' own auxiliary loss, one forward over the whole (global) batch."""
+    import importlib
+
+    family = type(model).__module__
+    lb = importlib.import_module(family).load_balancing_loss_func
+    e = experts_of(model.config)
+    out = model(**batch, output_router_logits=True)
+    return lb(out.router_logits, e.count, e.top_k, batch["attention_mask"])
+
+
+def _ours(model, batch, micro: int, per_micro_batch: bool = False):
+    """The step's auxiliary loss as scaletrain sums it over ``micro`` micro-batches (one process: the all-reduce
+    is the identity), with backward per micro-batch as the step runs it."""
+    e = experts_of(model.config)
+    router = RouterLoss(1.0, e, world_size=1, device="cpu")
+    window = [{k: v[i::micro] for k, v in batch.items()} for i in range(micro)]
+    if not per_micro_batch:
+        router.begin_step(model, window, _no_autocast)
+    total = 0.0
+    for mb in window:
+        if per_micro_batch:
+            router.shares = None  # each forward counts only itself: the per-micro-batch loss
+        out = model(**mb, output_router_logits=True)
+        loss = router.micro_loss(out.router_logits, mb)
+        if per_micro_batch:
+            loss = loss * mb["attention_mask"].sum() / batch["attention_mask"].sum()
+        loss.backward()
+        total += float(loss.detach())
+    return total, router
+
+
+class _no_autocast:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_summed_over_micro_batches_it_is_the_global_batch_loss_with_its_gradients(family):
+    model = _model(family).float()
+    batch = _batch()
+    reference = _reference(model, batch)
+    reference.backward()
+    want = _grads(model)
+    model.zero_grad()
+    value, router = _ours(model, batch, micro=4)
+    assert value == pytest.approx(float(reference), rel=1e-5)
+    assert router.sums[0] == pytest.approx(float(reference), rel=1e-5)  # what train/moe_aux_loss records
+    got = _grads(model)
+    assert set(got) == set(want) and any(".gate" in n or ".router" in n for n in got)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_shares_of_each_micro_batch_give_another_loss():
+    """The check that the shares are the global batch's: averaged per micro-batch, the loss moves."""
+    model = _model("qwen3_moe").float()
+    batch = _batch(1)
+    reference = float(_reference(model, batch))
+    per_micro, _ = _ours(model, batch, micro=4, per_micro_batch=True)
+    assert abs(per_micro - reference) > 1e-3 * reference
+
+
+def test_one_micro_batch_counts_in_its_own_forward():
+    model = _model("mixtral").float()
+    batch = _batch(2)
+    value, _ = _ours(model, batch, micro=1)
+    assert value == pytest.approx(float(_reference(model, batch)), rel=1e-5)
+
+
+def test_the_coefficient_on_a_dense_model_is_one_line_and_an_moe_says_its_own(tmp_path):
+    from transformers import LlamaConfig, Qwen3MoeConfig
+
+    from scaletrain.config import validate
+    from scaletrain.errors import ConfigError
+    from scaletrain.model import router_loss_note
+    from scaletrain.tokenizer import Vocab
+
+    common = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    LlamaConfig(**common, intermediate_size=64).save_pretrained(tmp_path / "dense")
+    Qwen3MoeConfig(**common, intermediate_size=64, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                   head_dim=8, router_aux_loss_coef=0.001).save_pretrained(tmp_path / "moe")
+    vocab = Vocab(size=128, pad_id=0)
+
+    def cfg(model, **train):
+        return validate({"model": {"name_or_path": str(tmp_path / model), "task": "causal-lm"},
+                         "data": {"train_file": "x.jsonl"}, "train": train})
+
+    with pytest.raises(ConfigError, match=r"train.moe_aux_loss_coef=0.01: .*dense.* has no routed experts"):
+        router_loss_note(cfg("dense", moe_aux_loss_coef=0.01), vocab)
+    assert router_loss_note(cfg("dense"), vocab) is None
+    note = router_loss_note(cfg("moe"), vocab)
+    assert "4 experts, top-2; load-balancing loss over the global batch" in note and \
+        "coefficient 0.001 (the checkpoint's router_aux_loss_coef" in note
+    assert "coefficient 0.02 (train.moe_aux_loss_coef)" in router_loss_note(cfg("moe", moe_aux_loss_coef=0.02), vocab)
+    assert "no load-balancing loss" in router_loss_note(cfg("moe", moe_aux_loss_coef=0), vocab)

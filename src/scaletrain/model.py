@@ -215,9 +215,12 @@ def router_loss_note(cfg: Config, vocab: Vocab) -> str | None:
              "the checkpoint's router_aux_loss_coef; train.moe_aux_loss_coef sets it")
     if coef == 0:
         return f"moe: {experts.count} experts, top-{experts.top_k}; no load-balancing loss (coefficient 0: {where})"
+    cost = (f"; with {cfg.train.gradient_accumulation_steps} micro-batches a step, their expert shares come from a "
+            f"no-grad forward of the window first (about a third more compute; train.moe_aux_loss_coef=0 skips it)"
+            if cfg.train.gradient_accumulation_steps > 1 else "")
     return (f"moe: {experts.count} experts, top-{experts.top_k}; load-balancing loss over the global batch (every "
             f"rank and micro-batch counted before the loss), coefficient {coef:g} ({where}), logged as "
-            f"train/moe_aux_loss beside train/loss")
+            f"train/moe_aux_loss beside train/loss{cost}")
 
 
 def apply_lora(model, cfg: ModelConfig):

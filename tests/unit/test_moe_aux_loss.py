@@ -125,3 +125,5 @@ def test_the_coefficient_on_a_dense_model_is_one_line_and_an_moe_says_its_own(tm
         "coefficient 0.001 (the checkpoint's router_aux_loss_coef" in note
     assert "coefficient 0.02 (train.moe_aux_loss_coef)" in router_loss_note(cfg("moe", moe_aux_loss_coef=0.02), vocab)
     assert "no load-balancing loss" in router_loss_note(cfg("moe", moe_aux_loss_coef=0), vocab)
+    assert "a no-grad forward of the window first" in router_loss_note(cfg("moe", gradient_accumulation_steps=4),
+                                                                       vocab)

@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         commbench,
         doctor,
         env,
+        export,
         imports,
         plan,
         predict,
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, doctor, plan, preview, submit, cluster, env, topo, commbench, report, scale, predict,
-                    imports):
+                    export, imports):
         command.register(sub, [common])
     return parser
 

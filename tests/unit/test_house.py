@@ -64,7 +64,7 @@ LAYERS = (
     ("config",),
     ("comm", "data", "model_files"),
     ("checkpoint", "metrics", "tokenizer"),
-    ("model", "report"),
+    ("model", "report", "export"),
     ("memory", "scaling"),
     ("worker",),
     ("launch",),

@@ -315,6 +315,8 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -
     tokenizer.save_pretrained(str(final))
     if cfg.model.finetuning_type != "lora":
         return
+    if model_dir(cfg.model.name_or_path) is not None and not cfg.output.merge_lora:
+        return  # the adapter names its base directory; nothing to rebuild (scaletrain export merges shard by shard)
     import torch
 
     from scaletrain.model import build_model, trained_model_config

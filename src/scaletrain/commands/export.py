@@ -1,0 +1,35 @@
+"""`scaletrain export RUN_DIR [-o DIR] [--dtype bf16]`: a standalone model directory from a run (scaletrain/export.py:
+a LoRA adapter merged into its base one safetensors shard at a time)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction, parents) -> None:
+    p = sub.add_parser("export", parents=parents, help="a standalone model directory from a run (LoRA merged "
+                                                        "shard by shard)")
+    p.add_argument("run_dir", help="a finished run directory")
+    p.add_argument("-o", "--out", help="the directory to write (default RUN_DIR/export; never overwritten)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
+                   help="the dtype written (default: the one the base checkpoint is stored in)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scaletrain.console import console
+    from scaletrain.export import export_run
+    from scaletrain.storage.uri import is_uri
+
+    if is_uri(args.run_dir):
+        from scaletrain.errors import ConfigError
+
+        raise ConfigError(f"export {args.run_dir}: a run on object storage; copy its final/ and "
+                          f"config.resolved.yaml to a local directory first (export reads final/ locally)")
+    done = export_run(args.run_dir, args.out, args.dtype)
+    what = (f"{done.merged} LoRA weight(s) merged" + (f", {done.replaced} saved module tensor(s) written"
+                                                      if done.replaced else "") if done.merged or done.replaced
+            else "the fine-tuned weights")
+    console.print(f"exported {done.path}: {done.shards} shard(s), {what}, {done.dtype}, {done.bytes / 1e9:.2f} GB",
+                  soft_wrap=True)
+    return 0

@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         preview,
         report,
         scale,
+        serve,
         submit,
         topo,
         train,
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, doctor, plan, preview, submit, cluster, env, topo, commbench, report, scale, predict,
-                    export, imports):
+                    export, serve, imports):
         command.register(sub, [common])
     return parser
 

@@ -64,7 +64,7 @@ LAYERS = (
     ("config",),
     ("comm", "data", "model_files"),
     ("checkpoint", "metrics", "tokenizer"),
-    ("model", "report", "export"),
+    ("model", "report", "export", "serving"),
     ("memory", "scaling"),
     ("worker",),
     ("launch",),

@@ -15,6 +15,7 @@ DESCRIPTION = ("Take a Transformer fine-tuning job from one device to many GPUs 
 
 def build_parser() -> argparse.ArgumentParser:
     from scaletrain.commands import (
+        chat,
         cluster,
         commbench,
         doctor,
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, doctor, plan, preview, submit, cluster, env, topo, commbench, report, scale, predict,
-                    export, serve, imports):
+                    export, serve, chat, imports):
         command.register(sub, [common])
     return parser
 

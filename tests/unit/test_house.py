@@ -64,7 +64,7 @@ LAYERS = (
     ("config",),
     ("comm", "data", "model_files"),
     ("checkpoint", "metrics", "tokenizer"),
-    ("model", "report", "export", "serving"),
+    ("model", "report", "export", "serving", "chat"),
     ("memory", "scaling"),
     ("worker",),
     ("launch",),

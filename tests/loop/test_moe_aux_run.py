@@ -65,6 +65,9 @@ def test_one_and_two_workers_give_the_same_lm_and_aux_loss(tmp_path, tiny_qwen3_
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4)
         assert b["train/moe_aux_loss"] == pytest.approx(a["train/moe_aux_loss"], rel=1e-4)
     assert 1.0 < curves[0][0]["train/moe_aux_loss"] < 4.0  # E x sum_e f_e P_e: top-k (2) when balanced
+    shares = curves[1][-1]["moe/expert_shares"]  # the router's health: layer x expert, 1.0 a fair share
+    assert len(shares) == 2 and all(len(row) == 4 and sum(row) == pytest.approx(4.0, abs=1e-3) for row in shares)
+    assert len(curves[1][-1]["moe/router_entropy"]) == 2 and (two / "experts.png").stat().st_size > 10_000
     log = (one / "logs" / "main.log").read_text()
     assert "4 experts, top-2; load-balancing loss over the global batch" in log
     assert "coefficient 0.01 (the checkpoint's router_aux_loss_coef" in log

@@ -127,3 +127,28 @@ def test_the_coefficient_on_a_dense_model_is_one_line_and_an_moe_says_its_own(tm
     assert "no load-balancing loss" in router_loss_note(cfg("moe", moe_aux_loss_coef=0), vocab)
     assert "a no-grad forward of the window first" in router_loss_note(cfg("moe", gradient_accumulation_steps=4),
                                                                        vocab)
+
+
+def test_router_health_from_counts_and_the_starvation_alert():
+    from scaletrain.metrics.alerts import ExpertStarved
+    from scaletrain.metrics.experts import router_health
+
+    health = router_health([[25, 25, 25, 25], [97, 1, 1, 1]])
+    assert health["moe/expert_shares"] == [[1.0, 1.0, 1.0, 1.0], [3.88, 0.04, 0.04, 0.04]]
+    assert health["moe/expert_share_min"] == [1.0, 0.04] and health["moe/expert_share_max"] == [1.0, 3.88]
+    assert health["moe/router_entropy"][0] == pytest.approx(1.0) and health["moe/router_entropy"][1] < 0.2
+    rule = ExpertStarved(share=0.1, records=3)
+    fired = []
+    for step in range(1, 8):
+        fired += rule.observe({"kind": "train", "step": step, **health})
+    assert [(a.step, a.message.split(" receives")[0]) for a in fired] == [
+        (3, "MoE layer 1 expert 1"), (3, "MoE layer 1 expert 2"), (3, "MoE layer 1 expert 3")]  # once each
+    assert "0.04x its fair share of tokens (4 experts) for 3 records" in fired[0].message
+
+
+def test_the_router_records_per_layer_counts_for_its_health():
+    model = _model("qwen3_moe").float()
+    value, router = _ours(model, _batch(3), micro=2)
+    values = router.health_values()
+    assert len(values) == 2 * 4 and sum(values) == pytest.approx(2 * 2 * int(_batch(3)["attention_mask"].sum()))
+    assert router.health_values() == [0.0] * 8  # reset after a record, the same length on every rank

@@ -189,6 +189,10 @@ class AlertsConfig(_Section):
     # margin's size above this (the policy runs away from the reference)
     pref_accuracy_stuck: int = Field(10, ge=0)
     pref_margin_max: float = Field(20.0, ge=0)
+    # MoE: an expert that receives under this fraction of its fair share (1/E of a layer's assignments) for
+    # expert_starved_records train records in a row is starving
+    expert_starved_share: float = Field(0.1, ge=0, lt=1)
+    expert_starved_records: int = Field(3, ge=1)
 
 
 class MonitorConfig(_Section):

@@ -296,10 +296,41 @@ class PreferenceHealth(Rule):
         return out
 
 
+class ExpertStarved(Rule):
+    """An MoE expert that the router sends under ``share`` of its fair share of a layer's tokens for ``records``
+    train records in a row (moe/expert_shares: 1.0 is fair): it stops learning, and its capacity is lost."""
+
+    name = "expert_starved"
+
+    def __init__(self, share: float, records: int):
+        self.share, self.records = share, records
+        self.low: dict[tuple[int, int], int] = {}
+        self.episodes: dict[tuple[int, int], Episode] = {}
+
+    def observe(self, r: dict) -> list[Alert]:
+        shares = r.get("moe/expert_shares")
+        if not self.share or r.get("kind") != "train" or not shares:
+            return []
+        out = []
+        for layer, row in enumerate(shares):
+            for expert, value in enumerate(row):
+                key = (layer, expert)
+                self.low[key] = self.low.get(key, 0) + 1 if value < self.share else 0
+                episode = self.episodes.setdefault(key, Episode())
+                if episode.starts(self.low[key] >= self.records):
+                    out.append(Alert(self.name, f"MoE layer {layer} expert {expert} receives {value:.2f}x its fair "
+                                                f"share of tokens ({len(row)} experts) for {self.low[key]} records: "
+                                                f"it is starving; raise train.moe_aux_loss_coef (the load-balancing "
+                                                f"loss) or lower the learning rate of the router",
+                                     step=r.get("step")))
+        return out
+
+
 def build_rules(cfg: AlertsConfig) -> list[Rule]:
     return [LowGpuUtil(cfg.gpu_util_min_pct, cfg.gpu_util_intervals), Straggler(cfg.straggler_factor),
             ThroughputDrop(cfg.throughput_drop_pct), MemoryGrowth(cfg.memory_growth_pct), DataWait(cfg.data_wait_pct),
-            GradNormSpike(cfg.grad_norm_spike), PreferenceHealth(cfg.pref_accuracy_stuck, cfg.pref_margin_max)]
+            GradNormSpike(cfg.grad_norm_spike), PreferenceHealth(cfg.pref_accuracy_stuck, cfg.pref_margin_max),
+            ExpertStarved(cfg.expert_starved_share, cfg.expert_starved_records)]
 
 
 def write_alert(run_dir: str | Path, alert: Alert) -> None:

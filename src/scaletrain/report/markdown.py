@@ -40,7 +40,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     checkpoints = [r for r in records if r.get("kind") == "checkpoint"]
     images = [p for p in (plots.loss(train, evals, out, checkpoints), plots.throughput(train, out, evals, checkpoints),
                           plots.rewards(train, evals, out), plots.goodput(summary or {}, out), plots.ranks(train, out),
-                          plots.utilization(system, out)) if p]
+                          plots.utilization(system, out), plots.experts(train, out)) if p]
     status = "finished" if summary else ("failed" if "failure:" in _read(rd.events) else "running or stopped")
     lines = [f"{TITLE}{run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]
     s = summary or {}

@@ -14,7 +14,7 @@ from scaletrain.rundir import RunDir
 
 FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
 FILES = RunDir.PLOTS  # named by the run directory's owner (trackers upload them without importing this module)
-LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT = FILES
+LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT, EXPERTS = FILES
 
 
 def _save(fig, path: Path) -> Path:
@@ -74,6 +74,29 @@ def rewards(train: list[dict], evals: list[dict], out: Path) -> Path | None:
     a.legend()
     b.legend()
     return _save(fig, out / REWARDS)
+
+
+def experts(train: list[dict], out: Path) -> Path | None:
+    """MoE: each expert's share of its layer's tokens relative to a fair share (1.0), layer x expert, over the
+    run's records (their mean), beside the smallest share per layer through the run."""
+    rows = [r["moe/expert_shares"] for r in train if r.get("moe/expert_shares")]
+    if not rows:
+        return None
+    layers, count = len(rows[-1]), len(rows[-1][0])
+    mean = [[sum(r[i][j] for r in rows) / len(rows) for j in range(count)] for i in range(layers)]
+    fig, (a, b) = plt.subplots(1, 2, figsize=FIGSIZE)
+    image = a.imshow(mean, aspect="auto", cmap="viridis", vmin=0)
+    fig.colorbar(image, ax=a, label="share of tokens / fair share")
+    a.set(xlabel="expert", ylabel="layer", title="Router: tokens per expert (mean over the run)")
+    steps = [r["step"] for r in train if r.get("moe/expert_share_min")]
+    lows = [r["moe/expert_share_min"] for r in train if r.get("moe/expert_share_min")]
+    for i in range(layers):
+        b.plot(steps, [low[i] for low in lows], label=f"layer {i}" if layers <= 8 else None)
+    b.axhline(1.0, color="tab:gray", linestyle=":", linewidth=0.8, label="fair share")
+    b.set(xlabel="step", ylabel="smallest expert share / fair share", title="Least-used expert per layer",
+          ylim=(0, None))
+    b.legend()
+    return _save(fig, out / EXPERTS)
 
 
 def goodput(summary: dict, out: Path) -> Path | None:

@@ -8,6 +8,7 @@ import time
 import torch
 
 from scaletrain.config.batch import global_batch
+from scaletrain.metrics.experts import router_health
 from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
@@ -91,7 +92,7 @@ class Meter:
         progress = self.t.progress
         elapsed = time.perf_counter() - self.t0
         self.t.beat.enter("metrics", progress.step)
-        router = self.t.router.sums if self.t.router is not None else []
+        router = [*self.t.router.sums, *self.t.router.health_values()] if self.t.router is not None else []
         loss, samples, tokens, positions, *pref = all_reduce_sum(
             [self.loss, self.samples, self.tokens, self.positions, *self.t.objective_sums, *router], self.ctx.device)
         pref, router_totals = pref[:len(pref) - len(router)], pref[len(pref) - len(router):]
@@ -125,6 +126,9 @@ class Meter:
         if router_totals and router_totals[1]:  # the steps' auxiliary values summed over ranks / the steps
             record["train/moe_aux_loss"] = router_totals[0] * self.ctx.world_size / router_totals[1]
             self.t.router.sums[:] = [0.0, 0.0]
+            e = self.t.router.experts.count
+            counts = router_totals[2:]
+            record.update(router_health([counts[i:i + e] for i in range(0, len(counts), e)]))
         if self.t.objective is not None:
             record.update(self.t.objective.record(pref))
             self.t.objective_sums[:] = [0.0] * len(self.t.objective_sums)

@@ -38,19 +38,18 @@ def _mask(batch: dict, rows: int) -> torch.Tensor | None:
 
 
 def assignments(router_logits, batch: dict, experts: Experts) -> tuple[torch.Tensor, float]:
-    """(top-k assignments per expert summed over the layers and the real tokens, tokens x layers)."""
-    counts = None
+    """(top-k assignments per layer and expert over the real tokens, [layers, E]; tokens x layers)."""
+    per_layer = []
     rows = 0.0
     for layer in _flat(router_logits, experts.count):
         chosen = torch.topk(layer.detach().float(), experts.top_k, dim=-1).indices  # softmax keeps the order
         mask = _mask(batch, layer.shape[0])
         weight = torch.ones_like(chosen, dtype=torch.float32) if mask is None else \
             mask.to(layer.device).unsqueeze(-1).expand_as(chosen)
-        layer_counts = torch.zeros(experts.count, dtype=torch.float32, device=layer.device).scatter_add_(
-            0, chosen.reshape(-1), weight.reshape(-1))
-        counts = layer_counts if counts is None else counts + layer_counts
+        per_layer.append(torch.zeros(experts.count, dtype=torch.float32, device=layer.device).scatter_add_(
+            0, chosen.reshape(-1), weight.reshape(-1)))
         rows += float(layer.shape[0] if mask is None else mask.sum())
-    return counts, rows
+    return torch.stack(per_layer), rows
 
 
 def probability_sums(router_logits, batch: dict, experts: Experts) -> torch.Tensor:
@@ -76,6 +75,8 @@ class RouterLoss:
     shares: torch.Tensor | None = None  # f^G of this step, once counted
     rows: float = 0.0  # tokens x layers of the step's global batch
     sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the step's aux values and steps since a record
+    layer_counts: torch.Tensor | None = None  # this rank's assignments per layer and expert since a record
+    layers: int = 0  # MoE layers (known after the first forward)
 
     def begin_step(self, model, window: list[dict], autocast) -> None:
         """Count the window's assignments ahead of the first backward when it has more than one micro-batch (a
@@ -83,19 +84,32 @@ class RouterLoss:
         self.shares = None
         if len(window) == 1:
             return
-        counts, rows = torch.zeros(self.experts.count, dtype=torch.float32, device=self.device), 0.0
+        counts, rows = None, 0.0
         with torch.no_grad(), autocast():
             for batch in window:
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 out = model(**model_inputs(batch, labels=False), use_cache=False, output_router_logits=True)
                 c, r = assignments(out.router_logits, batch, self.experts)
-                counts, rows = counts + c.to(counts.device), rows + r
+                counts, rows = (c if counts is None else counts + c), rows + r
         self._share(counts, rows)
 
-    def _share(self, counts: torch.Tensor, rows: float) -> None:
+    def _share(self, per_layer: torch.Tensor, rows: float) -> None:
+        """The step's global shares from this rank's per-layer counts (kept for the router's health record)."""
+        self.layer_counts = per_layer if self.layer_counts is None else self.layer_counts + per_layer
+        counts = per_layer.sum(0)
         total = all_reduce_sum([*counts.tolist(), rows], self.device)
         self.rows = max(total[-1], 1.0)
         self.shares = torch.tensor(total[:-1], dtype=torch.float32, device=counts.device) / self.rows
+
+    def health_values(self) -> list[float]:
+        """This rank's assignments per layer and expert since the last record, flat (for one all-reduce), then
+        reset."""
+        if self.layer_counts is None:  # no step since the last record: zeros of the same length on every rank
+            return [0.0] * self.layers * self.experts.count
+        self.layers = self.layer_counts.shape[0]
+        values = self.layer_counts.flatten().tolist()
+        self.layer_counts = None
+        return values
 
     def micro_loss(self, router_logits, batch: dict) -> torch.Tensor:
         """This micro-batch's share of coef x aux on this rank (x world size: gradients are averaged over ranks);

@@ -211,3 +211,19 @@ def test_deepseek_r1s_template_trains_each_answer_as_it_writes_it(tok):
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     labelled = tok.decode([t for t, m in zip(enc["input_ids"], assistant_mask(enc["offset_mapping"], spans)) if m])
     assert labelled == "\n\n4.<｜end▁of▁sentence｜>\n\n12.<｜end▁of▁sentence｜>" and "2+2?" not in labelled
+
+
+def test_a_refusal_names_the_built_in_of_the_tokenizers_own_format(tmp_path):
+    from scaletrain.data.templates import builtin_for, render_advice
+    from scaletrain.errors import DataError
+
+    assert builtin_for(QWEN3) == "qwen" and builtin_for("<|start_header_id|>") == "llama3.1"
+    assert builtin_for("{{ messages }}") is None
+    assert "data.template=gemma" in render_advice("System role not supported", "tokenizer", "<start_of_turn>")
+    tok = load_tokenizer("builtin:tiny-llama")
+    tok.chat_template = ("{% if messages | length > 2 %}{{ raise_exception('Only one exchange is supported') }}"
+                         "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                         "{% endfor %}")
+    with pytest.raises(DataError, match=r"Only one exchange is supported; fix those records, or use "
+                                         r"data.template=qwen \(the built-in of this template's own turn format"):
+        _prepared(tmp_path, tok, ROWS)

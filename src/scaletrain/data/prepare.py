@@ -289,7 +289,7 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
                         f"(data.template=auto) or a built-in that has one: {', '.join(TOOL_TEMPLATES)}")
     if n_bad and n_bad > d.max_bad_ratio * n_all:
         first_reason = min(bad, key=lambda r: min(bad[r]))
-        fix = (render_advice(first_reason, template[0]) if first_reason.startswith("the chat template")
+        fix = (render_advice(first_reason, template[0], template[1]) if first_reason.startswith("the chat template")
                else "fix the data or the columns/formatting keys")
         raise DataError(f"{src.key}={src.path}: {n_bad} of {n_all} records cannot be trained on (more than "
                         f"data.max_bad_ratio={d.max_bad_ratio:g}); the first is {raw.unit} {min(bad[first_reason])}"

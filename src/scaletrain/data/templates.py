@@ -372,10 +372,25 @@ def _render_batch(conversations: list[list[dict]], template: str, special_tokens
             for chat, text in zip(conversations, texts)]
 
 
-def render_advice(reason: str, template_name: str) -> str:
-    """The fix for records a template cannot render: a model template that refuses system prompts (gemma's) has a
-    built-in that folds them into the first user turn."""
-    if "system" in reason.lower():
+# A template's turn markers -> the built-in of that family (its own format, with generation marks).
+FAMILY_MARKERS = (("<start_of_turn>", "gemma"), ("<|start_header_id|>", "llama3.1"), ("<|im_start|>", "qwen"),
+                  ("[INST]", "mistral"))
+
+
+def builtin_for(source: str) -> str | None:
+    """The built-in that writes the same turn format as ``source`` (a tokenizer's own template), if one does."""
+    return next((name for marker, name in FAMILY_MARKERS if marker in source), None)
+
+
+def render_advice(reason: str, template_name: str, source: str = "") -> str:
+    """The fix for records a template cannot render, naming the built-in of the tokenizer's own format where there
+    is one: a model template that refuses system prompts (gemma's) has a built-in that folds them into the first
+    user turn."""
+    if "system" in reason.lower() and builtin_for(source) in (None, "gemma"):
         return ("the model's template refuses system prompts: use data.template=gemma (folds the system prompt into "
                 "the first user turn, as LLaMA-Factory does) or drop the system column")
+    family = builtin_for(source)
+    if family and family != template_name:
+        return (f"fix those records, or use data.template={family} (the built-in of this template's own turn format, "
+                f"now {template_name})")
     return f"fix those records, or choose another data.template (now {template_name})"

@@ -208,3 +208,25 @@ def test_bad_classification_records_are_skipped_and_counted_never_changed(tmp_pa
     assert len(data.train) + len(data.eval) == 200 and "None" not in json.dumps(data.train.to_list())
     assert any(reason in n and "(line 201)" in n for n in data.notes), data.notes
     assert all(isinstance(ex["labels"], int) and ex["labels"] in (0, 1) for ex in data.train)
+
+
+def test_lengths_are_read_from_arrow_without_token_lists():
+    """The driver's length pass reads list lengths from Arrow batch by batch (data/prepare.py); the values equal
+    Python's len() of each row, also through a selection (an indices mapping) and for preference pairs."""
+    import datasets
+
+    from scaletrain.data import prepare
+
+    rows = [list(range(n)) for n in (3, 0, 7, 1, 12, 5)]
+    ds = datasets.Dataset.from_dict({"input_ids": rows, "labels": rows})
+    picked = ds.select([4, 0, 2])
+    assert prepare.example_lengths(picked).tolist() == [12, 3, 7]
+    old = prepare.LENGTH_BATCH
+    try:
+        prepare.LENGTH_BATCH = 2  # several Arrow batches
+        assert prepare.example_lengths(ds).tolist() == [len(r) for r in rows]
+    finally:
+        prepare.LENGTH_BATCH = old
+    pairs = datasets.Dataset.from_dict({"chosen_input_ids": rows[:2], "chosen_labels": rows[:2],
+                                        "rejected_input_ids": rows[2:4], "rejected_labels": rows[2:4]})
+    assert prepare.example_lengths(pairs).tolist() == [3 + 7, 0 + 1]

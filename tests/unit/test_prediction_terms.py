@@ -155,3 +155,24 @@ def test_levers_name_the_setting_that_buys_the_most():
     nodes = levers(_fsdp(intra=BusCurve(((1, 100.0),)), inter=BusCurve(((1, 1.0),)), compute_s=0.01,
                          reshard_after_forward=False), 16)
     assert nodes[0]["setting"] == "train.fsdp_shard_size=8"
+
+
+def test_the_straggler_spread_is_measured_from_a_runs_ranks(tmp_path, capsys):
+    from scaletrain.cli import main
+    from scaletrain.commands.predict import measured_spread
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.resolved.yaml").write_text("model: {name_or_path: x}\n")
+    records = [{"kind": "train", "step": s, "ranks/ready_s": ready} for s, ready in
+               ((1, [5.0, 1.0]), (2, [1.0, 1.2]), (3, [1.0, 1.0]), (4, [0.9, 1.1]))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    # the warm-up record left out; the median of 0.1 / 1.1, 0 and 0.1 / 1.0
+    assert measured_spread(str(run)) == pytest.approx(0.1 / 1.1, rel=1e-6)
+    assert main(["predict", "--step-time", "1", "--grad-bytes", "1e6", "--profile", "mi300x", "--gpus", "1,8",
+                 "--straggler-from", str(run), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[1]["straggler_s"] == pytest.approx(measured_spread(str(run)) * 1.4236, rel=1e-3)
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "ranks/ready_s": [1.0]}) + "\n")
+    assert main(["predict", "--step-time", "1", "--grad-bytes", "1e6", "--profile", "mi300x",
+                 "--straggler-from", str(run)]) != 0

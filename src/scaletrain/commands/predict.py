@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
                    help="compute slowdown while communication overlaps it (default 0.189: arXiv:2507.03114)")
     p.add_argument("--straggler-cv", type=float, default=0.0,
                    help="per-micro-batch compute spread across ranks, std / mean (default 0: none assumed)")
+    p.add_argument("--straggler-from", metavar="RUN_DIR",
+                   help="a multi-worker run: the spread of its ranks' own step work (ranks/ready_s) as --straggler-cv")
     p.add_argument("--check-published", action="store_true",
                    help="predicted vs published speedups for every row of scaletrain/scaling/published.py")
     p.add_argument("--json", action="store_true")
@@ -119,12 +121,32 @@ def inputs_from_args(args):
     else:
         raise ConfigError("give --profile NAME or --commbench commbench.json for the network")
     extra = {} if args.contention is None else {"contention": args.contention}
+    if args.straggler_from:
+        args.straggler_cv = measured_spread(args.straggler_from)
     return Inputs(compute_s=compute, grad_bytes=grad_bytes, intra=intra, inter=inter,
                   gpus_per_node=args.gpus_per_node or per_node, bucket_bytes=args.bucket_mb * 1024**2,
                   overlap=args.overlap, strategy=args.strategy, param_bytes=args.param_bytes,
                   samples_per_step_per_device=samples, topology=topology, micro_batches=args.micro_batches,
                   n_layers=args.layers, reshard_after_forward=args.reshard_after_forward,
                   sync_each_micro_batch=args.sync_each_micro_batch, straggler_cv=args.straggler_cv, **extra)
+
+
+def measured_spread(run_dir: str) -> float:
+    """The median over a run's train records of the spread of its ranks' own work before the gradient sync
+    (``ranks/ready_s``: std / mean across ranks), the per-step straggler spread the run measured."""
+    from scaletrain.metrics.records import read_jsonl
+    from scaletrain.rundir import RunDir
+
+    run = RunDir(run_dir).require_run()
+    spreads = []
+    for r in read_jsonl(run.metrics):
+        ready = r.get("ranks/ready_s") if r.get("kind") == "train" else None
+        if ready and len(ready) > 1 and statistics.fmean(ready) > 0:
+            spreads.append(statistics.pstdev(ready) / statistics.fmean(ready))
+    if not spreads:
+        raise ConfigError(f"--straggler-from {run_dir}: no train record with per-rank times (ranks/ready_s) of 2+ "
+                          f"ranks; give a run of 2 or more workers")
+    return statistics.median(spreads[1:] or spreads)  # the first record holds the warm-up step
 
 
 LOSS_NAMES = {"gather_s": "gather", "reduce_s": "reduce", "latency_s": "latency", "contention_s": "contend",

@@ -106,7 +106,8 @@ def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
     lines = full.stdout.splitlines()
     assert lines and max(map(len, lines)) <= 80, full.stdout  # readable in an 80-column terminal or log
     head = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["devices"])
-    assert lines[head].split() == ["devices", "peak", "GiB", "largest", "part", "fits", "step", "s", "speedup"]
+    assert lines[head].split() == ["devices", "peak", "GiB", "largest", "part", "fits", "step", "s", "speedup",
+                                   "effic."]
     row = lines[head + 1].split()
     assert row[0] == "1" and row[1] == f"{float(row[1]):.1f}"  # whole numbers, never cut
     last = full.stderr.strip().splitlines()[-1]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,9 @@ class Adapter:
                                   f"output.merge_lora: true")
             else:  # modules_to_save: a full tensor that replaces the base's
                 self.saved[name.replace(".modules_to_save.", ".")] = value
+        if half := next((k for k, (a, b) in self.pairs.items() if a is None or b is None), None):
+            raise ConfigError(f"{directory}: the adapter holds one of lora_A/lora_B for {half} and not the other; "
+                              f"the file is incomplete (save the adapter again)")
 
     def delta(self, key: str):
         a, b = self.pairs[key]
@@ -171,6 +175,21 @@ def _base_dir(run: RunDir, final: Path) -> Path:
     return path
 
 
+@contextmanager
+def _written(target: Path):
+    """A directory written beside ``target`` and renamed to it only when complete (removed on any failure): an
+    export is never half there under its name."""
+    partial = target.with_name(f".partial-{target.name}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+        partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
 def _release_freed_memory() -> None:
     """Hand the freed shard's memory back to the system (glibc's malloc keeps freed blocks under its mmap
     threshold, up to 32 MiB each, in the heap: without this the resident set grows shard after shard)."""
@@ -192,11 +211,8 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exporte
     adapter = Adapter(final)
     size = sum((base / n).stat().st_size for n in names)
     _check_space(target, int(size * BYTES[dtype] / BYTES[_dtype_of(base)]))
-    partial = target.with_name(f".partial-{target.name}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     weight_map, total, merged, replaced = {}, 0, set(), set()
-    try:
+    with _written(target) as partial:
         for name in names:
             out = {}
             with safe_open(str(base / name), framework="pt") as f:
@@ -222,10 +238,6 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exporte
             (partial / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                     indent=2) + "\n")
         _copy_beside([final, base], partial, dtype)
-        partial.rename(target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return Exported(target, len(names), len(merged), len(replaced), dtype, total)
 
 
@@ -239,11 +251,8 @@ def _copy(final: Path, target: Path, dtype: str | None) -> Exported:
     dtype = dtype or stored
     size = sum((final / n).stat().st_size for n in names)
     _check_space(target, int(size * BYTES[dtype] / BYTES[stored]))
-    partial = target.with_name(f".partial-{target.name}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     total = 0
-    try:
+    with _written(target) as partial:
         for name in names:
             if dtype == stored:
                 shutil.copyfile(final / name, partial / name)
@@ -260,9 +269,5 @@ def _copy(final: Path, target: Path, dtype: str | None) -> Exported:
             index.setdefault("metadata", {})["total_size"] = total
             (partial / INDEX).write_text(json.dumps(index, indent=2) + "\n")
         _copy_beside([final], partial, dtype)
-        partial.rename(target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return Exported(target, len(names), 0, 0, dtype, total)
 

@@ -6,7 +6,8 @@ smallest rank vLLM accepts at or above the adapter's; SGLang: ``--lora-paths``);
 (``modules_to_save``, LoRA on embeddings or fused expert parameters, a rank above the server's largest) is served
 as the merged export instead, and the command says so. Both servers render prompts with the *base* tokenizer's
 template unless told otherwise, so the command passes the template the run trained with (``final/``'s), after
-checking that it renders the run's own held-out prompts to the ids training gave them.
+checking it against the built-in the run named, and that the saved tokenizer gives the run's own tokenized prompts
+the ids training gave them (decoded and encoded again: a tokenizer check, not a re-render of the records).
 """
 
 from __future__ import annotations

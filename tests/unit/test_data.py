@@ -215,7 +215,7 @@ def test_lengths_are_read_from_arrow_without_token_lists():
     Python's len() of each row, also through a selection (an indices mapping) and for preference pairs."""
     import datasets
 
-    from scaletrain.data import prepare
+    from scaletrain.data import lengths as prepare
 
     rows = [list(range(n)) for n in (3, 0, 7, 1, 12, 5)]
     ds = datasets.Dataset.from_dict({"input_ids": rows, "labels": rows})

@@ -146,3 +146,15 @@ def test_the_export_command_says_what_it_wrote(tmp_path, capsys):
     assert f"exported {tmp_path / 'merged'}: " in out and "12 LoRA weight(s) merged, fp32" in out
     assert main(["export", "s3://bucket/runs/x"]) != 0
     assert "a run on object storage" in capsys.readouterr().err
+
+
+def test_an_adapter_missing_half_a_pair_is_one_line(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    run = _run(tmp_path, _base(tmp_path / "base"))
+    path = run / "final" / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    save_file({k: v for k, v in tensors.items() if not k.endswith("layers.0.self_attn.q_proj.lora_B.weight")},
+              str(path))
+    with pytest.raises(ConfigError, match=r"lora_A/lora_B for .*layers.0.self_attn.q_proj.weight and not the other"):
+        export_run(run, tmp_path / "x")

@@ -25,10 +25,9 @@ from pathlib import Path
 
 from scaletrain.config.schema import Config
 from scaletrain.data import encode
-from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.data.encoders import encoder_for
 from scaletrain.data.labels import Labels, resolve_labels
-from scaletrain.data.pairs import PAIR_COLUMNS
+from scaletrain.data.lengths import example_lengths, list_lengths
 from scaletrain.data.sources import (
     Loaded,
     Source,
@@ -39,6 +38,7 @@ from scaletrain.data.sources import (
     sources,
 )
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
+from scaletrain.data.turns import CONVERSATION, one_per_turn, per_turn_cost, supervision_note
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.storage.mirror import local_output_dir
 
@@ -47,7 +47,6 @@ log = logging.getLogger("scaletrain.data")
 CACHE_VERSION = 2  # bump when the tokenization of the same inputs changes
 META = "meta.json"
 SHOW_BAD = 5  # record numbers listed per skip reason
-CONVERSATION = "_conversation"  # data.multi_turn: per_turn: the conversation an example comes from
 
 
 @dataclass
@@ -167,58 +166,6 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes, labels)
 
 
-LENGTH_BATCH = 65_536  # rows per Arrow batch of a length pass
-
-
-def list_lengths(ds, column: str):
-    """The length of each row's list in ``column`` (int32 numpy), read from Arrow batch by batch: no token becomes a
-    Python object, and memory beyond the result is one batch (a 10M-row set of 500 tokens a row would be over 100 GB
-    as Python lists; its lengths are 40 MB)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    parts = [pc.list_value_length(batch[column]).to_numpy(zero_copy_only=False)
-             for batch in ds.with_format("arrow").iter(batch_size=LENGTH_BATCH)]
-    return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
-
-
-def example_lengths(ds):
-    """Tokens of each example (int32 numpy): a preference pair counts both sides (one forward runs both)."""
-    if PAIR_COLUMNS[0] in ds.column_names:
-        return list_lengths(ds, PAIR_COLUMNS[0]) + list_lengths(ds, PAIR_COLUMNS[2])
-    return list_lengths(ds, "input_ids")
-
-
-MULTI_TURN = {"spans": "every assistant turn of the whole conversation, as the template writes it",
-              "last": "the last assistant turn only",
-              "per_turn": "one example per assistant turn: the conversation up to it as the model sees it when it "
-                          "writes that turn, the loss on that turn"}
-
-
-def supervision_note(train, cfg: Config) -> str | None:
-    """What trains of a chat dataset, said at start: which assistant turns (data.multi_turn) and the share of
-    tokens that are labels, counted on the Arrow column (no token list in Python). A chat dataset where no token,
-    or every token, is a label is an error: nothing would train, or the prompts would (a template whose assistant
-    turns were not found)."""
-    import pyarrow.compute as pc
-
-    d = cfg.data
-    if cfg.model.task != "causal-lm" or d.formatting == "text" or "labels" not in train.column_names:
-        return None
-    labels = pc.list_flatten(train.with_format("arrow")["labels"])  # the selected rows, as Arrow
-    supervised, total = pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0, len(labels)
-    if total and supervised == 0:
-        raise DataError(f"data: no token of the {len(train)} training examples is a label (nothing would train); "
-                        f"check data.template and the assistant turns (scaletrain preview CONFIG shows them)")
-    if total and supervised == total and not d.train_on_prompt:
-        raise DataError(f"data.template: every token of the {len(train)} training examples is a label, prompts "
-                        f"included (the template's assistant turns were not found); choose data.template (auto: the "
-                        f"model's own), or set data.train_on_prompt=true if that is meant")
-    what = "every token (data.train_on_prompt)" if d.train_on_prompt else MULTI_TURN[d.multi_turn]
-    return (f"data: multi_turn={d.multi_turn}: {what}; {len(train)} train examples, {supervised:,} of {total:,} "
-            f"tokens supervised ({100 * supervised / max(total, 1):.1f}%)")
-
-
 PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
 
 
@@ -314,30 +261,11 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
         out = out.select(keep)
     said = []
     if "turn_input_ids" in out.column_names:  # data.multi_turn: per_turn, once each record is counted
-        said.append(_per_turn_cost(src, out["_full"]))
-        out = out.map(partial(_one_per_turn, source=src.key), batched=True, with_indices=True,
+        said.append(per_turn_cost(src.key, out["_full"]))
+        out = out.map(partial(one_per_turn, source=src.key), batched=True, with_indices=True,
                       remove_columns=out.column_names, keep_in_memory=True, desc=None)
     said += [cut] if (cut := _cut(src, out, d)) else []
     return out.remove_columns(["_skip", "_full"]), bad, said
-
-
-def _per_turn_cost(src: Source, fulls: list[list[int]]) -> str:
-    """What data.multi_turn: per_turn costs: its examples and tokens against one render per conversation (the
-    last turn's render is the whole conversation)."""
-    tokens, whole = sum(map(sum, fulls)), sum(f[-1] for f in fulls if f)
-    return (f"data: {src.key}: multi_turn=per_turn: {sum(map(len, fulls))} examples from {len(fulls)} "
-            f"conversations, {tokens:,} tokens to run: {tokens / max(whole, 1):.2f}x the {whole:,} of one render "
-            f"per conversation (multi_turn=spans)")
-
-
-def _one_per_turn(batch: dict[str, list], indices: list[int], source: str) -> dict[str, list]:
-    """Each conversation's per-turn examples as rows of their own (data.multi_turn: per_turn), with the
-    conversation they come from (held out whole by the eval split: no turn of an eval conversation trains)."""
-    return {"input_ids": [ids for turns in batch["turn_input_ids"] for ids in turns],
-            CONVERSATION: [f"{source}#{i}" for i, turns in zip(indices, batch["turn_input_ids"]) for _ in turns],
-            "labels": [labels for turns in batch["turn_labels"] for labels in turns],
-            "_skip": ["" for turns in batch["turn_input_ids"] for _ in turns],
-            "_full": [full for fulls in batch["_full"] for full in fulls]}
 
 
 def _cut(src: Source, out, d) -> str | None:

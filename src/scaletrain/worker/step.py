@@ -47,13 +47,16 @@ def _grad_norm(t: Trainer) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor of the shards
 
 
-def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.Tensor:
-    """This micro-batch's share of the step's loss (see the module's docstring). ``tokens_per_rank``: a function
+def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> tuple[torch.Tensor, torch.Tensor]:
+    """This micro-batch's share of the step's loss (see the module's docstring), and the part of it recorded as
+    train/loss (all of it, but an MoE's auxiliary loss, recorded on its own). ``tokens_per_rank``: a function
     giving the step's target tokens over the world size (waited for on first use), or None for classification."""
     if t.objective is not None:  # e.g. the pairs' mean (worker/preference.py)
-        return t.objective.micro_loss(t, batch, n_micro)
+        loss = t.objective.micro_loss(t, batch, n_micro)
+        return loss, loss
     if tokens_per_rank is None:
-        return t.model(**model_inputs(batch)).loss / n_micro
+        loss = t.model(**model_inputs(batch)).loss / n_micro
+        return loss, loss
     # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one
     routed = {"output_router_logits": True} if t.router is not None else {}
     if t.chunked_loss:  # the output layer returns the token-loss sum, chunk by chunk (worker/loss.py)
@@ -63,10 +66,10 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> torch.
     else:
         out = t.model(**model_inputs(batch, labels=False), use_cache=False, **routed)
         loss = token_loss_sum(out.logits, batch["labels"]) / tokens_per_rank()
-    if t.router is not None:  # the MoE load-balancing loss over the global batch (worker/router.py)
-        t.lm_loss = float(loss.detach())
-        loss = loss + t.router.micro_loss(out.router_logits, batch)
-    return loss
+    if t.router is None:
+        return loss, loss
+    # the MoE load-balancing loss over the global batch (worker/router.py)
+    return loss + t.router.micro_loss(out.router_logits, batch), loss
 
 
 def _step_tokens(t: Trainer, window: list[dict]):
@@ -115,9 +118,9 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
         # FSDP all-gathers parameters in forward, so there forward is a collective phase.
         t.beat.enter("forward-gather" if strategy == "fsdp" else "forward", step)
         with grad_sync(t.model, strategy, enabled=last), t.precision.autocast():
-            loss = micro_loss(t, batch, len(window), tokens_per_rank)
+            loss, logged = micro_loss(t, batch, len(window), tokens_per_rank)
         if poison:  # fault injection: a NaN loss, as a diverging run produces
-            loss = loss * float("nan")
+            loss, logged = loss * float("nan"), logged * float("nan")
         if last:
             t.beat.enter("sync", step)  # backward of the last micro-batch all-reduces gradients
             t.ready_s = time.perf_counter() - started  # this rank's own work before it waits for the others
@@ -125,7 +128,7 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
         # Causal LM: this rank's token-loss sum x world size / the step's tokens; the meter's mean over ranks
         # of it is the step's token mean (an MoE's auxiliary loss is recorded on its own). Classification: the
         # rank's mean, as before.
-        loss_sum += t.lm_loss if t.router is not None else loss.item()
+        loss_sum += logged.item()
     if timing is not None:
         device_sync(device)
         timing["fwd_bwd_sync_s"] = time.perf_counter() - t0

@@ -87,7 +87,6 @@ class Trainer:
     reference: torch.nn.Module | None = None  # the objective's frozen copy of the initial model, where it holds one
     objective_sums: list[float] = field(default_factory=list)  # the objective's stats summed since the last record
     router: RouterLoss | None = None  # an MoE's load-balancing loss over the global batch (worker/router.py)
-    lm_loss: float = 0.0  # with a router loss: the last micro-batch's language-model part
 
     @property
     def run_dir(self) -> RunDir:

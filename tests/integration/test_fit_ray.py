@@ -1,7 +1,9 @@
 """Fitting big models, on 2 CPU workers: the memory levers keep the run's curve, and the plan's memory estimate
 is within 15% of the peak each run measured (summary.json records both)."""
 
+import functools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,8 @@ def _rows(n: int) -> list[dict]:
 
 
 def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2, max_length=64, save_steps=0,
-         async_save=False, elastic_resize_interval_s=60.0, comm_env=None, rows=400, learning_rate=2e-3, **train):
+         async_save=False, elastic_resize_interval_s=60.0, comm_env=None, rows=400, learning_rate=2e-3,
+         launcher="ray", **train):
     data = tmp_path / f"sft-{rows}.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps(r) for r in _rows(rows)))
@@ -39,7 +42,8 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
         "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch,
                   "learning_rate": learning_rate,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
-        "scaling": {"num_workers": workers, "elastic_resize_interval_s": elastic_resize_interval_s},
+        "scaling": {"num_workers": workers, "elastic_resize_interval_s": elastic_resize_interval_s,
+                    "launcher": launcher},
         "checkpoint": {"save_steps": save_steps, "async_save": async_save},
         "monitor": {"report": False}, "comm": {"env": comm_env or {}},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": name},
@@ -47,17 +51,19 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
     return run_job(cfg, tmp_path / f"{name}.yaml", show_progress=False).run_dir
 
 
-def test_fsdp_levers_and_checkpointing_keep_the_curve(tmp_path, ray_local, no_orphans):
-    plain = _run(tmp_path, "fsdp", strategy="fsdp")
+def test_fsdp_levers_and_checkpointing_keep_the_curve(tmp_path):
+    """What the worker loop does with each lever, so under torchrun (a job starts in ~18 s, a Ray one in ~30 s)."""
+    run = functools.partial(_run, tmp_path, launcher="torchrun")
+    plain = run("fsdp", strategy="fsdp")
     reference = train_losses(plain)
     assert len(reference) == 6 and reference[-1] < reference[0]
     for name, levers in (("hybrid", {"fsdp_shard_size": 1}), ("zero2", {"fsdp_reshard_after_forward": False}),
                          ("ckpt", {"gradient_checkpointing": True})):
-        other = _run(tmp_path, name, strategy="fsdp", **levers)
+        other = run(name, strategy="fsdp", **levers)
         result = compare(plain, other)
         assert result["steps"] == 6 and result["max_rel_loss_diff"] < 1e-5, (name, result, train_losses(other))
-    ddp_ckpt = _run(tmp_path, "ddp-ckpt-lora", strategy="ddp", gradient_checkpointing=True, finetuning_type="lora")
-    ddp = _run(tmp_path, "ddp-lora", strategy="ddp", finetuning_type="lora")
+    ddp_ckpt = run("ddp-ckpt-lora", strategy="ddp", gradient_checkpointing=True, finetuning_type="lora")
+    ddp = run("ddp-lora", strategy="ddp", finetuning_type="lora")
     assert compare(ddp, ddp_ckpt)["max_rel_loss_diff"] < 1e-5  # LoRA: the checkpointed blocks have a graph
 
 
@@ -92,32 +98,44 @@ def _resume_cli(run_dir, *overrides):
     assert train_command.run(args) == 0
 
 
+@pytest.fixture(scope="module")
+def cut_fsdp_run(tmp_path_factory, ray_local):
+    """An uninterrupted 2-worker FSDP run and the same run cut at step 7 (rank 1 dies after step-6 was saved),
+    shared by the resumes below (each resumes its own copy)."""
+    import os
+
+    from scaletrain.errors import TrainingError
+
+    tmp_path = tmp_path_factory.mktemp("cut")
+    common = dict(strategy="fsdp", steps=12, batch=2, gradient_accumulation_steps=2, save_steps=6)
+    reference = train_losses(_run(tmp_path, "ref", **common))
+    os.environ["SCALETRAIN_FAULTS"] = "exit:1:7"
+    try:
+        with pytest.raises(TrainingError):
+            _run(tmp_path, "cut", **common)
+    finally:
+        del os.environ["SCALETRAIN_FAULTS"]
+    return tmp_path, reference
+
+
 @pytest.mark.parametrize("workers", [1, 4])
-def test_a_sharded_checkpoint_resumes_on_another_world_size_with_the_same_steps(tmp_path, ray_local, no_orphans,
-                                                                               monkeypatch, workers):
+def test_a_sharded_checkpoint_resumes_on_another_world_size_with_the_same_steps(cut_fsdp_run, tmp_path, no_orphans,
+                                                                               workers):
     """Saved by 2 FSDP workers (each its own shard), resumed on 1 or 4: the global batch is kept (accumulation
     recomputed), the data position carried as steps, so the resumed steps train on the same samples as the
     uninterrupted 2-worker run: the same losses (parity tolerance), no sample repeated or skipped."""
-    from scaletrain.errors import TrainingError
-
-    common = dict(strategy="fsdp", steps=12, batch=2, gradient_accumulation_steps=2, save_steps=6)
-    reference = train_losses(_run(tmp_path, "ref", **common))
-    monkeypatch.setenv("SCALETRAIN_FAULTS", "exit:1:7")  # rank 1 dies at step 7, after step-6 was saved
-    cfg_extra = {"resources_per_worker": {"CPU": 0.5}} if workers == 4 else {}
-    with pytest.raises(TrainingError):
-        _run(tmp_path, "cut", **common)
-    monkeypatch.delenv("SCALETRAIN_FAULTS")
+    shared, reference = cut_fsdp_run
     run = tmp_path / "runs" / "cut"
+    shutil.copytree(shared / "runs" / "cut", run)
     assert [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")] == ["step-6"]
     assert sorted(p.name for p in (run / "checkpoints" / "step-6" / "state").glob("*.distcp")) == \
         ["__0_0.distcp", "__1_0.distcp"]  # a shard per rank
-    overrides = [f"scaling.num_workers={workers}"] + [f"scaling.resources_per_worker={v}" for v in
-                                                      cfg_extra.values()]
-    _resume_cli(run, *overrides)
+    halves = ["scaling.resources_per_worker={'CPU': 0.5}"] if workers == 4 else []  # 4 workers on 2 cores
+    _resume_cli(run, f"scaling.num_workers={workers}", *halves)
     log = (run / "logs" / "main.log").read_text()
     assert "resume: from step-6: step 6" in log and f"{workers} worker(s)" in log
     by_step = _losses_by_step(run)
-    ref_by_step = _losses_by_step(tmp_path / "runs" / "ref")
+    ref_by_step = _losses_by_step(shared / "runs" / "ref")
     for step in range(7, 13):  # the resumed steps: the same samples, the same token mean
         assert by_step[step] == pytest.approx(ref_by_step[step], rel=1e-5), (step, by_step, ref_by_step)
     assert reference == [ref_by_step[s] for s in sorted(ref_by_step)]
@@ -158,17 +176,18 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     """num_workers: [1, 2] on a simulated 2-node cluster: a node is lost mid-run and the run goes on with 1 worker
     (accumulation doubled); the node comes back and the run grows to 2 workers again (accumulation halved).
     Every step's loss equals the fixed 2-worker run's: the same samples (each once), global batch and LR
-    schedule. Long enough (2000 short steps) that the grow-back, 12-35 s after the node returns (~step 950),
-    happens well before the end."""
+    schedule. The elastic run's rank 0 is made 400 ms slower a step (a `slow` fault: the losses do not change) so
+    that its 160 steps outlast the shrink and the grow-back, 12-35 s after the node returns (~step 30, at most ~90
+    on a slower machine, whose steps are slower too), by a wide margin; the fixed reference runs at full speed."""
     import os
     import subprocess
     import sys
 
-    steps = 2000
+    steps = 160
     # enough data and a gentle LR that the run learns rather than memorises: memorising 400 examples for 30
     # epochs amplifies float rounding (the order of a 2-term sum) into 1e-1 loss differences within 100 steps
     common = dict(steps=steps, batch=2, save_steps=5, rows=4000, learning_rate=5e-4)
-    fixed = _losses_by_step(_run(tmp_path, "fixed", workers=2, **common))
+    fixed = _losses_by_step(_run(tmp_path, "fixed", workers=2, **{**common, "save_steps": 0}))
     cfg = {
         "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},
         "data": {"train_file": str(tmp_path / "sft-4000.jsonl"), "eval_ratio": 0.02, "max_length": 64,
@@ -183,7 +202,7 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     (tmp_path / "elastic.json").write_text(json.dumps(cfg))
     # After the loss Ray's first restart still asks for 2 workers and waits out the worker group's start timeout
     # (60 s by default; RESULTS.md) before it tries 1: 30 s here, still 4x the 7 s a 1-worker start takes
-    env = {**os.environ, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
+    env = {**os.environ, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30", "SCALETRAIN_FAULTS": "slow:0:1:400"}
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("elastic_run.py")),
                            str(tmp_path / "elastic.json")], capture_output=True, text=True, timeout=600, env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)

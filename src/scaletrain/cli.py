@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         commbench,
         doctor,
         env,
+        evaluate,
         export,
         imports,
         plan,
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, doctor, plan, preview, submit, cluster, env, topo, commbench, report, scale, predict,
-                    export, serve, chat, imports):
+                    export, evaluate, serve, chat, imports):
         command.register(sub, [common])
     return parser
 

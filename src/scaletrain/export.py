@@ -157,7 +157,8 @@ def export_run(run_dir: str | Path, out: str | Path | None = None, dtype: str | 
     return _copy(final, target, dtype)
 
 
-def _base_dir(run: RunDir, final: Path) -> Path:
+def base_dir(run: RunDir, final: Path) -> Path:
+    """The directory of the base model a LoRA run trained from (as it recorded it)."""
     import yaml
 
     settings = json.loads((final / ADAPTER_CONFIG).read_text())
@@ -205,7 +206,7 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exporte
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    base = _base_dir(run, final)
+    base = base_dir(run, final)
     names = shards_of(base)
     dtype = dtype or _dtype_of(base)
     adapter = Adapter(final)

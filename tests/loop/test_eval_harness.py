@@ -1,0 +1,135 @@
+"""`scaletrain eval` through lm-evaluation-harness, offline: a multiple-choice task written as an lm-eval task YAML
+over a local JSONL (20 items), on a tiny Llama saved in bf16. The numbers equal lm-eval's own on the same model;
+a LoRA run is evaluated unmerged (peft=) and gives the merged model's numbers; results are kept in the run and
+never overwritten; an unknown task is one line before any model loads."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+pytestmark = pytest.mark.slow
+
+TASK = """task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tasks")
+    words = ["red", "blue", "green", "cold", "warm", "north", "south", "up", "down", "left"]
+    with open(d / "items.jsonl", "w") as f:
+        for i in range(20):
+            choices = [words[(i + k) % 10] for k in range(4)]
+            f.write(json.dumps({"question": f"Which word comes {i % 4}th in {' '.join(choices)}?",
+                                "choices": choices, "answer": i % 4}) + "\n")
+    (d / "tiny_mc.yaml").write_text(TASK.format(data=d / "items.jsonl"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A run directory as a LoRA run leaves it: its base (a directory, bf16), final/ with the adapter and the
+    tokenizer, config.resolved.yaml; and the merged model peft makes of it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scaletrain.tokenizer import tiny_llama_tokenizer
+
+    root = tmp_path_factory.mktemp("eval")
+    base = root / "base"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=128))
+    model.to(torch.bfloat16).save_pretrained(base)
+    tok = tiny_llama_tokenizer()
+    tok.save_pretrained(base)
+    peft_model = get_peft_model(LlamaForCausalLM.from_pretrained(base, dtype=torch.float32),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(1)
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)  # an adapter that changes the answers
+    run = root / "run"
+    (run / "final").mkdir(parents=True)
+    peft_model.save_pretrained(run / "final")
+    tok.save_pretrained(run / "final")
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(
+        {"model": {"name_or_path": str(base), "task": "causal-lm", "finetuning_type": "lora"}}))
+    merged = root / "merged"
+    peft_model.merge_and_unload().save_pretrained(merged)
+    tok.save_pretrained(merged)
+    return base, run, merged
+
+
+def _direct(model_dir, task_dir):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    out = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(model_dir), "dtype": "auto"},
+                                  tasks=["tiny_mc"], batch_size=1, device="cpu", log_samples=False,
+                                  task_manager=TaskManager(include_path=str(task_dir)))
+    return out["results"]["tiny_mc"]
+
+
+def test_eval_equals_lm_eval_and_a_lora_run_equals_its_merged_model(lora_run, task_dir, monkeypatch, capsys):
+    from scaletrain.cli import main
+
+    base, run, merged = lora_run
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["eval", str(base), "--tasks", "tiny_mc", "--include-path", str(task_dir)]) == 0
+    printed = dict((line.split("\t")[1], float(line.split("\t")[2]))
+                   for line in capsys.readouterr().out.splitlines() if line.startswith("tiny_mc\t"))
+    direct = _direct(base, task_dir)
+    assert printed == {"acc": pytest.approx(direct["acc,none"], abs=1e-4),
+                       "acc_norm": pytest.approx(direct["acc_norm,none"], abs=1e-4)}
+
+    # the adapter over the bf16 base in fp32, as the merged fp32 model holds it (in bf16 a close answer may flip)
+    for extra in ([], ["--limit", "10"]):
+        assert main(["eval", str(run), "--tasks", "tiny_mc", "--include-path", str(task_dir), "--dtype", "float32",
+                     *extra]) == 0
+    files = sorted((run / "eval").glob("lm_eval-tiny_mc-*.json"))
+    assert len(files) == 2  # a second evaluation is a second file: nothing overwritten
+    full, limited = (json.loads(f.read_text()) for f in files)
+    if full["scaletrain"]["limit"] is not None:
+        full, limited = limited, full
+    assert "LoRA adapter over" in full["scaletrain"]["evaluated"] and limited["scaletrain"]["limit"] == 10
+    assert full["results"]["tiny_mc"]["acc,none"] == pytest.approx(_direct(merged, task_dir)["acc,none"], abs=1e-6)
+    assert full["results"]["tiny_mc"]["acc,none"] != pytest.approx(direct["acc,none"], abs=1e-6), \
+        "the adapter was not applied: the base's numbers"
+
+
+def test_an_unknown_task_and_a_run_without_final_are_one_line_each(lora_run, tmp_path):
+    base, run, _ = lora_run
+    bad = subprocess.run([sys.executable, "-m", "scaletrain", "eval", str(base), "--tasks", "arc_easyy"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert "--tasks arc_easyy: not an lm-eval task" in bad.stderr and "arc_easy" in bad.stderr, bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.resolved.yaml").write_text(run.joinpath("config.resolved.yaml").read_text())
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "eval", str(unfinished), "--tasks", "tiny_mc"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "no final/ (the run did not finish)" in out.stderr, out.stderr[-2000:]

@@ -74,6 +74,10 @@ LOCAL_RAY_DEFAULTS: dict[str, str] = {
     RAY_TRAIN_ENABLE_PREEMPTION_WATCHER: "0",
 }
 
+# `scaletrain eval` (harness.py): lm-eval's model and task data only from this machine (a user's value wins).
+HF_DATASETS_OFFLINE = "HF_DATASETS_OFFLINE"
+EVAL_DEFAULTS: dict[str, str] = {HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"}
+
 # Variables every worker gets from the driver (values shown are scaletrain's defaults).
 WORKER_ENV_DEFAULTS: dict[str, str] = {
     HF_HUB_OFFLINE: "1",

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from scaletrain import envvars
 from scaletrain.errors import ConfigError
 from scaletrain.rundir import RunDir
 
 EVAL_DIR = "eval"
 ADAPTER_CONFIG = "adapter_config.json"
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @dataclass(frozen=True)
@@ -91,8 +90,7 @@ def evaluate(path: str | Path, tasks: list[str], limit: float | None = None, num
              batch_size: int = 1, include_path: str | None = None, device: str | None = None,
              dtype: str = "auto") -> tuple[dict, Path | None]:
     """lm-eval's ``simple_evaluate`` on ``path``; the results and the file they were written to."""
-    for name, value in OFFLINE.items():  # before datasets/transformers are imported: never the network
-        os.environ.setdefault(name, value)
+    envvars.apply_defaults(envvars.EVAL_DEFAULTS)  # before datasets/transformers are imported: never the network
     try:
         import lm_eval
     except ImportError:

@@ -217,7 +217,7 @@ def test_a_refusal_names_the_built_in_of_the_tokenizers_own_format(tmp_path):
     from scaletrain.data.templates import builtin_for, render_advice
     from scaletrain.errors import DataError
 
-    assert builtin_for(QWEN3) == "qwen" and builtin_for("<|start_header_id|>") == "llama3.1"
+    assert builtin_for(QWEN3) == "qwen3" and builtin_for("<|start_header_id|>") == "llama3.1"
     assert builtin_for("{{ messages }}") is None
     assert "data.template=gemma" in render_advice("System role not supported", "tokenizer", "<start_of_turn>")
     tok = load_tokenizer("builtin:tiny-llama")

@@ -15,7 +15,8 @@ from scaletrain.tokenizer import load_tokenizer
 
 REAL = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 # built-in -> the model template it reproduces
-MODEL = {"qwen": "qwen2_5_instruct.jinja", "qwen2": "qwen2_instruct.jinja", "llama3": "llama3_instruct.jinja",
+MODEL = {"qwen": "qwen2_5_instruct.jinja", "qwen2": "qwen2_instruct.jinja", "qwen3": "qwen3_4b_thinking_2507.jinja",
+         "llama3": "llama3_instruct.jinja",
          "llama3.1": "llama3_1_instruct.jinja", "mistral": "mistral_7b_instruct_v0_3.jinja",
          "mistral_v1": "mistral_7b_instruct_v0_1.jinja", "gemma": "gemma_2_it.jinja"}
 # Templates that have no system role: the built-in folds it into the first user turn (LLaMA-Factory's choice).
@@ -103,6 +104,9 @@ def test_each_templates_assistant_parts_are_the_labels(tmp_path, tok):
         "qwen": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
                  '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
                  "21 C, and it is 14:05.<|im_end|>"],
+        "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+                  '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+                  "<think>\n\n</think>\n\n21 C, and it is 14:05.<|im_end|>"],  # its empty block: the last turn
         "llama3.1": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
                      '{"name": "get_time", "parameters": {"city": "Paris"}}<|eot_id|>',
                      "21 C, and it is 14:05.<|eot_id|>"],
@@ -186,7 +190,7 @@ def test_a_glaive_toolcall_dataset_trains_with_its_tools_in_the_models_format(tm
 def test_tool_data_under_a_template_without_a_tool_format_is_one_error(tmp_path, tok):
     cfg = _lf_cfg(tmp_path, _lf_dir(tmp_path, [GLAIVE, GLAIVE], SHAREGPT_TOOLS), template="chatml")
     with pytest.raises(DataError, match=r"2 records declare or call tools .*data.template=chatml has no tool "
-                                        r"format; .*qwen, llama3.1, mistral"):
+                                        r"format; .*qwen, qwen3, llama3.1, mistral"):
         prepare_data(cfg, tok)
 
 
@@ -226,3 +230,44 @@ def test_pretraining_reads_llamafactory_txt_datasets_line_by_line(tmp_path, tok)
     prepared = prepare_data(_lf_cfg(tmp_path, d, formatting="text"), tok)
     texts = sorted(tok.decode(ex["input_ids"]) for ex in prepared.train)
     assert texts == ["First paragraph of the wiki.</s>", "Second one.</s>"]
+
+
+REASONING = {
+    "in_the_content": [{"role": "user", "content": "2+2?"},
+                       {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4."}],
+    "in_every_turn": [{"role": "user", "content": "2+2?"},
+                      {"role": "assistant", "content": "4.", "reasoning_content": "add"},
+                      {"role": "user", "content": "3+3?"},
+                      {"role": "assistant", "content": "<think>add again</think>6."},
+                      {"role": "user", "content": "4+4?"},
+                      {"role": "assistant", "content": "8.", "reasoning_content": "and again"}],
+    "after_a_tool": [{"role": "user", "content": "Weather in Paris?"}, _call("get_weather", "Paris", "call00001"),
+                     {"role": "tool", "content": '{"temp_c": 21}', "tool_call_id": "call00001"},
+                     {"role": "assistant", "content": "21 C.", "reasoning_content": "The tool said 21."}],
+}
+
+
+@pytest.mark.parametrize("case", list(REASONING))
+def test_qwen3_reasoning_follows_its_templates_history_rule(case, tok):
+    """Qwen3's thinking template: reasoning (a reasoning_content field, or <think> in the content) is written for
+    turns after the last user query and dropped before it; the built-in's ids equal the real template's, and each
+    assistant part, reasoning included where it is written, is what trains."""
+    chat = REASONING[case]
+    tools = TOOLS if case == "after_a_tool" else None
+    ours, text, spans = _ours(tok, "qwen3", chat, tools)
+    assert ours == _real_ids(tok, "qwen3", chat, tools)
+    replies = [text[a:b] for a, b in spans]
+    if case == "in_the_content":
+        assert replies == ["<think>\nadd them\n</think>\n\n4.<|im_end|>"]
+    elif case == "in_every_turn":  # earlier turns' reasoning dropped, as the model's template writes them
+        assert replies == ["4.<|im_end|>", "6.<|im_end|>", "<think>\nand again\n</think>\n\n8.<|im_end|>"]
+    else:  # after the tool result the user query is still the last one: the reasoning is written and trained
+        assert replies[-1] == "<think>\nThe tool said 21.\n</think>\n\n21 C.<|im_end|>"
+        assert "temp_c" not in "".join(replies)
+
+
+def test_a_qwen3_template_is_answered_with_the_qwen3_builtin():
+    from scaletrain.data.templates import builtin_for
+
+    assert builtin_for((REAL / MODEL["qwen3"]).read_text()) == "qwen3"
+    assert builtin_for((REAL / MODEL["qwen"]).read_text()) == "qwen"

@@ -160,6 +160,53 @@ _MISTRAL = (
     "{% endif %}{% endfor %}"
 )
 
+# Qwen3's thinking format (tested token for token against Qwen3-4B-Thinking-2507's released template): the history
+# rule of its template kept (an assistant turn before the last user query loses its reasoning; after it, a turn
+# writes <think>...</think> when it has reasoning, the last one always), the reasoning taken from a
+# `reasoning_content` field or from <think> in the content; its tool preamble, <tool_call> blocks and
+# <tool_response> turns; each assistant part (reasoning, reply, calls, end of turn) marked for training.
+_QWEN3 = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- " + _q(_QWEN_TOOLS_HEAD[2:]) + " }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- " + _q(_QWEN_TOOLS_TAIL) + " }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
+    "{%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
+    "{%- if ns.multi_step_tool and message.role == 'user' and message.content is string and not("
+    "message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}"
+    "{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- set content = message.content if message.content is string else '' %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- set reasoning_content = '' %}"
+    "{%- if message.reasoning_content is string %}{%- set reasoning_content = message.reasoning_content %}"
+    "{%- elif '</think>' in content %}"
+    "{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- generation %}"
+    "{%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}"
+    "{{- '<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}"
+    "{%- else %}{{- content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls or [] %}"
+    "{%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}"
+    "{%- set call = tool_call.function if tool_call.function else tool_call %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    "{{- call.arguments if call.arguments is string else call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+
 BUILTIN_TEMPLATES: dict[str, str] = {
     "alpaca": (
         "{% for message in messages %}"
@@ -181,6 +228,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     ),
     "qwen": _chatml(QWEN_SYSTEM, tools=True),
     "qwen2": _chatml(QWEN2_SYSTEM, tools=False),
+    "qwen3": _QWEN3,
     "llama3": (
         "{{ bos_token }}{% for message in messages %}"
         "{% if message['role'] == 'assistant' %}" + _LLAMA_REPLY + "{% else %}" + _LLAMA_TURN + "{% endif %}"
@@ -219,7 +267,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     ),
 }
 # Built-ins that render tool declarations, calls and results in their model's own format.
-TOOL_TEMPLATES = ("qwen", "llama3.1", "mistral")
+TOOL_TEMPLATES = ("qwen", "qwen3", "llama3.1", "mistral")
 _TOOLS_WORD = re.compile(r"\btool")
 
 
@@ -379,6 +427,8 @@ FAMILY_MARKERS = (("<start_of_turn>", "gemma"), ("<|start_header_id|>", "llama3.
 
 def builtin_for(source: str) -> str | None:
     """The built-in that writes the same turn format as ``source`` (a tokenizer's own template), if one does."""
+    if "<|im_start|>" in source and "<think>" in source:  # ChatML with Qwen3's thinking blocks
+        return "qwen3"
     return next((name for marker, name in FAMILY_MARKERS if marker in source), None)
 
 

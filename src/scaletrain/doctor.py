@@ -57,6 +57,7 @@ class Facts:
     literal_secrets: list[str] = field(default_factory=list)  # config keys holding a credential in clear
     gpu_health: list[dict] = field(default_factory=list)  # each local GPU's health() (metrics/gpu.py)
     store: tuple[bool, str] | None = None  # output.output_dir on object storage: (the write probe passed, detail)
+    experts: str | None = None  # an MoE model: its experts and the grouped GEMM kernel here (model.grouped_gemm_kernel)
 
 
 Check = Callable[[Facts], "CheckResult | None"]
@@ -275,6 +276,17 @@ def check_gpu_health(f: Facts) -> CheckResult | None:
                        "if uncorrectable errors keep rising, report the GPU to its vendor")
 
 
+def check_experts(f: Facts) -> CheckResult | None:
+    """An MoE model's routed experts compute as one grouped GEMM per projection where torch has the kernel for this
+    device; elsewhere transformers loops over the active experts (correct, slower): said, not failed."""
+    if f.experts is None:
+        return None
+    fallback = "fallback" in f.experts
+    return CheckResult("moe experts", Status.WARN if fallback else Status.OK, f.experts,
+                       "a torch build with grouped GEMM for this device (CUDA sm80+, or torch >= 2.9 on CPU) runs the "
+                       "experts in one kernel per projection" if fallback else "")
+
+
 def check_literal_secrets(f: Facts) -> CheckResult | None:
     if f.config is None:
         return None
@@ -297,7 +309,7 @@ def check_smoke(f: Facts) -> CheckResult | None:
 
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
                              check_nofile, check_disk, check_store, check_paths, check_data, check_batch_lr,
-                             check_rocm_hints, check_topology, check_gpu_health,
+                             check_rocm_hints, check_topology, check_gpu_health, check_experts,
                              check_literal_secrets, check_smoke)
 
 

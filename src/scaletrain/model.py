@@ -243,6 +243,51 @@ def lora_summary(model) -> dict:
     return dict(getattr(model, "scaletrain_lora", None) or {})
 
 
+def grouped_gemm_kernel(device_type: str, dtype=None) -> str:
+    """Whether torch has a grouped GEMM kernel for ``device_type`` and ``dtype`` (transformers' own test, on a tiny
+    problem): "torch" (every expert of a projection in one kernel call), or "fallback" (transformers' loop over the
+    experts that received tokens, under the same op)."""
+    import torch
+
+    try:
+        from transformers.integrations.moe import _can_use_grouped_mm  # private: named where it is read
+    except ImportError:
+        return "fallback"
+    dtype = dtype or torch.float32
+    x, w = torch.zeros(2, 8, dtype=dtype, device=device_type), torch.zeros(2, 8, 8, dtype=dtype, device=device_type)
+    offs = torch.tensor([1, 2], dtype=torch.int32, device=device_type)
+    try:
+        return "torch" if _can_use_grouped_mm(x, w, offs) else "fallback"
+    except (RuntimeError, TypeError, ValueError):
+        return "fallback"
+
+
+def experts_kernel(model, device_type: str, dtype=None) -> str | None:
+    """How transformers computes an MoE model's routed experts here, for the start-of-run line (None: dense):
+    ``grouped_mm`` (one grouped GEMM per projection over all experts; LoRA on the fused expert weights stays on it,
+    peft's target_parameters adapting the weight the kernel reads) or the per-expert loop (``eager``)."""
+    from scaletrain.moe import experts_of
+
+    config = getattr(model, "config", None)
+    if config is None or experts_of(config) is None:
+        return None
+    impl = getattr(config, "_experts_implementation", None) or "eager"
+    if impl != "grouped_mm":
+        return (f"experts: {impl} (this model class's own expert computation; transformers' grouped_mm is not "
+                f"selected for it)")
+    if grouped_gemm_kernel(device_type, dtype) == "torch":
+        return f"experts: grouped_mm (torch's grouped GEMM on {device_type}: every expert in one call per projection)"
+    return (f"experts: grouped_mm through transformers' fallback (torch {_torch_version()} has no grouped GEMM "
+            f"kernel for {device_type}/{str(dtype or 'float32').removeprefix('torch.')}: one matmul per active "
+            f"expert)")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
 def count_parameters(model) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     total = sum(p.numel() for p in model.parameters())

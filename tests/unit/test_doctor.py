@@ -137,3 +137,33 @@ def test_doctor_flags_gpus_with_uncorrectable_errors_or_a_pending_retirement():
     r = check_gpu_health(facts(gpu_health=[healthy, sick]))
     assert r.status == Status.WARN and "0000:1b" not in r.detail
     assert "GPU 0000:9a:00.0: 3 uncorrectable ECC error(s), a page retirement pending" in r.detail
+
+
+def test_doctor_names_how_an_moe_models_experts_compute_here(tmp_path, monkeypatch):
+    """From config.json alone (no weights): the experts and whether torch has a grouped GEMM kernel on this device;
+    transformers' per-expert fallback is a warning, a dense model says nothing."""
+    from types import SimpleNamespace
+
+    from transformers import Qwen3MoeConfig
+
+    from scaletrain.commands.doctor import _experts
+    from scaletrain.doctor import check_experts
+
+    Qwen3MoeConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=64, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+                   head_dim=8).save_pretrained(tmp_path / "moe")
+    moe_cfg = validate({"model": {"name_or_path": str(tmp_path / "moe"), "task": "causal-lm"},
+                        "data": {"train_file": "x.jsonl"}})
+    cpu = SimpleNamespace(has_gpu=False)
+    said = _experts(moe_cfg, cpu)
+    assert said == "8 experts, top-2; on cpu the experts compute as one grouped GEMM per projection (torch's kernel)"
+    assert check_experts(facts(experts=said)).status == Status.OK
+    import transformers.integrations.moe as moe
+
+    monkeypatch.setattr(moe, "_can_use_grouped_mm", lambda *a: False)
+    slow = _experts(moe_cfg, cpu)
+    assert "transformers' fallback: one matmul per active expert" in slow
+    assert check_experts(facts(experts=slow)).status == Status.WARN
+    assert _experts(validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                              "data": {"train_file": "x.jsonl"}}), cpu) is None
+    assert check_experts(facts()) is None

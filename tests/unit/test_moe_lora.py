@@ -85,3 +85,39 @@ def test_the_start_of_run_note_says_what_is_adapted(tmp_path):
                     "(model.lora_target: router adapts it)")
     with pytest.raises(ConfigError, match="gate_upproj names no module"):
         check_lora_target(cfg.model_copy(update={"lora_target": ["q_proj", "gate_upproj"]}), Vocab(128, 0))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_lora_on_the_experts_stays_on_the_grouped_gemm(family, monkeypatch):
+    """transformers computes fused experts with one grouped GEMM per projection (grouped_mm); LoRA on them (peft's
+    target_parameters) adapts the weight that kernel reads, so a LoRA forward makes the same grouped calls as the
+    base model's (2 layers x 2 projections), never a per-expert loop; the start-of-run line names the kernel."""
+    import transformers.integrations.moe as moe
+
+    from scaletrain.model import experts_kernel
+
+    calls = []
+    grouped = moe._grouped_mm
+    monkeypatch.setattr(moe, "_grouped_mm", lambda *a, **k: calls.append(1) or grouped(*a, **k))
+    ids = torch.randint(0, 128, (2, 8))
+    base = _model(family)
+    assert experts_kernel(base, "cpu").startswith("experts: grouped_mm (torch's grouped GEMM on cpu")
+    base(ids)
+    assert len(calls) == 4
+    calls.clear()
+    _lora(_model(family))(ids)
+    assert len(calls) == 4
+    assert experts_kernel(_model("llama"), "cpu") is None  # dense: nothing to say
+
+
+def test_the_kernel_line_names_the_fallback_and_the_per_expert_loop(monkeypatch):
+    import transformers.integrations.moe as moe
+
+    from scaletrain.model import experts_kernel
+
+    model = _model("qwen3_moe")
+    monkeypatch.setattr(moe, "_can_use_grouped_mm", lambda *a: False)
+    assert "through transformers' fallback (torch " in experts_kernel(model, "cpu", torch.bfloat16)
+    assert "for cpu/bfloat16: one matmul per active expert" in experts_kernel(model, "cpu", torch.bfloat16)
+    model.config._experts_implementation = "eager"
+    assert experts_kernel(model, "cpu").startswith("experts: eager (this model class's own expert computation")

@@ -51,9 +51,35 @@ def gather_facts(cfg, smoke: bool):
         facts.path_errors = _path_errors(cfg)
         if not facts.path_errors:
             facts.data = _data_check(cfg)
+            facts.experts = _experts(cfg, platform)
         if smoke:
             facts.cluster, facts.smoke = _cluster_and_smoke(cfg, platform.vendor)
     return facts
+
+
+def _experts(cfg, platform) -> str | None:
+    """An MoE model (from its config.json alone): its experts and whether torch has a grouped GEMM kernel here."""
+    from scaletrain.errors import ScaletrainError
+    from scaletrain.model import auto_and_config, grouped_gemm_kernel
+    from scaletrain.moe import experts_of
+    from scaletrain.tokenizer import plan_vocab
+
+    if cfg.model.task != "causal-lm":
+        return None
+    try:
+        _, config = auto_and_config(cfg.model, plan_vocab(cfg.model.name_or_path))
+    except (ScaletrainError, OSError, ValueError):
+        return None  # the model's own check says why
+    experts = experts_of(config)
+    if experts is None:
+        return None
+    import torch
+
+    device = "cuda" if platform.has_gpu else "cpu"  # ROCm's torch names its devices cuda too
+    kernel = grouped_gemm_kernel(device, torch.bfloat16 if platform.has_gpu else torch.float32)
+    how = ("one grouped GEMM per projection (torch's kernel)" if kernel == "torch" else
+           "transformers' fallback: one matmul per active expert (this torch has no grouped GEMM kernel here)")
+    return f"{experts.count} experts, top-{experts.top_k}; on {device} the experts compute as {how}"
 
 
 def _store_check(cfg) -> tuple[bool, str]:

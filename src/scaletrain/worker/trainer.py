@@ -21,7 +21,14 @@ from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
-from scaletrain.model import build_model, count_parameters, lora_summary, preload, trained_model_config
+from scaletrain.model import (
+    build_model,
+    count_parameters,
+    experts_kernel,
+    lora_summary,
+    preload,
+    trained_model_config,
+)
 from scaletrain.moe import experts_of
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
@@ -65,6 +72,7 @@ class ModelFacts:
     total: int
     flops: dict  # metrics.flops.model_flops_facts
     lora: dict = field(default_factory=dict)  # model.lora_summary: what LoRA adapted
+    experts: str | None = None  # model.experts_kernel: how an MoE's experts compute here (None: dense)
 
 
 @dataclass
@@ -127,7 +135,7 @@ class Trainer:
                 f"{self.spec.total_steps} steps; lr {self.spec.learning_rate:g}; {self.precision.note} ("
                 + ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in self.precision.policy.table().items())
                 + ")" + (f"; loss in chunks of {output_layer(self.model).chunk_tokens} tokens (the whole logits never "
-                         f"materialised)" if self.chunked_loss else ""))
+                         f"materialised)" if self.chunked_loss else "") + (f"; {f.experts}" if f.experts else ""))
 
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
@@ -141,7 +149,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
                         packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"))
     trainable, total = count_parameters(model)
     model_config = getattr(model, "config", None)  # before wrapping (peft, DDP and FSDP keep it, or hide it)
-    facts = ModelFacts(trainable, total, model_flops_facts(model), lora_summary(model))
+    facts = ModelFacts(trainable, total, model_flops_facts(model), lora_summary(model),
+                       experts_kernel(model, torch.device(ctx.device).type, precision.policy.torch_dtype("compute")))
     # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).
     if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
             chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):

@@ -13,6 +13,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("-o", "--out", help="the directory to write (default RUN_DIR/export; never overwritten)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
                    help="the dtype written (default: the one the base checkpoint is stored in)")
+    p.add_argument("--endpoint-url", help="an S3-compatible store's URL (MinIO, Ceph) for a run on s3://")
     p.set_defaults(func=run)
 
 
@@ -22,14 +23,38 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.storage.uri import is_uri
 
     if is_uri(args.run_dir):
-        from scaletrain.errors import ConfigError
-
-        raise ConfigError(f"export {args.run_dir}: a run on object storage; copy its final/ and "
-                          f"config.resolved.yaml to a local directory first (export reads final/ locally)")
-    done = export_run(args.run_dir, args.out, args.dtype)
+        done = _export_from_store(args)
+    else:
+        done = export_run(args.run_dir, args.out, args.dtype)
     what = (f"{done.merged} LoRA weight(s) merged" + (f", {done.replaced} saved module tensor(s) written"
                                                       if done.replaced else "") if done.merged or done.replaced
             else "the fine-tuned weights")
     console.print(f"exported {done.path}: {done.shards} shard(s), {what}, {done.dtype}, {done.bytes / 1e9:.2f} GB",
                   soft_wrap=True)
     return 0
+
+
+def _export_from_store(args: argparse.Namespace):
+    """A run on object storage: its config and final/ downloaded beside the target (removed after), then exported
+    as a local run; the target is a local directory, named with -o."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from scaletrain.errors import ConfigError
+    from scaletrain.export import export_run
+    from scaletrain.storage.mirror import fetch_final
+
+    if not args.out:
+        raise ConfigError(f"export {args.run_dir}: a run on object storage; give -o DIR, the local directory to "
+                          f"write")
+    target = Path(args.out).expanduser().resolve()
+    if target.exists():
+        raise ConfigError(f"export -o {target}: exists; an export never overwrites (choose another -o or remove it)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.fetch-", dir=target.parent))
+    try:
+        run = fetch_final(args.run_dir, args.endpoint_url, staging / args.run_dir.rstrip("/").rsplit("/", 1)[-1])
+        return export_run(run, target, args.dtype)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -118,6 +118,28 @@ def fetch_run(uri: str, storage_cfg, what: str = "--resume") -> Path:
     return mirror
 
 
+def fetch_final(uri: str, endpoint_url: str | None, dest: Path, what: str = "export") -> Path:
+    """A finished run's config and final model from the store into ``dest`` (a new local directory), file by file
+    (streamed: no file is held in memory), for the commands that read a run's model (`export`)."""
+    store = Store.of(uri.rstrip("/"), endpoint_url)
+    fs = store.fs
+    try:
+        fs.invalidate_cache(store.path)
+        if not fs.exists(f"{store.path}/{RunDir.RESOLVED_CONFIG}"):
+            raise LaunchError(f"{what} {uri}: no {RunDir.RESOLVED_CONFIG} there; pass the URI of a run directory")
+        files = [f"{store.path}/{RunDir.RESOLVED_CONFIG}"] + [
+            f for f in fs.find(f"{store.path}/{RunDir.FINAL}")]
+        for f in files:
+            target = dest / f[len(store.path) + 1:]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f, str(target))
+    except LaunchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - each backend raises its own types; all are worded here
+        raise LaunchError(f"{what} {uri}: {explain(e, store)}") from None
+    return dest
+
+
 def upload_tree(local: Path, store: Store) -> None:
     """A local folder's files to ``store`` (the tokenized splits the workers download)."""
     fs, local = store.fs, Path(local)

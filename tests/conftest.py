@@ -104,6 +104,29 @@ def s3_server():
             os.environ[k] = v
 
 
+def run_own_group(args: list[str], timeout: float, **kwargs):
+    """``subprocess.run(args, capture_output=True, text=True)`` in a process group of its own, killed whole when the
+    timeout passes: a harness that starts a Ray cluster (raylets, GCS, training workers) leaves nothing running
+    behind for the tests after it, which would run slower for the rest of the suite. The timeout is a failure with
+    the output so far."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        pytest.fail(f"{args[1] if len(args) > 1 else args[0]}: still running after {timeout:.0f} s; its process "
+                    f"group was killed\n{out[-2000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def make_bucket(endpoint: str, name: str) -> str:
     import fsspec
 

@@ -12,7 +12,7 @@ from scaletrain.config import validate
 from scaletrain.envvars import CPU_MMAP_THRESHOLD_BYTES, MALLOC_MMAP_THRESHOLD
 from scaletrain.launch.job import run_job
 from scaletrain.scaling.parity import compare
-from tests.conftest import train_losses
+from tests.conftest import run_own_group, train_losses
 
 pytestmark = pytest.mark.ray
 
@@ -180,7 +180,6 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     that its 160 steps outlast the shrink and the grow-back, 12-35 s after the node returns (~step 30, at most ~90
     on a slower machine, whose steps are slower too), by a wide margin; the fixed reference runs at full speed."""
     import os
-    import subprocess
     import sys
 
     steps = 160
@@ -203,8 +202,8 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     # After the loss Ray's first restart still asks for 2 workers and waits out the worker group's start timeout
     # (60 s by default; RESULTS.md) before it tries 1: 30 s here, still 4x the 7 s a 1-worker start takes
     env = {**os.environ, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30", "SCALETRAIN_FAULTS": "slow:0:1:400"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("elastic_run.py")),
-                           str(tmp_path / "elastic.json")], capture_output=True, text=True, timeout=600, env=env)
+    proc = run_own_group([sys.executable, str(Path(__file__).with_name("elastic_run.py")),
+                          str(tmp_path / "elastic.json")], timeout=600, env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(line[len("RESULT "):])

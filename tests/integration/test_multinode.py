@@ -2,13 +2,12 @@
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import make_bucket
+from tests.conftest import make_bucket, run_own_group
 
 pytestmark = pytest.mark.ray
 
@@ -27,8 +26,8 @@ def test_strict_spread_over_two_nodes(classify_cfg, tmp_path, s3_server):
                           "node_dir": str(tmp_path / "nodes")}}
     (tmp_path / "stored.json").write_text(json.dumps(stored))
     script = Path(__file__).with_name("multinode_run.py")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "cfg.json"), str(tmp_path / "stored.json")],
-                          capture_output=True, text=True, timeout=400)
+    proc = run_own_group([sys.executable, str(script), str(tmp_path / "cfg.json"), str(tmp_path / "stored.json")],
+                         timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "STEPS 6" in proc.stdout and "STORED STEPS 6" in proc.stdout
     import fsspec
@@ -56,8 +55,8 @@ def test_a_restart_after_a_likely_hardware_fault_runs_on_another_node(classify_c
                output={"output_dir": str(tmp_path / "runs"), "run_name": "exclusion"})
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     env = {**os.environ, "SCALETRAIN_FAULTS": "ecc:0:3"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("exclusion_run.py")),
-                           str(tmp_path / "cfg.json")], capture_output=True, text=True, timeout=300, env=env)
+    proc = run_own_group([sys.executable, str(Path(__file__).with_name("exclusion_run.py")),
+                          str(tmp_path / "cfg.json")], timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "STEPS 6" in proc.stdout
     run = tmp_path / "runs" / "exclusion"

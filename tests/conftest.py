@@ -104,6 +104,36 @@ def s3_server():
             os.environ[k] = v
 
 
+def lora_run_dir(root: Path, lora_std: float):
+    """A run directory as a LoRA run leaves it, without training: a tiny Llama base saved in bf16 with its tokenizer
+    (a directory), final/ with a q/v adapter whose B is drawn from N(0, lora_std) (seeded, so it changes answers) and
+    the tokenizer, config.resolved.yaml. Returns (base, run, the peft model in fp32)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scaletrain.tokenizer import tiny_llama_tokenizer
+
+    base, run = root / "base", root / "run"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128)).to(torch.bfloat16).save_pretrained(base)
+    tok = tiny_llama_tokenizer()
+    tok.save_pretrained(base)
+    adapted = get_peft_model(LlamaForCausalLM.from_pretrained(base, dtype=torch.float32),
+                             LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(1)
+    for name, param in adapted.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=lora_std)
+    (run / "final").mkdir(parents=True)
+    adapted.save_pretrained(run / "final")
+    tok.save_pretrained(run / "final")
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(
+        {"model": {"name_or_path": str(base), "task": "causal-lm", "finetuning_type": "lora"}}))
+    return base, run, adapted
+
+
 def run_own_group(args: list[str], timeout: float, **kwargs):
     """``subprocess.run(args, capture_output=True, text=True)`` in a process group of its own, killed whole when the
     timeout passes: a harness that starts a Ray cluster (raylets, GCS, training workers) leaves nothing running

@@ -5,36 +5,13 @@ are fetched, into a staging folder that is gone after; -o is required and never 
 import json
 
 import pytest
-import torch
-import yaml
 
-from tests.conftest import make_bucket
+from tests.conftest import lora_run_dir, make_bucket
 
 
 @pytest.fixture
 def lora_run(tmp_path):
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from scaletrain.tokenizer import tiny_llama_tokenizer
-
-    base = tmp_path / "base"
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, intermediate_size=128)).to(torch.bfloat16).save_pretrained(base)
-    tok = tiny_llama_tokenizer()
-    tok.save_pretrained(base)
-    adapted = get_peft_model(LlamaForCausalLM.from_pretrained(base), LoraConfig(r=4, lora_alpha=8,
-                                                                                target_modules=["q_proj", "v_proj"]))
-    for name, p in adapted.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.1)
-    run = tmp_path / "run"
-    (run / "final").mkdir(parents=True)
-    adapted.save_pretrained(run / "final")
-    tok.save_pretrained(run / "final")
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(
-        {"model": {"name_or_path": str(base), "task": "causal-lm", "finetuning_type": "lora"}}))
+    _, run, _ = lora_run_dir(tmp_path, lora_std=0.1)
     (run / "checkpoints" / "step-2").mkdir(parents=True)
     (run / "checkpoints" / "step-2" / "big.bin").write_bytes(b"x" * 1024)  # not fetched by export
     return run

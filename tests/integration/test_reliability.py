@@ -337,8 +337,10 @@ def test_a_run_on_object_storage_outlives_its_driver(classify_cfg, tmp_path, ref
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert cli.main(["train", "--resume", f"s3://{key}", f"storage.mirror_dir={tmp_path / 'other'}",
-                     f"storage.node_dir={tmp_path / 'nodes2'}", "--no-progress"]) == 0
+    # as on another machine: the store's endpoint given (alone, this test has no earlier one's cached client)
+    assert cli.main(["train", "--resume", f"s3://{key}", f"storage.endpoint_url={s3_server}",
+                     f"storage.mirror_dir={tmp_path / 'other'}", f"storage.node_dir={tmp_path / 'nodes2'}",
+                     "--no-progress"]) == 0
     log = _store_text(s3_server, f"{key}/logs/main.log")
     resumed = int(re.search(r"resume: from step-(\d+)", log).group(1))
     assert resumed >= 8

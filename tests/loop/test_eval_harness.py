@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
-import yaml
+
+from tests.conftest import lora_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -52,31 +52,11 @@ def task_dir(tmp_path_factory):
 def lora_run(tmp_path_factory):
     """A run directory as a LoRA run leaves it: its base (a directory, bf16), final/ with the adapter and the
     tokenizer, config.resolved.yaml; and the merged model peft makes of it."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from transformers import AutoTokenizer
 
     root = tmp_path_factory.mktemp("eval")
-    base = root / "base"
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=128))
-    model.to(torch.bfloat16).save_pretrained(base)
-    tok = tiny_llama_tokenizer()
-    tok.save_pretrained(base)
-    peft_model = get_peft_model(LlamaForCausalLM.from_pretrained(base, dtype=torch.float32),
-                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    torch.manual_seed(1)
-    for name, p in peft_model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.5)  # an adapter that changes the answers
-    run = root / "run"
-    (run / "final").mkdir(parents=True)
-    peft_model.save_pretrained(run / "final")
-    tok.save_pretrained(run / "final")
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(
-        {"model": {"name_or_path": str(base), "task": "causal-lm", "finetuning_type": "lora"}}))
+    base, run, peft_model = lora_run_dir(root, lora_std=0.5)  # an adapter that changes the answers
+    tok = AutoTokenizer.from_pretrained(base)
     merged = root / "merged"
     peft_model.merge_and_unload().save_pretrained(merged)
     tok.save_pretrained(merged)

@@ -98,46 +98,45 @@ def fetch_run(uri: str, storage_cfg, what: str = "--resume") -> Path:
     this machine left), without its checkpoints, data and final model: the workers read those from the store.
     Returns the mirror."""
     store = Store.of(uri.rstrip("/"), storage_cfg.endpoint_url)
-    fs = store.fs
-    try:
-        fs.invalidate_cache(store.path)
-        if not fs.exists(f"{store.path}/{RunDir.RESOLVED_CONFIG}"):
-            raise LaunchError(f"{what} {uri}: no {RunDir.RESOLVED_CONFIG} there; pass the URI of an earlier run")
-        files = [f for f in fs.find(store.path) if not _skipped_on_fetch(f[len(store.path) + 1:])]
-        mirror = mirror_base(storage_cfg, store)
-        mirror.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-        for f in files:
-            dest = mirror / f[len(store.path) + 1:]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(f, str(dest))
-    except LaunchError:
-        raise
-    except Exception as e:  # noqa: BLE001 - each backend raises its own types; all are worded here
-        raise LaunchError(f"{what} {uri}: {explain(e, store)}") from None
-    write_home(mirror, store)
-    return mirror
+
+    def mirror() -> Path:
+        path = mirror_base(storage_cfg, store)
+        path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        return path
+
+    local = _download(store, uri, what, "pass the URI of an earlier run", mirror,
+                      lambda rel: not _skipped_on_fetch(rel))
+    write_home(local, store)
+    return local
 
 
 def fetch_final(uri: str, endpoint_url: str | None, dest: Path, what: str = "export") -> Path:
-    """A finished run's config and final model from the store into ``dest`` (a new local directory), file by file
-    (streamed: no file is held in memory), for the commands that read a run's model (`export`)."""
+    """A finished run's config and final model from the store into ``dest`` (a new local directory), for the
+    commands that read a run's model (`export`); nothing else of the run."""
     store = Store.of(uri.rstrip("/"), endpoint_url)
+    return _download(store, uri, what, "pass the URI of a run directory", lambda: dest,
+                     lambda rel: rel == RunDir.RESOLVED_CONFIG or rel.startswith(f"{RunDir.FINAL}/"))
+
+
+def _download(store: Store, uri: str, what: str, hint: str, dest, keep) -> Path:
+    """The files of the run at ``store`` whose path in the run ``keep`` accepts, file by file (streamed) into
+    ``dest()``; a store that holds no run, or any backend error, is one line naming ``what`` and ``uri``."""
     fs = store.fs
     try:
         fs.invalidate_cache(store.path)
         if not fs.exists(f"{store.path}/{RunDir.RESOLVED_CONFIG}"):
-            raise LaunchError(f"{what} {uri}: no {RunDir.RESOLVED_CONFIG} there; pass the URI of a run directory")
-        files = [f"{store.path}/{RunDir.RESOLVED_CONFIG}"] + [
-            f for f in fs.find(f"{store.path}/{RunDir.FINAL}")]
+            raise LaunchError(f"{what} {uri}: no {RunDir.RESOLVED_CONFIG} there; {hint}")
+        files = [f for f in fs.find(store.path) if keep(f[len(store.path) + 1:])]
+        root = dest()
         for f in files:
-            target = dest / f[len(store.path) + 1:]
+            target = root / f[len(store.path) + 1:]
             target.parent.mkdir(parents=True, exist_ok=True)
             fs.get_file(f, str(target))
     except LaunchError:
         raise
     except Exception as e:  # noqa: BLE001 - each backend raises its own types; all are worded here
         raise LaunchError(f"{what} {uri}: {explain(e, store)}") from None
-    return dest
+    return root
 
 
 def upload_tree(local: Path, store: Store) -> None:

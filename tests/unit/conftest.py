@@ -13,6 +13,13 @@ TIER_RULE = ("a pure-function test starts no process and runs no training loop: 
              "(the in-process tier) or move it to tests/integration (Ray, torchrun, clusters)")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _matplotlib_font_cache():
+    """matplotlib builds its font cache on its first import on a machine by running fc-list: a fresh clone does it
+    here, once, before the guard below would refuse that process to the first test that draws a plot."""
+    import matplotlib.font_manager  # noqa: F401
+
+
 @pytest.fixture(autouse=True)
 def _pure_tier_guard(request, monkeypatch):
     if request.node.get_closest_marker("loop"):

@@ -3,9 +3,11 @@
 A LoRA run's adapter is merged into the base one safetensors shard at a time: each base shard is read, every
 weight the adapter targets gets W + scale x B @ A (scale alpha / r, or alpha / sqrt(r) with rank-stabilised
 LoRA; transposed for fan_in_fan_out layers), ``modules_to_save`` replace their weights, and the shard is written
-under its own name before the next is read. Peak host memory is one input shard, one output shard and the
-adapter, whatever the model size (peft's ``merge_and_unload`` builds the whole model first: ~16 GB of RAM for an
-8B model; axolotl merges shard by shard for the same reason). Written here because peft merges modules, not
+under its own name before the next is read. LoRA on an MoE's fused expert weights (peft's ``target_parameters``)
+is merged into the experts as the checkpoint stores them (fused_lora.py). Peak host memory is one input shard, one
+output shard and the adapter (with fused experts, also one fused parameter's delta), whatever the model size
+(peft's ``merge_and_unload`` builds the whole model first: ~16 GB of RAM for an 8B model; axolotl merges shard by
+shard for the same reason). Written here because peft merges modules, not
 checkpoint files. A full fine-tune's ``final/`` is already a model directory; its shards are copied, cast shard by
 shard when another dtype is asked.
 
@@ -25,12 +27,12 @@ from pathlib import Path
 
 from scaletrain.dtypes import BYTES, checkpoint_dtype, torch_dtype, torch_name
 from scaletrain.errors import ConfigError
+from scaletrain.fused_lora import PEFT_PREFIX, FusedDeltas
 from scaletrain.model_files import model_dir
 from scaletrain.rundir import RunDir
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 INDEX = "model.safetensors.index.json"
-PEFT_PREFIX = "base_model.model."
 # What travels with the weights (when the source has it): the model's config and generation settings, the
 # tokenizer's files with the chat template the run trained with.
 BESIDE = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -41,7 +43,7 @@ BESIDE = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "
 class Exported:
     path: Path
     shards: int
-    merged: int  # LoRA pairs merged
+    merged: int  # base weights a LoRA delta was added to
     replaced: int  # modules_to_save tensors written over the base's
     dtype: str
     bytes: int
@@ -95,9 +97,10 @@ def _copy_beside(sources: list[Path], target: Path, dtype: str) -> None:
 
 
 class Adapter:
-    """A saved peft LoRA adapter: its settings and tensors, keyed by the base weight each one changes."""
+    """A saved peft LoRA adapter: its settings and tensors, keyed by the base checkpoint's weight each one changes
+    (LoRA on an MoE's fused expert weights through ``fused``: see fused_lora.py)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, base: Path):
         from safetensors.torch import load_file
 
         settings = json.loads((directory / ADAPTER_CONFIG).read_text())
@@ -106,32 +109,28 @@ class Adapter:
         if settings.get("use_dora"):
             raise ConfigError(f"{directory}: a DoRA adapter (use_dora); export merges plain LoRA only: merge it with "
                               f"peft's merge_and_unload (output.merge_lora: true)")
-        if settings.get("target_parameters"):
-            raise ConfigError(f"{directory}: LoRA on fused parameters ({', '.join(settings['target_parameters'])}: "
-                              f"an MoE's experts) is not merged shard by shard yet; set output.merge_lora: true "
-                              f"(peft's merge, the whole model in memory)")
         r, alpha = settings["r"], settings.get("lora_alpha", settings["r"])
         self.scale = alpha / math.sqrt(r) if settings.get("use_rslora") else alpha / r
         self.fan_in_fan_out = bool(settings.get("fan_in_fan_out"))
         if settings.get("rank_pattern") or settings.get("alpha_pattern"):
             raise ConfigError(f"{directory}: rank_pattern/alpha_pattern adapters are not merged by export yet; set "
                               f"output.merge_lora: true")
-        tensors = load_file(str(directory / ADAPTER_WEIGHTS))
+        tensors = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(str(directory / ADAPTER_WEIGHTS)).items()}
+        self.fused = FusedDeltas(base, settings, tensors, self.scale, directory) \
+            if settings.get("target_parameters") else None
+        rename = self.fused.checkpoint_key if self.fused else (lambda key: key)
         self.pairs: dict[str, tuple] = {}  # base weight key -> (A, B)
         self.saved: dict[str, object] = {}  # base key -> a modules_to_save tensor
-        for key, value in tensors.items():
-            name = key.removeprefix(PEFT_PREFIX)
+        for name, value in tensors.items():
             if ".lora_A." in name:
-                base = name.replace(".lora_A.", ".")
-                self.pairs.setdefault(base, [None, None])[0] = value
+                self.pairs.setdefault(rename(name.replace(".lora_A.", ".")), [None, None])[0] = value
             elif ".lora_B." in name:
-                base = name.replace(".lora_B.", ".")
-                self.pairs.setdefault(base, [None, None])[1] = value
+                self.pairs.setdefault(rename(name.replace(".lora_B.", ".")), [None, None])[1] = value
             elif ".lora_embedding_" in name:
                 raise ConfigError(f"{directory}: LoRA on an embedding ({name}) is not merged by export yet; set "
                                   f"output.merge_lora: true")
             else:  # modules_to_save: a full tensor that replaces the base's
-                self.saved[name.replace(".modules_to_save.", ".")] = value
+                self.saved[rename(name.replace(".modules_to_save.", "."))] = value
         if half := next((k for k, (a, b) in self.pairs.items() if a is None or b is None), None):
             raise ConfigError(f"{directory}: the adapter holds one of lora_A/lora_B for {half} and not the other; "
                               f"the file is incomplete (save the adapter again)")
@@ -209,10 +208,11 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exporte
     base = base_dir(run, final)
     names = shards_of(base)
     dtype = dtype or _dtype_of(base)
-    adapter = Adapter(final)
+    adapter = Adapter(final, base)
     size = sum((base / n).stat().st_size for n in names)
     _check_space(target, int(size * BYTES[dtype] / BYTES[_dtype_of(base)]))
     weight_map, total, merged, replaced = {}, 0, set(), set()
+    fused = adapter.fused.keys() if adapter.fused else set()
     with _written(target) as partial:
         for name in names:
             out = {}
@@ -222,8 +222,11 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exporte
                     if key in adapter.saved:
                         w = adapter.saved[key]
                         replaced.add(key)
-                    elif key in adapter.pairs:
-                        w = (w.float() + adapter.delta(key)).to(w.dtype)  # in the stored dtype, as peft merges
+                    elif key in adapter.pairs or key in fused:
+                        # added in fp32 and rounded once, to the dtype written (a bf16 base exported in fp32 keeps
+                        # the adapter's fp32 precision)
+                        d = adapter.delta(key) if key in adapter.pairs else adapter.fused.delta(key)
+                        w = w.float() + d
                         merged.add(key)
                     out[key] = w.to(torch_dtype(dtype)).contiguous()
                     weight_map[key] = name
@@ -231,7 +234,7 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exporte
             save_file(out, str(partial / name), metadata={"format": "pt"})
             del out
             _release_freed_memory()
-        missing = sorted(set(adapter.pairs) - merged) + sorted(set(adapter.saved) - replaced)
+        missing = sorted((set(adapter.pairs) | fused) - merged) + sorted(set(adapter.saved) - replaced)
         if missing:
             raise ConfigError(f"export: the adapter changes {len(missing)} weight(s) the base checkpoint {base} does "
                               f"not hold ({missing[0]} is the first); it was trained on another base")

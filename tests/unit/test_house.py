@@ -59,7 +59,7 @@ def test_the_registry_is_the_ground_floor():
 # and from lower layers, never from its own layer or above. Written once, here; a new package gets its place.
 LAYERS = (
     ("__init__", "errors", "console", "credentials", "dtypes", "attention", "demo_data", "moe"),
-    ("envvars", "precision", "rundir", "textfile", "lora_targets"),
+    ("envvars", "precision", "rundir", "textfile", "lora_targets", "fused_lora"),
     ("redact", "storage"),
     ("config",),
     ("comm", "data", "model_files"),

@@ -193,34 +193,38 @@ def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> str | None:
 
 
 def router_loss_note(cfg: Config, vocab: Vocab) -> str | None:
-    """The start-of-run line of an MoE model's load-balancing loss (worker/router.py): its coefficient and where it
-    comes from; train.moe_aux_loss_coef on a dense model is an error."""
-    from scaletrain.moe import experts_of
+    """The start-of-run line of an MoE model's router losses (worker/router.py): each coefficient and where it comes
+    from (moe.router_terms); a router loss asked of a dense model is an error."""
+    from scaletrain.moe import experts_of, router_terms
 
-    asked = cfg.train.moe_aux_loss_coef
+    asked = {"moe_aux_loss_coef": cfg.train.moe_aux_loss_coef, "moe_z_loss_coef": cfg.train.moe_z_loss_coef}
     if cfg.model.task != "causal-lm":
         return None
     _, config = auto_and_config(cfg.model, vocab)
     experts = experts_of(config)
     if experts is None:
-        if asked:
-            raise ConfigError(f"train.moe_aux_loss_coef={asked:g}: {cfg.model.name_or_path} has no routed experts "
+        if key := next((k for k, v in asked.items() if v), None):
+            raise ConfigError(f"train.{key}={asked[key]:g}: {cfg.model.name_or_path} has no routed experts "
                               f"(a dense model); remove the key")
         return None
+    head = f"moe: {experts.count} experts, top-{experts.top_k}" + (
+        f" within {experts.groups[1]} of {experts.groups[0]} groups" if experts.groups else "")
     if cfg.train.stage != "sft":
-        return (f"moe: {experts.count} experts, top-{experts.top_k}; train.stage={cfg.train.stage} trains without "
-                f"the load-balancing loss (its own objective only)")
-    coef = asked if asked is not None else float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
-    where = ("train.moe_aux_loss_coef" if asked is not None else
-             "the checkpoint's router_aux_loss_coef; train.moe_aux_loss_coef sets it")
-    if coef == 0:
-        return f"moe: {experts.count} experts, top-{experts.top_k}; no load-balancing loss (coefficient 0: {where})"
+        return f"{head}; train.stage={cfg.train.stage} trains without the router's losses (its own objective only)"
+    terms = router_terms(config, cfg.train.moe_aux_loss_coef, cfg.train.moe_z_loss_coef)
+    if terms.aux == 0 and terms.z == 0:
+        return (f"{head}; no load-balancing loss (coefficient 0: {terms.aux_from}; train.moe_aux_loss_coef sets "
+                f"it), no router z-loss")
+    parts = []
+    if terms.aux:
+        parts.append(f"load-balancing loss over the global batch (every rank and micro-batch counted before the "
+                     f"loss), coefficient {terms.aux:g} ({terms.aux_from}), logged as train/moe_aux_loss")
+    if terms.z:
+        parts.append(f"router z-loss, coefficient {terms.z:g} ({terms.z_from}), logged as train/moe_z_loss")
     cost = (f"; with {cfg.train.gradient_accumulation_steps} micro-batches a step, their expert shares come from a "
-            f"no-grad forward of the window first (about a third more compute; train.moe_aux_loss_coef=0 skips it)"
-            if cfg.train.gradient_accumulation_steps > 1 else "")
-    return (f"moe: {experts.count} experts, top-{experts.top_k}; load-balancing loss over the global batch (every "
-            f"rank and micro-batch counted before the loss), coefficient {coef:g} ({where}), logged as "
-            f"train/moe_aux_loss beside train/loss{cost}")
+            f"no-grad forward of the window first (about a third more compute; train.moe_aux_loss_coef=0 and "
+            f"train.moe_z_loss_coef=0 skip it)" if cfg.train.gradient_accumulation_steps > 1 else "")
+    return f"{head}; " + "; ".join(parts) + f", beside train/loss{cost}"
 
 
 def apply_lora(model, cfg: ModelConfig):

@@ -1,7 +1,7 @@
 """An MoE fine-tune with its load-balancing loss over the global batch, for real: a tiny Qwen3-MoE saved in bf16,
 1 worker with 2 accumulation micro-batches against 2 workers (torchrun) with 1, the same global batch: the
-language-model loss and the auxiliary loss (logged on its own) agree, full fine-tuning under DDP and LoRA under
-FSDP; the start of the run says the coefficient and where it comes from."""
+language-model loss and the auxiliary loss (logged on its own; the router z-loss too, where asked) agree, full
+fine-tuning under DDP and LoRA under FSDP; the start of the run says the coefficient and where it comes from."""
 
 import json
 import os
@@ -35,7 +35,7 @@ def tiny_qwen3_moe(tmp_path_factory) -> Path:
 
 
 def _train(tmp_path: Path, model: Path, name: str, workers: int, accumulation: int, finetuning: str,
-           strategy: str) -> Path:
+           strategy: str, z: float | None) -> Path:
     data = tmp_path / "data.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps({"instruction": f"Count to {i % 7 + 1}.", "input": "",
@@ -45,7 +45,8 @@ def _train(tmp_path: Path, model: Path, name: str, workers: int, accumulation: i
                      "lora_rank": 4, "lora_alpha": 8},
            "data": {"train_file": str(data), "template": "alpaca", "max_length": 64, "eval_ratio": 0},
            "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": accumulation,
-                     "max_steps": 3, "learning_rate": 1e-3, "logging_steps": 1, "strategy": strategy},
+                     "max_steps": 3, "learning_rate": 1e-3, "logging_steps": 1, "strategy": strategy,
+                     "moe_z_loss_coef": z},
            "scaling": {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local"},
            "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
     out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / f"{name}.yaml", cfg),
@@ -55,15 +56,18 @@ def _train(tmp_path: Path, model: Path, name: str, workers: int, accumulation: i
     return tmp_path / "runs" / name
 
 
-@pytest.mark.parametrize("finetuning,strategy", [("full", "ddp"), ("lora", "fsdp")])
-def test_one_and_two_workers_give_the_same_lm_and_aux_loss(tmp_path, tiny_qwen3_moe, finetuning, strategy):
-    one = _train(tmp_path, tiny_qwen3_moe, "one", 1, 2, finetuning, strategy)
-    two = _train(tmp_path, tiny_qwen3_moe, "two", 2, 1, finetuning, strategy)
+@pytest.mark.parametrize("finetuning,strategy,z", [("full", "ddp", None), ("lora", "fsdp", 1e-3)])
+def test_one_and_two_workers_give_the_same_lm_and_aux_loss(tmp_path, tiny_qwen3_moe, finetuning, strategy, z):
+    one = _train(tmp_path, tiny_qwen3_moe, "one", 1, 2, finetuning, strategy, z)
+    two = _train(tmp_path, tiny_qwen3_moe, "two", 2, 1, finetuning, strategy, z)
     curves = [[r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"] for run in (one, two)]
     assert [len(c) for c in curves] == [3, 3]
     for a, b in zip(*curves):
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4)
         assert b["train/moe_aux_loss"] == pytest.approx(a["train/moe_aux_loss"], rel=1e-4)
+        assert ("train/moe_z_loss" in a) == (z is not None)  # the router z-loss (ST-MoE) only where asked
+        if z is not None:
+            assert b["train/moe_z_loss"] == pytest.approx(a["train/moe_z_loss"], rel=1e-4) and a["train/moe_z_loss"] > 0
     assert 1.0 < curves[0][0]["train/moe_aux_loss"] < 4.0  # E x sum_e f_e P_e: top-k (2) when balanced
     shares = curves[1][-1]["moe/expert_shares"]  # the router's health: layer x expert, 1.0 a fair share
     assert len(shares) == 2 and all(len(row) == 4 and sum(row) == pytest.approx(4.0, abs=1e-3) for row in shares)

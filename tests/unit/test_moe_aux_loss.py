@@ -119,6 +119,8 @@ def test_the_coefficient_on_a_dense_model_is_one_line_and_an_moe_says_its_own(tm
 
     with pytest.raises(ConfigError, match=r"train.moe_aux_loss_coef=0.01: .*dense.* has no routed experts"):
         router_loss_note(cfg("dense", moe_aux_loss_coef=0.01), vocab)
+    with pytest.raises(ConfigError, match=r"train.moe_z_loss_coef=0.001: .*dense.* has no routed experts"):
+        router_loss_note(cfg("dense", moe_z_loss_coef=0.001), vocab)
     assert router_loss_note(cfg("dense"), vocab) is None
     note = router_loss_note(cfg("moe"), vocab)
     assert "4 experts, top-2; load-balancing loss over the global batch" in note and \
@@ -127,6 +129,97 @@ def test_the_coefficient_on_a_dense_model_is_one_line_and_an_moe_says_its_own(tm
     assert "no load-balancing loss" in router_loss_note(cfg("moe", moe_aux_loss_coef=0), vocab)
     assert "a no-grad forward of the window first" in router_loss_note(cfg("moe", gradient_accumulation_steps=4),
                                                                        vocab)
+
+
+def _deepseek_v2(**extra):
+    from transformers import DeepseekV2Config
+
+    return DeepseekV2Config(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16, n_routed_experts=8,
+                            num_experts_per_tok=2, first_k_dense_replace=0, n_shared_experts=1, kv_lora_rank=16,
+                            q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, **extra)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_the_z_loss_over_micro_batches_is_the_global_batch_mean_with_its_gradients(family):
+    """Switch Transformers' router_z_loss_func per layer, averaged over the layers, on the whole batch (no padding:
+    it counts every position) equals the step's z-loss summed over 3 micro-batches, value and gradients."""
+    from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func
+
+    model = _model(family).float()
+    batch = {"input_ids": torch.randint(0, 128, (6, 10), generator=torch.Generator().manual_seed(3))}
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    layers = model(**batch, output_router_logits=True).router_logits
+    reference = sum(router_z_loss_func(layer.reshape(6, 10, -1)) for layer in layers) / len(layers)
+    reference.backward()
+    want = _grads(model)
+    model.zero_grad()
+    router = RouterLoss(0.0, experts_of(model.config), world_size=1, device="cpu", z_coef=1.0)
+    window = [{k: v[i::3] for k, v in batch.items()} for i in range(3)]
+    router.begin_step(model, window, _no_autocast)
+    total = 0.0
+    for mb in window:
+        loss = router.micro_loss(model(**mb, output_router_logits=True).router_logits, mb)
+        loss.backward()
+        total += float(loss.detach())
+    assert total == pytest.approx(float(reference), rel=1e-5)
+    assert router.sums[2] == pytest.approx(float(reference), rel=1e-5)  # what train/moe_z_loss records
+    got = _grads(model)
+    assert set(got) == set(want)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_group_limited_routing_counts_the_experts_deepseek_v2_picks():
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    from scaletrain.worker.router import _chosen
+
+    config = _deepseek_v2(n_group=4, topk_group=1, topk_method="group_limited_greedy")  # both from the best group
+    experts = experts_of(config)
+    assert experts.groups == (4, 1)
+    router = DeepseekV2TopkRouter(config)
+    torch.nn.init.normal_(router.weight, std=1.0)
+    hidden = torch.randn(64, 32, generator=torch.Generator().manual_seed(4))
+    logits, _, picked = router(hidden)
+    ours = _chosen(logits, experts)
+    assert [sorted(r) for r in ours.tolist()] == [sorted(r) for r in picked.tolist()]
+    plain = torch.topk(logits, 2, dim=-1).indices  # what plain top-k would have counted: not the same choices
+    assert [sorted(r) for r in plain.tolist()] != [sorted(r) for r in picked.tolist()]
+
+
+def test_deepseek_v2_gets_the_term_its_transformers_code_omits(tmp_path):
+    """DeepSeek-V2's released config names the coefficient aux_loss_alpha; transformers' code reads the router
+    logits but never adds the loss: scaletrain adds it, and says so; the z-loss is off unless asked."""
+    from transformers import DeepseekV2ForCausalLM
+
+    from scaletrain.comm.context import DistContext
+    from scaletrain.config import validate
+    from scaletrain.model import router_loss_note
+    from scaletrain.tokenizer import Vocab
+    from scaletrain.worker.trainer import router_loss_for
+
+    config = _deepseek_v2(aux_loss_alpha=0.001, n_group=4, topk_group=2, topk_method="group_limited_greedy")
+    config.save_pretrained(tmp_path / "dsv2")
+    cfg = validate({"model": {"name_or_path": str(tmp_path / "dsv2"), "task": "causal-lm"},
+                    "data": {"train_file": "x.jsonl"}, "train": {}})
+    note = router_loss_note(cfg, Vocab(size=128, pad_id=0))
+    assert "8 experts, top-2 within 2 of 4 groups" in note
+    assert "coefficient 0.001 (the checkpoint's aux_loss_alpha: transformers' code for deepseek_v2 omits the term, " \
+        "added here)" in note and "z-loss" not in note
+    router = router_loss_for(cfg, config, DistContext(world_rank=0, local_rank=0, world_size=1,
+                                                        local_world_size=1, node_rank=0, device="cpu", backend="gloo"))
+    assert router.coef == 0.001 and router.z_coef == 0.0 and router.experts.groups == (4, 2)
+    torch.manual_seed(0)
+    model = DeepseekV2ForCausalLM(config).float()
+    batch = _batch(5)
+    loss = router.micro_loss(model(**batch, output_router_logits=True).router_logits, batch)
+    loss.backward()
+    assert float(loss) > 0 and all(layer.mlp.gate.weight.grad.abs().sum() > 0 for layer in model.model.layers)
+    z_note = router_loss_note(validate({"model": {"name_or_path": str(tmp_path / "dsv2"), "task": "causal-lm"},
+                                        "data": {"train_file": "x.jsonl"}, "train": {"moe_z_loss_coef": 0.001}}),
+                              Vocab(size=128, pad_id=0))
+    assert "router z-loss, coefficient 0.001 (train.moe_z_loss_coef), logged as train/moe_z_loss" in z_note
 
 
 def test_router_health_from_counts_and_the_starvation_alert():

@@ -72,6 +72,8 @@ class TrainConfig(_Section):
     # MoE: the load-balancing loss's coefficient (LLaMA-Factory's name); unset: the checkpoint's
     # router_aux_loss_coef; 0: none. Computed over the global batch (worker/router.py).
     moe_aux_loss_coef: Optional[float] = Field(None, ge=0)
+    # MoE: the router z-loss's coefficient (ST-MoE; 1e-3 there); unset: the checkpoint's router_z_loss_coef, else 0.
+    moe_z_loss_coef: Optional[float] = Field(None, ge=0)
     learning_rate: float = Field(5e-5, gt=0)
     # Scale learning_rate by global batch / lr_reference_batch (linear or sqrt rule).
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"

@@ -125,9 +125,11 @@ class Meter:
         }
         if router_totals and router_totals[1]:  # the steps' auxiliary values summed over ranks / the steps
             record["train/moe_aux_loss"] = router_totals[0] * self.ctx.world_size / router_totals[1]
-            self.t.router.sums[:] = [0.0, 0.0]
+            if self.t.router.z_coef:
+                record["train/moe_z_loss"] = router_totals[2] * self.ctx.world_size / router_totals[1]
+            self.t.router.sums[:] = [0.0, 0.0, 0.0]
             e = self.t.router.experts.count
-            counts = router_totals[2:]
+            counts = router_totals[3:]
             record.update(router_health([counts[i:i + e] for i in range(0, len(counts), e)]))
         if self.t.objective is not None:
             record.update(self.t.objective.record(pref))

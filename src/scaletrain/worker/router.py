@@ -13,7 +13,9 @@ the same forward's counts, all-reduced before the loss), so the step's auxiliary
 
 and each micro-batch on each rank contributes E x sum_e f_e^G x (its own sum of p_e) / (tokens x layers),
 times the world size (DDP and FSDP average gradients over ranks): the sum is the single-process value on the
-concatenated global batch, and so are its gradients (f carries none: it counts arg-top-k choices).
+concatenated global batch, and so are its gradients (f carries none: it counts arg-top-k choices). The router
+z-loss (ST-MoE), where asked, is a per-token mean and is pooled the same way: each micro-batch's sum over its tokens
+divided by the global batch's tokens x layers.
 """
 
 from __future__ import annotations
@@ -37,12 +39,25 @@ def _mask(batch: dict, rows: int) -> torch.Tensor | None:
     return None if mask is None or mask.numel() != rows else mask.reshape(-1).float()
 
 
+def _chosen(logits: torch.Tensor, experts: Experts) -> torch.Tensor:
+    """The experts each token is routed to: top-k of the logits (softmax keeps the order), within the token's best
+    groups under DeepSeek-V2's group-limited routing (as its router picks them)."""
+    if experts.groups is None:
+        return torch.topk(logits, experts.top_k, dim=-1).indices
+    groups, keep = experts.groups
+    scores = torch.softmax(logits, dim=-1)
+    best = scores.view(-1, groups, experts.count // groups).max(dim=-1).values
+    allowed = torch.zeros_like(best).scatter_(1, torch.topk(best, keep, dim=-1).indices, 1.0)
+    allowed = allowed.repeat_interleave(experts.count // groups, dim=1).bool()
+    return torch.topk(scores.masked_fill(~allowed, 0.0), experts.top_k, dim=-1).indices
+
+
 def assignments(router_logits, batch: dict, experts: Experts) -> tuple[torch.Tensor, float]:
     """(top-k assignments per layer and expert over the real tokens, [layers, E]; tokens x layers)."""
     per_layer = []
     rows = 0.0
     for layer in _flat(router_logits, experts.count):
-        chosen = torch.topk(layer.detach().float(), experts.top_k, dim=-1).indices  # softmax keeps the order
+        chosen = _chosen(layer.detach().float(), experts)
         mask = _mask(batch, layer.shape[0])
         weight = torch.ones_like(chosen, dtype=torch.float32) if mask is None else \
             mask.to(layer.device).unsqueeze(-1).expand_as(chosen)
@@ -64,6 +79,19 @@ def probability_sums(router_logits, batch: dict, experts: Experts) -> torch.Tens
     return total
 
 
+def z_sums(router_logits, batch: dict, experts: Experts) -> torch.Tensor:
+    """The router z-loss's numerator (ST-MoE, Zoph et al. 2022, eq. 5): the squared log-sum-exp of each real token's
+    router logits, summed over the layers and tokens (differentiable); divided by the global tokens x layers it is
+    the mean the paper defines, over the global batch."""
+    total = None
+    for layer in _flat(router_logits, experts.count):
+        z = torch.logsumexp(layer.float(), dim=-1) ** 2
+        mask = _mask(batch, layer.shape[0])
+        z = (z if mask is None else z * mask.to(layer.device)).sum()
+        total = z if total is None else total + z
+    return total
+
+
 @dataclass
 class RouterLoss:
     """The step's global expert shares and each micro-batch's share of the auxiliary loss (see the docstring)."""
@@ -72,9 +100,11 @@ class RouterLoss:
     experts: Experts
     world_size: int
     device: str
+    z_coef: float = 0.0  # the router z-loss's coefficient (0: not computed)
     shares: torch.Tensor | None = None  # f^G of this step, once counted
     rows: float = 0.0  # tokens x layers of the step's global batch
-    sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the step's aux values and steps since a record
+    # since the last record: the steps' aux values, the steps, the steps' z-loss values
+    sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     layer_counts: torch.Tensor | None = None  # this rank's assignments per layer and expert since a record
     layers: int = 0  # MoE layers (known after the first forward)
 
@@ -120,7 +150,12 @@ class RouterLoss:
         sums = probability_sums(router_logits, batch, self.experts)
         aux = self.experts.count * (self.shares.to(sums.device) * sums).sum() / self.rows
         self.sums[0] += float(aux.detach())  # summed over micro-batches and (at the record) ranks: the step's aux
-        return self.coef * self.world_size * aux
+        loss = self.coef * self.world_size * aux
+        if self.z_coef:
+            z = z_sums(router_logits, batch, self.experts) / self.rows
+            self.sums[2] += float(z.detach())
+            loss = loss + self.z_coef * self.world_size * z
+        return loss
 
     def end_step(self) -> None:
         self.sums[1] += 1.0

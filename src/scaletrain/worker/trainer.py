@@ -29,7 +29,7 @@ from scaletrain.model import (
     preload,
     trained_model_config,
 )
-from scaletrain.moe import experts_of
+from scaletrain.moe import experts_of, router_terms
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
@@ -172,16 +172,15 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
 
 
 def router_loss_for(cfg: Config, model_config, ctx: DistContext) -> RouterLoss | None:
-    """The MoE load-balancing loss of a supervised causal LM with routed experts: coefficient
-    train.moe_aux_loss_coef, else the checkpoint's router_aux_loss_coef; None when it is 0 or the model is dense
-    (preference objectives keep their own loss)."""
+    """The router's auxiliary losses of a supervised causal LM with routed experts (moe.router_terms: the asked
+    coefficients, else the checkpoint's); None when both are 0 or the model is dense (preference objectives keep
+    their own loss)."""
     experts = experts_of(model_config)
     if experts is None or cfg.model.task != "causal-lm" or cfg.train.stage != "sft":
         return None
-    coef = cfg.train.moe_aux_loss_coef
-    if coef is None:
-        coef = float(getattr(model_config, "router_aux_loss_coef", 0.0) or 0.0)
-    return RouterLoss(coef, experts, ctx.world_size, ctx.device) if coef > 0 else None
+    terms = router_terms(model_config, cfg.train.moe_aux_loss_coef, cfg.train.moe_z_loss_coef)
+    return RouterLoss(terms.aux, experts, ctx.world_size, ctx.device, z_coef=terms.z) \
+        if terms.aux > 0 or terms.z > 0 else None
 
 
 def frozen_reference(model: torch.nn.Module, ctx: DistContext, cfg: Config, precision: Precision) -> torch.nn.Module:

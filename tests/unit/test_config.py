@@ -23,6 +23,16 @@ def test_unknown_key_names_nearest(classify_cfg, tmp_path):
     assert "\n" not in msg
 
 
+@pytest.mark.parametrize("section,key", [("scaling", "expert_parallel_size"), ("train", "ep_size")])
+def test_expert_parallelism_asked_is_one_line_saying_why(classify_cfg, tmp_path, section, key):
+    classify_cfg.setdefault(section, {})[key] = 2
+    with pytest.raises(ConfigError) as e:
+        load_config(write_config(tmp_path / "c.yaml", classify_cfg))
+    msg = str(e.value)
+    assert f"'{section}.{key}': expert parallelism is not offered: the experts are sharded with the rest of each " \
+        f"decoder block by FSDP (train.strategy: fsdp); remove the key" in msg and "\n" not in msg
+
+
 def test_unknown_section_is_named(classify_cfg, tmp_path):
     classify_cfg["trian"] = {"seed": 1}
     with pytest.raises(ConfigError, match=r"unknown key 'trian'; did you mean 'train'"):

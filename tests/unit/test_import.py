@@ -153,6 +153,9 @@ def test_an_unknown_template_name_is_said_not_silently_mapped():
 
 def test_the_moe_aux_loss_coefficient_imports_with_its_meaning():
     cfg, rows = from_llamafactory({"model_name_or_path": "/m", "stage": "sft", "finetuning_type": "lora",
-                                   "dataset": "alpaca_en_demo", "moe_aux_loss_coef": 0.001})
+                                   "dataset": "alpaca_en_demo", "moe_aux_loss_coef": 0.001,
+                                   "expert_model_parallel_size": 4})
     assert validate(cfg).train.moe_aux_loss_coef == 0.001
     assert _rows(rows)["moe_aux_loss_coef"].where == "train.moe_aux_loss_coef"
+    ep = _rows(rows)["expert_model_parallel_size"]  # Megatron's expert parallelism: said, not silently dropped
+    assert ep.where == "" and ep.note.startswith("expert parallelism is not offered")

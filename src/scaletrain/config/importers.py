@@ -83,6 +83,8 @@ NOT_MAPPED: dict[str, str] = {
     "disable_tqdm": "the console shows one line per logged step, no progress bar",
     "dataloader_pin_memory": "pinned memory follows the device (on for GPUs)",
     "run_name": "set output.run_name",
+    "expert_model_parallel_size": "expert parallelism is not offered: the experts are sharded with the rest of "
+                                  "each decoder block by FSDP (train.strategy: fsdp)",
     "pref_bco_weight": "BCO's extra term is not in scaletrain's DPO",
     "use_ref_model": "the reference is the base with the adapters off (LoRA) or a frozen copy (full), as needed",
     "ref_model": "the reference is the initial model (a separate reference checkpoint is not yet supported)",

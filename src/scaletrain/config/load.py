@@ -143,9 +143,18 @@ def interpolate_env(value: Any, environ: Mapping[str, str], key: str = "") -> An
     return _ENV_PATTERN.sub(sub, value)
 
 
+# Keys users bring from other tools for a kind of parallelism scaletrain does not have: the reason, not a near key.
+_EP = ("expert parallelism is not offered: the experts are sharded with the rest of each decoder block by FSDP "
+       "(train.strategy: fsdp)")
+ABSENT_BY_DESIGN = {"expert_parallel_size": _EP, "expert_model_parallel_size": _EP, "ep_size": _EP,
+                    "expert_parallel": _EP}
+
+
 def _explain(err: dict, raw: dict) -> str:
     loc = _field_loc(err)
     dotted = ".".join(loc)
+    if err["type"] == "extra_forbidden" and loc[-1] in ABSENT_BY_DESIGN:
+        return f"'{dotted}': {ABSENT_BY_DESIGN[loc[-1]]}; remove the key"
     if err["type"] == "extra_forbidden":
         model = _model_at(Config, loc[:-1])
         valid = list(model.model_fields) if model else []

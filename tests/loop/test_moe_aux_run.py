@@ -63,8 +63,8 @@ def test_one_and_two_workers_give_the_same_lm_and_aux_loss(tmp_path, tiny_qwen3_
     curves = [[r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"] for run in (one, two)]
     assert [len(c) for c in curves] == [3, 3]
     for a, b in zip(*curves):
-        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4)
-        assert b["train/moe_aux_loss"] == pytest.approx(a["train/moe_aux_loss"], rel=1e-4)
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+        assert b["train/moe_aux_loss"] == pytest.approx(a["train/moe_aux_loss"], rel=1e-5)
         assert ("train/moe_z_loss" in a) == (z is not None)  # the router z-loss (ST-MoE) only where asked
         if z is not None:
             assert b["train/moe_z_loss"] == pytest.approx(a["train/moe_z_loss"], rel=1e-4) and a["train/moe_z_loss"] > 0

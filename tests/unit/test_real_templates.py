@@ -18,7 +18,7 @@ REAL = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 MODEL = {"qwen": "qwen2_5_instruct.jinja", "qwen2": "qwen2_instruct.jinja", "qwen3": "qwen3_4b_thinking_2507.jinja",
          "llama3": "llama3_instruct.jinja",
          "llama3.1": "llama3_1_instruct.jinja", "mistral": "mistral_7b_instruct_v0_3.jinja",
-         "mistral_v1": "mistral_7b_instruct_v0_1.jinja", "gemma": "gemma_2_it.jinja"}
+         "mistral_v1": "mistral_7b_instruct_v0_1.jinja", "gemma": "gemma_2_it.jinja", "gemma3": "gemma3_it.jinja"}
 # Templates that have no system role: the built-in folds it into the first user turn (LLaMA-Factory's choice).
 FOLDS_SYSTEM = ("gemma", "mistral_v1")
 

@@ -15,8 +15,8 @@ tests/fixtures/chat_templates, whose SOURCES.md names where each comes from), wi
   ``[TOOL_RESULTS]``); the system prompt goes into the last user message, where the model's own template puts it
   when the model answers (its template drops it from a conversation that ends with a reply).
   ``mistral_v1``: v0.1's spacing (``[INST] q [/INST]a</s>``).
-- ``gemma``: gemma-2-it; Gemma has no system role, so the system prompt is folded into the first user turn (as
-  LLaMA-Factory does; the model's own template raises "System role not supported").
+- ``gemma`` / ``gemma3``: gemma-2-it and gemma-3-it (one format): the system prompt opens the first user turn, as
+  gemma-3-it's own template writes it (gemma-2-it's raises "System role not supported"; LLaMA-Factory folds it so).
 - ``alpaca``: Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca, README "prompt"). ``vicuna``: FastChat's
   vicuna_v1.1.
 """
@@ -192,6 +192,21 @@ _QWEN3 = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
 )
 
+# Gemma 2 and 3: a system prompt and a blank line open the first user turn (Gemma 3's own template writes it so;
+# Gemma 2's refuses a system role, and LLaMA-Factory folds it the same way); "model" is the reply's role.
+_GEMMA = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
+    "{% elif message['role'] == 'user' %}"
+    "{{ '<start_of_turn>user\n' + (ns.system + message['content']) | trim + '<end_of_turn>\n' }}"
+    "{% set ns.system = '' %}"
+    "{% elif message['role'] == 'assistant' %}{{ '<start_of_turn>model\n' }}"
+    "{% generation %}{{ message['content'] | trim + '<end_of_turn>' }}{% endgeneration %}{{ '\n' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+
+
 BUILTIN_TEMPLATES: dict[str, str] = {
     "alpaca": (
         "{% for message in messages %}"
@@ -231,18 +246,8 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% elif message['role'] == 'assistant' %}" + _GEN + "{% endif %}"
         "{% endfor %}"
     ),
-    "gemma": (
-        "{{ bos_token }}{% set ns = namespace(system='') %}"
-        "{% for message in messages %}"
-        "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
-        "{% elif message['role'] == 'user' %}"
-        "{{ '<start_of_turn>user\n' + (ns.system + message['content']) | trim + '<end_of_turn>\n' }}"
-        "{% set ns.system = '' %}"
-        "{% elif message['role'] == 'assistant' %}{{ '<start_of_turn>model\n' }}"
-        "{% generation %}{{ message['content'] | trim + '<end_of_turn>' }}{% endgeneration %}{{ '\n' }}"
-        "{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
-    ),
+    "gemma": _GEMMA,
+    "gemma3": _GEMMA,
     "vicuna": (
         "{% for message in messages %}"
         "{% if message['role'] == 'system' %}{{ message['content'] + ' ' }}"

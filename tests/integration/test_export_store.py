@@ -44,3 +44,32 @@ def test_export_from_the_store_equals_the_local_export(lora_run, tmp_path, s3_se
     assert "a run on object storage; give -o DIR" in capsys.readouterr().err
     assert main(["export", f"s3://{bucket}/runs/none", "-o", str(tmp_path / "x"), "--endpoint-url", s3_server]) != 0
     assert "no config.resolved.yaml there" in capsys.readouterr().err
+
+
+def test_an_export_is_uploaded_to_a_new_place_on_the_store_never_over_one(lora_run, tmp_path, s3_server, capsys):
+    import fsspec
+
+    from scaletrain.cli import main
+
+    bucket = make_bucket(s3_server, "uploads")
+    fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
+    uri = f"s3://{bucket}/models/m1"
+    assert main(["export", str(lora_run), "-o", str(tmp_path / "out"), "--upload", uri,
+                 "--endpoint-url", s3_server]) == 0
+    assert f"uploaded {tmp_path / 'out'} to {uri}" in capsys.readouterr().err  # the console writes to stderr
+    local = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert sorted(f.rsplit("/", 1)[-1] for f in fs.find(f"{bucket}/models/m1")) == local
+    for name in local:
+        assert fs.cat_file(f"{bucket}/models/m1/{name}") == (tmp_path / "out" / name).read_bytes(), name
+    assert not [f for f in fs.find(bucket) if "write-probe" in f]  # the check's probe object is gone
+
+    # the same place again: refused before any export is made (nothing written under -o either)
+    assert main(["export", str(lora_run), "-o", str(tmp_path / "out2"), "--upload", uri,
+                 "--endpoint-url", s3_server]) != 0
+    assert f"--upload={uri}: exists; an upload never overwrites" in capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()
+    assert main(["export", str(lora_run), "-o", str(tmp_path / "out3"), "--upload", str(tmp_path / "x")]) != 0
+    assert "not an object-storage URI" in capsys.readouterr().err and not (tmp_path / "out3").exists()
+    assert main(["export", str(lora_run), "-o", str(tmp_path / "out4"), "--upload", "s3://no-such-bucket/m",
+                 "--endpoint-url", s3_server]) != 0
+    assert "--upload=s3://no-such-bucket" in capsys.readouterr().err and not (tmp_path / "out4").exists()

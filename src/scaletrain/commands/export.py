@@ -1,5 +1,6 @@
-"""`scaletrain export RUN_DIR [-o DIR] [--dtype bf16]`: a standalone model directory from a run (scaletrain/export.py:
-a LoRA adapter merged into its base one safetensors shard at a time)."""
+"""`scaletrain export RUN_DIR [-o DIR] [--dtype bf16] [--upload URI]`: a standalone model directory from a run
+(scaletrain/export.py: a LoRA adapter merged into its base one safetensors shard at a time), uploaded to object
+storage where asked."""
 
 from __future__ import annotations
 
@@ -13,15 +14,25 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("-o", "--out", help="the directory to write (default RUN_DIR/export; never overwritten)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
                    help="the dtype written (default: the one the base checkpoint is stored in)")
-    p.add_argument("--endpoint-url", help="an S3-compatible store's URL (MinIO, Ceph) for a run on s3://")
+    p.add_argument("--upload", metavar="URI", help="then upload the export to object storage (s3://, gs://, "
+                                                    "abfs://; a new path, never overwritten)")
+    p.add_argument("--endpoint-url", help="an S3-compatible store's URL (MinIO, Ceph) for s3:// paths")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from scaletrain.console import console
+    from scaletrain.errors import ConfigError
     from scaletrain.export import export_run
+    from scaletrain.storage.mirror import check_upload_target, upload_tree
     from scaletrain.storage.uri import is_uri
 
+    upload = None
+    if args.upload:  # checked before the export is made
+        if not is_uri(args.upload):
+            raise ConfigError(f"--upload {args.upload}: not an object-storage URI; give s3://, gs:// or abfs:// "
+                              f"(a local export is -o DIR)")
+        upload = check_upload_target(args.upload, args.endpoint_url, "--upload")
     if is_uri(args.run_dir):
         done = _export_from_store(args)
     else:
@@ -31,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
             else "the fine-tuned weights")
     console.print(f"exported {done.path}: {done.shards} shard(s), {what}, {done.dtype}, {done.bytes / 1e9:.2f} GB",
                   soft_wrap=True)
+    if upload is not None:
+        upload_tree(done.path, upload, "--upload")
+        console.print(f"uploaded {done.path} to {upload.uri}", soft_wrap=True)
     return 0
 
 

@@ -139,25 +139,40 @@ def _download(store: Store, uri: str, what: str, hint: str, dest, keep) -> Path:
     return root
 
 
-def upload_tree(local: Path, store: Store) -> None:
-    """A local folder's files to ``store`` (the tokenized splits the workers download)."""
+def upload_tree(local: Path, store: Store, key: str = "upload") -> None:
+    """A local folder's files to ``store`` (the tokenized splits the workers download, an export), file by file;
+    a backend error is one line naming ``key``."""
     fs, local = store.fs, Path(local)
-    for p in sorted(local.rglob("*")):
-        if p.is_file():
-            fs.put_file(str(p), f"{store.path}/{p.relative_to(local).as_posix()}")
+    try:
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                fs.put_file(str(p), f"{store.path}/{p.relative_to(local).as_posix()}")
+    except Exception as e:  # noqa: BLE001 - each backend raises its own types; all are worded here
+        raise LaunchError(f"{key} {store.uri}: {explain(e, store)}") from None
 
 
 def _skipped_on_fetch(rel: str) -> bool:
     return rel.split("/", 1)[0] in RunDir.NOT_FETCHED
 
 
-def _exists(store: Store) -> bool:
+def _exists(store: Store, key: str = "output.output_dir") -> bool:
     fs = store.fs
     fs.invalidate_cache(store.path)
     try:
         return bool(fs.exists(store.path))
     except Exception as e:  # noqa: BLE001 - worded as one line
-        raise LaunchError(f"output.output_dir={store.uri}: {explain(e, store)}") from None
+        raise LaunchError(f"{key}={store.uri}: {explain(e, store)}") from None
+
+
+def check_upload_target(uri: str, endpoint_url: str | None, key: str) -> Store:
+    """A new place on the store for a finished directory (``--upload``): the store answers and takes a write where
+    it will go, and nothing is there yet (an upload never overwrites). Checked before the work that makes it."""
+    store = Store.of(uri.rstrip("/"), endpoint_url)
+    parent = Store(store.uri.rsplit("/", 1)[0], endpoint_url) if store.uri.count("/") > 2 else store
+    probe(parent, key)
+    if _exists(store, key):
+        raise LaunchError(f"{key}={store.uri}: exists; an upload never overwrites (choose another path or remove it)")
+    return store
 
 
 class Mirror:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from scaletrain import envvars
 from scaletrain.errors import ConfigError
+from scaletrain.report.evals import EVAL_DIR
 from scaletrain.rundir import RunDir
 
-EVAL_DIR = "eval"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
@@ -133,16 +133,3 @@ def _write(results: dict, directory: Path, tasks: list[str]) -> Path:
         except FileExistsError:
             continue
     raise ConfigError(f"{directory}: no free name for {stem}.json")
-
-
-def metric_rows(results: dict) -> list[tuple[str, str, float, float | None]]:
-    """(task, metric, value, stderr) for each task's metrics, as lm-eval reports them ("acc,none" ...)."""
-    rows = []
-    for task, metrics in sorted(results.get("results", {}).items()):
-        for key, value in metrics.items():
-            name, _, filt = key.partition(",")
-            if not filt or name.endswith("_stderr") or not isinstance(value, (int, float)):  # "sample_len", ...
-                continue
-            stderr = metrics.get(f"{name}_stderr,{filt}")
-            rows.append((task, name, float(value), float(stderr) if isinstance(stderr, (int, float)) else None))
-    return rows

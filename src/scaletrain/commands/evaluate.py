@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit <= 0 or args.batch_size < 1:
         raise ConfigError("--limit must be > 0 and --batch-size >= 1")
     from scaletrain.console import console
-    from scaletrain.harness import evaluate, metric_rows
+    from scaletrain.harness import evaluate
+    from scaletrain.report.evals import metric_rows
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
@@ -34,5 +35,12 @@ def run(args: argparse.Namespace) -> int:
     for task, metric, value, stderr in metric_rows(results):
         print(f"{task}\t{metric}\t{value:.4f}" + (f"\t± {stderr:.4f}" if stderr is not None else ""))
     if written:
-        console.print(f"eval: results written to {written}", soft_wrap=True)
+        from scaletrain.report.markdown import write_report
+        from scaletrain.rundir import RunDir
+
+        run = written.parent.parent
+        note = ""
+        if (run / RunDir.REPORT).is_file():  # the run's report (train writes it at the end) shows its evaluations
+            note = f"; {write_report(run)} updated"
+        console.print(f"eval: results written to {written}{note}", soft_wrap=True)
     return 0

@@ -9,9 +9,11 @@ from scaletrain.rundir import RunDir
 
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
-    p = sub.add_parser("report", parents=parents, help="write report.md and plots for a run (finished or not)")
-    p.add_argument("run_dir")
-    p.add_argument("--out", help="directory for report.md and the PNGs (default: the run directory)")
+    p = sub.add_parser("report", parents=parents, help="write report.md and plots for a run (finished or not); "
+                                                        "several runs: compared side by side")
+    p.add_argument("run_dir", nargs="+", help="a run directory; two or more: a comparison table")
+    p.add_argument("--out", help="directory for report.md and the PNGs (default: the run directory); with several "
+                                 "runs, where comparison.md goes (default: printed only)")
     p.set_defaults(func=run_report)
     w = sub.add_parser("watch", parents=parents, help="follow a running job from another terminal")
     w.add_argument("run_dir")
@@ -26,7 +28,9 @@ def run_report(args: argparse.Namespace) -> int:
     from scaletrain.report.markdown import write_report
     from scaletrain.storage.mirror import Mirror, home_of
 
-    run_dir = local_run(args.run_dir, [], "report")
+    if len(args.run_dir) > 1:
+        return _compare(args)
+    run_dir = local_run(args.run_dir[0], [], "report")
     store = home_of(run_dir)
     mirror = Mirror(run_dir, store, 0).assume_synced() if store and not args.out else None
     path = write_report(run_dir, args.out)
@@ -34,6 +38,29 @@ def run_report(args: argparse.Namespace) -> int:
         mirror.sync()
         path = f"{store.uri}/{RunDir.REPORT} (and here: {path})"
     console.print(f"report written to {path}", soft_wrap=True)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from scaletrain.commands.runref import local_run
+    from scaletrain.console import console
+    from scaletrain.errors import ConfigError
+    from scaletrain.report.compare import compare
+
+    table = compare([local_run(d, [], "report") for d in args.run_dir])
+    print(table, end="")
+    if args.out:
+        path = Path(args.out) / "comparison.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(path, "x") as f:  # never over an earlier comparison
+                f.write(table)
+        except FileExistsError:
+            raise ConfigError(f"--out {args.out}: comparison.md exists there and is never replaced; pass a new "
+                              f"directory") from None
+        console.print(f"comparison written to {path}", soft_wrap=True)
     return 0
 
 

@@ -14,6 +14,7 @@ import yaml
 from scaletrain.errors import ConfigError
 from scaletrain.metrics.records import read_jsonl
 from scaletrain.report import plots
+from scaletrain.report.evals import eval_section
 from scaletrain.report.logscan import scan_logs
 from scaletrain.rundir import RunDir
 
@@ -63,6 +64,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     final = s.get("final") or (evals[-1] if evals else {})
     rows += [(k, f"{v:.4f}" if isinstance(v, float) else v) for k, v in final.items() if k.startswith("eval/")]
     lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += eval_section(run)
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, out)})" for p in images]
     alerts = read_jsonl(rd.alerts)
     lines += ["", f"## Alerts ({len(alerts)})", ""]

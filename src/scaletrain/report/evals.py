@@ -1,0 +1,47 @@
+"""lm-evaluation-harness results kept in a run directory (``RUN_DIR/eval/lm_eval-*.json``, written by harness.py),
+read back for the run's report and the side-by-side comparison of runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EVAL_DIR = "eval"
+
+
+def metric_rows(results: dict) -> list[tuple[str, str, float, float | None]]:
+    """(task, metric, value, stderr) for each task's metrics, as lm-eval reports them ("acc,none" ...)."""
+    rows = []
+    for task, metrics in sorted(results.get("results", {}).items()):
+        for key, value in metrics.items():
+            name, _, filt = key.partition(",")
+            if not filt or name.endswith("_stderr") or not isinstance(value, (int, float)):  # "sample_len", ...
+                continue
+            stderr = metrics.get(f"{name}_stderr,{filt}")
+            rows.append((task, name, float(value), float(stderr) if isinstance(stderr, (int, float)) else None))
+    return rows
+
+
+def latest_metrics(run_root: Path) -> dict[tuple[str, str], tuple[float, float | None, str]]:
+    """(task, metric) -> (value, stderr, file) of the run's evaluations, the newest file's value where a task was
+    evaluated more than once (files in the order written: their names carry the time)."""
+    out: dict[tuple[str, str], tuple[float, float | None, str]] = {}
+    for path in sorted((Path(run_root) / EVAL_DIR).glob("lm_eval-*.json"), key=lambda p: p.stat().st_mtime_ns):
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError):  # a file being written, or not lm-eval's: the report says what it has
+            continue
+        for task, metric, value, stderr in metric_rows(results):
+            out[(task, metric)] = (value, stderr, path.name)
+    return out
+
+
+def eval_section(run_root: Path) -> list[str]:
+    """The report's lm-eval section (none when the run was not evaluated)."""
+    metrics = latest_metrics(run_root)
+    if not metrics:
+        return []
+    lines = ["", "## lm-evaluation-harness (scaletrain eval)", "", "| task | metric | value | stderr | file |",
+             "|---|---|---|---|---|"]
+    return lines + [f"| {task} | {metric} | {value:.4f} | {'-' if err is None else f'{err:.4f}'} | {file} |"
+                    for (task, metric), (value, err, file) in sorted(metrics.items())]

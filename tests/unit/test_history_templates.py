@@ -213,6 +213,43 @@ def test_deepseek_r1s_template_trains_each_answer_as_it_writes_it(tok):
     assert labelled == "\n\n4.<｜end▁of▁sentence｜>\n\n12.<｜end▁of▁sentence｜>" and "2+2?" not in labelled
 
 
+R1_TURNS = [{"role": "system", "content": "Be exact."},
+            {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4."},
+            {"role": "user", "content": "Times 3?"}, {"role": "assistant", "content": "<think>\nmul\n</think>\n\n12."}]
+
+
+@pytest.mark.parametrize("case", ["plain", "reasoning", "reasoning_content"])
+def test_the_deepseek_r1_builtin_writes_r1s_format_and_trains_the_last_reasoning(tok, case):
+    """deepseek_r1 against R1-Distill's own template: without reasoning the same ids; with reasoning in every turn
+    the history as R1 writes it (reasoning dropped) and the last turn as R1's generation prompt opens it, then the
+    reasoning, the answer and its end: what the model produces at inference. Only assistant parts are labels."""
+    from scaletrain.data.templates import BUILTIN_TEMPLATES
+
+    chat = [dict(m) for m in R1_TURNS]
+    if case == "plain":
+        for m in chat:
+            m["content"] = m["content"].split("</think>\n\n")[-1]
+    elif case == "reasoning_content":
+        for m in chat[2::2]:
+            reasoning, answer = m["content"].removeprefix("<think>\n").split("\n</think>\n\n")
+            m.update(content=answer, reasoning_content=reasoning)
+    (text,), (spans,) = render([chat], BUILTIN_TEMPLATES["deepseek_r1"], R1_SPECIAL, "deepseek_r1")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    if case == "plain":
+        assert ids == tok.apply_chat_template(chat, chat_template=R1, tokenize=True, return_dict=True,
+                                              **R1_SPECIAL)["input_ids"]
+        assert [text[a:b] for a, b in spans] == ["4.<｜end▁of▁sentence｜>", "12.<｜end▁of▁sentence｜>"]
+        return
+    prompt = tok.apply_chat_template(chat[:-1], chat_template=R1, tokenize=False, add_generation_prompt=True,
+                                     **R1_SPECIAL)
+    assert prompt.endswith("<｜Assistant｜><think>\n") and "add" not in prompt  # R1 drops the history's reasoning
+    assert text == prompt + "mul\n</think>\n\n12.<｜end▁of▁sentence｜>"
+    replies = [text[a:b] for a, b in spans]
+    assert replies[0].endswith("4.<｜end▁of▁sentence｜>") and "add" not in replies[0]
+    assert replies[1] == "<think>\nmul\n</think>\n\n12.<｜end▁of▁sentence｜>"
+    assert "Be exact." not in "".join(replies) and "Times 3?" not in "".join(replies)
+
+
 def test_a_refusal_names_the_built_in_of_the_tokenizers_own_format(tmp_path):
     from scaletrain.data.templates import builtin_for, render_advice
     from scaletrain.errors import DataError

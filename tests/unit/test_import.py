@@ -133,8 +133,7 @@ def test_a_llamafactory_dpo_file_becomes_a_dpo_job():
     assert set(_rows(rows)) >= set(lf)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_nothink", "qwen3_5", "gemma3", "gpt", "gpt_oss", "deepseekr1",
-                                  "llama4", "mistral_small"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_nothink", "qwen3_5", "gpt", "gpt_oss", "llama4", "mistral_small"])
 def test_the_2026_template_names_map_to_the_models_own_with_the_reason(name):
     from scaletrain.config.importers import LF_OWN_TEMPLATE
 
@@ -143,6 +142,13 @@ def test_the_2026_template_names_map_to_the_models_own_with_the_reason(name):
     row = next(r for r in rows if r.key == "template")
     assert cfg["data"]["template"] == "auto" and row.where == "data.template"
     assert row.note == f"LLaMA-Factory's {name!r} -> the tokenizer's own chat template: {LF_OWN_TEMPLATE[name]}"
+
+
+@pytest.mark.parametrize("name,builtin", [("gemma3", "gemma3"), ("deepseekr1", "deepseek_r1")])
+def test_the_2026_names_with_a_built_in_map_to_it(name, builtin):
+    cfg, rows = from_llamafactory({"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora",
+                                   "dataset": "d", "template": name, "do_train": True})
+    assert cfg["data"]["template"] == builtin and validate(cfg).data.template == builtin
 
 
 def test_an_unknown_template_name_is_said_not_silently_mapped():

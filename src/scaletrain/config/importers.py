@@ -102,7 +102,10 @@ FOREVER_S = 24 * 3600
 # LLaMA-Factory template names -> scaletrain built-ins (LF's own names where they are the same format).
 # (LLaMA-Factory's qwen template writes Qwen2.5's default system prompt; its llama3 has no Llama-3.1 date header.)
 TEMPLATES = {"alpaca": "alpaca", "qwen": "qwen", "chatml": "chatml", "llama3": "llama3", "mistral": "mistral",
-             "gemma": "gemma", "gemma2": "gemma", "vicuna": "vicuna"}
+             "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma3", "vicuna": "vicuna",
+             # LF's deepseekr1 trains the last turn's reasoning (R1's own template drops every turn's): the built-in
+             # does the same
+             "deepseekr1": "deepseek_r1"}
 # LLaMA-Factory's templates of the models of 2025-26, each with why the model's own chat template (data.template:
 # auto) is the right choice: it is what the model was trained with, and scaletrain locates every assistant turn in
 # the one render of the whole conversation (data.multi_turn: spans), also where the history is written differently.
@@ -112,9 +115,7 @@ LF_OWN_TEMPLATE = {
     "qwen3_nothink": "the model's own template: Qwen3-2507 Instruct's writes no <think> blocks; a hybrid Qwen3's "
                      "writes an empty one after the last query, as enable_thinking=false does at inference",
     "qwen3_5": "Qwen3.5's own template",
-    "deepseekr1": "DeepSeek-R1's own template (the reasoning of earlier turns dropped, as the model was trained)",
     "deepseek3": "DeepSeek-V3's own template",
-    "gemma3": "Gemma 3's own template (a system prompt goes into the first user turn, as it writes it)",
     "gpt": "gpt-oss's own harmony template (analysis/final channels, tool calls)",
     "gpt_oss": "gpt-oss's own harmony template (analysis/final channels, tool calls)",
     "llama4": "Llama 4's own template",

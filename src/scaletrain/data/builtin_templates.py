@@ -17,6 +17,8 @@ tests/fixtures/chat_templates, whose SOURCES.md names where each comes from), wi
   ``mistral_v1``: v0.1's spacing (``[INST] q [/INST]a</s>``).
 - ``gemma`` / ``gemma3``: gemma-2-it and gemma-3-it (one format): the system prompt opens the first user turn, as
   gemma-3-it's own template writes it (gemma-2-it's raises "System role not supported"; LLaMA-Factory folds it so).
+- ``deepseek_r1``: DeepSeek-R1 and its distills; the last turn's reasoning trained, earlier turns' dropped (as
+  the model's own template writes the history).
 - ``alpaca``: Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca, README "prompt"). ``vicuna``: FastChat's
   vicuna_v1.1.
 """
@@ -207,6 +209,34 @@ _GEMMA = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 
 
+# DeepSeek-R1 and its distills (R1-Distill-Qwen/Llama): <｜User｜> / <｜Assistant｜> turns, the system prompt first,
+# the answer ended by <｜end▁of▁sentence｜>. The model's own template drops the reasoning of every turn (it keeps what
+# follows </think>); here the last turn keeps its reasoning and trains it, written after <｜Assistant｜> as the
+# model's generation prompt opens it ("<think>\n"), and the earlier turns are written as the model's template writes
+# them (LLaMA-Factory's deepseekr1 keeps the same parts). The reasoning comes from `reasoning_content` or from
+# <think>...</think> in the content. No tool format (R1's writes the arguments as given strings): tool data is refused.
+_DEEPSEEK_R1 = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for message in messages %}{% if message['role'] == 'system' %}{% set ns.system = message['content'] %}"
+    "{% endif %}{% endfor %}{{ ns.system }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{% set content = message['content'] %}{% set reasoning = '' %}"
+    "{% if message.reasoning_content is string %}{% set reasoning = message.reasoning_content %}{% endif %}"
+    "{% if '</think>' in content %}"
+    "{% if not reasoning %}{% set reasoning = content.split('</think>')[0].split('<think>')[-1] %}{% endif %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{ '<｜Assistant｜>' }}{% generation %}"
+    "{% if loop.last and reasoning.strip() %}"
+    "{{ '<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}"
+    "{% else %}{{ content }}{% endif %}"
+    "{{ '<｜end▁of▁sentence｜>' }}{% endgeneration %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜><think>\n' }}{% endif %}"
+)
+
+
 BUILTIN_TEMPLATES: dict[str, str] = {
     "alpaca": (
         "{% for message in messages %}"
@@ -246,6 +276,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{% elif message['role'] == 'assistant' %}" + _GEN + "{% endif %}"
         "{% endfor %}"
     ),
+    "deepseek_r1": _DEEPSEEK_R1,
     "gemma": _GEMMA,
     "gemma3": _GEMMA,
     "vicuna": (

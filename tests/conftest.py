@@ -171,3 +171,12 @@ PHASE_LINE = re.compile(r"^\s*\d+\.\d s \S")
 def without_phases(text: str) -> list[str]:
     """The non-empty lines of a command's output other than its start-up phase lines."""
     return [ln for ln in text.splitlines() if ln.strip() and not PHASE_LINE.match(ln)]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a process group's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -17,7 +17,6 @@ from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import for_world_size
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
-from scaletrain.dtypes import torch_dtype
 from scaletrain.errors import StorageError
 from scaletrain.memory.measure import held_bytes, memory_summary
 from scaletrain.metrics.goodput import mark
@@ -25,15 +24,13 @@ from scaletrain.metrics.gpu import faulty_node_note, gpu_health, hardware_fault,
 from scaletrain.metrics.logs import WORKER_LOGGER, EventLog, log_failure, setup_worker_logging
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import SystemSampler
-from scaletrain.model_files import final_dtype, set_config_dtype
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir
-from scaletrain.storage.mirror import upload_tree
-from scaletrain.storage.uri import Store
 from scaletrain.worker.evaluate import evaluate
 from scaletrain.worker.faults import maybe_fire
+from scaletrain.worker.final import save_final
 from scaletrain.worker.meter import Meter
-from scaletrain.worker.parallel import all_gather_floats, full_model_state, unwrap
+from scaletrain.worker.parallel import all_gather_floats
 from scaletrain.worker.preference import objective_for
 from scaletrain.worker.resize import resize_note
 from scaletrain.worker.sampler import ResumableSampler
@@ -280,26 +277,6 @@ def _next_window(batches, accum: int, metrics: Meter) -> list[dict] | None:
             return None
     metrics.data_wait(time.perf_counter() - t0)
     return window
-
-
-def save_final(t: Trainer) -> str:
-    """``final/``: a transformers (or peft adapter) directory loadable with from_pretrained, a full model in the
-    dtype its checkpoint came in (an adapter as peft saves it, fp32). Returns that dtype."""
-    state = full_model_state(t.model, trainable_only=False)  # collective under FSDP
-    dtype = final_dtype(t.cfg.model, t.precision.policy.compute) if not t.lora else "fp32"
-    if t.ctx.is_main:
-        model = unwrap(t.model)
-        if not t.lora:
-            target = torch_dtype(dtype)
-            state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
-        model.save_pretrained(str(t.run_dir.final), state_dict=state, safe_serialization=True)
-        if not t.lora:  # transformers writes the dtype of the (fp32 master) model it saves from
-            set_config_dtype(t.run_dir.final, dtype)
-        if t.spec.store:  # a run on object storage: final/ goes to the store (the driver adds the tokenizer)
-            upload_tree(t.run_dir.final, Store(t.spec.store, t.cfg.storage.endpoint_url).child(RunDir.FINAL))
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-    return dtype
 
 
 def _write_pid(run_dir: str, ctx: DistContext) -> None:

@@ -1,0 +1,99 @@
+"""``final/`` of a full fine-tune sharded by FSDP over 2 ranks is written by every rank (DCP's Hugging Face writer,
+then each rank assembling its share of the output files): the same files' tensors, bit for bit, as rank 0's
+gathered ``save_pretrained`` (the tied weight once), config.json naming the dtype, nothing of the per-rank
+pieces left, and transformers loads it. Two gloo processes on this machine."""
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from scaletrain.worker.final import file_of_each
+
+pytestmark = pytest.mark.loop
+
+
+def _tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=True))
+
+
+def _fake_trainer(model, root: Path, rank: int, world: int):
+    from scaletrain.comm.context import DistContext
+    from scaletrain.rundir import RunDir
+
+    root.mkdir(parents=True, exist_ok=True)
+    ctx = DistContext(world_rank=rank, local_rank=rank, world_size=world, local_world_size=world, node_rank=0,
+                      device="cpu", backend="gloo")
+    return SimpleNamespace(model=model, lora=False, ctx=ctx, run_dir=RunDir(root), spec=SimpleNamespace(store=None),
+                           cfg=SimpleNamespace(train=SimpleNamespace(strategy="fsdp")))
+
+
+def _worker(rank: int, world: int, root: str, port: int):
+    from torch.distributed.fsdp import fully_shard
+
+    from scaletrain.worker import final
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = _tiny()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    every = _fake_trainer(model, Path(root) / "every", rank, world)
+    assert final._every_rank_writes(every)
+    final._save_sharded(every, "bf16")
+    final._save_gathered(_fake_trainer(model, Path(root) / "gathered", rank, world), "bf16")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def test_two_ranks_write_final_equal_to_save_pretrained(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import free_port
+
+    mp.spawn(_worker, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
+    every, gathered = tmp_path / "every" / "final", tmp_path / "gathered" / "final"
+    ours, theirs = _tensors(every), _tensors(gathered)
+    # tied: written once (the gathered dict holds two copies, so save_pretrained cannot tell and writes both)
+    assert set(ours) == set(theirs) - {"lm_head.weight"}
+    for key in ours:
+        assert ours[key].dtype == torch.bfloat16 and torch.equal(ours[key], theirs[key]), key
+    files = sorted(p.name for p in every.glob("*.safetensors"))
+    assert len(files) >= 2  # at least one output file per rank
+    index = json.loads((every / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(ours) and set(index["weight_map"].values()) == set(files)
+    assert not (every / "sharded").exists()
+    assert json.loads((every / "config.json").read_text())["dtype"] == "bfloat16"
+    assert (every / "generation_config.json").is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(every)
+    assert torch.equal(loaded.lm_head.weight, loaded.model.embed_tokens.weight)
+    reference = _tiny().to(torch.bfloat16).state_dict()
+    assert all(torch.equal(loaded.state_dict()[k].to(torch.bfloat16), reference[k]) for k in reference)
+
+
+def test_output_files_are_about_equal_and_one_per_rank_at_least():
+    state = {f"w{i}": torch.empty(100 * (i % 3 + 1)) for i in range(12)}
+    mapping = file_of_each(state, 4)
+    assert sorted(set(mapping.values())) == [1, 2, 3, 4] and list(mapping.values()) == sorted(mapping.values())
+    sizes = [sum(state[k].numel() for k, f in mapping.items() if f == i) for i in (1, 2, 3, 4)]
+    assert max(sizes) - min(sizes) <= 300  # within one tensor
+    assert set(file_of_each({"a": torch.empty(4)}, 4).values()) == {1}  # never an empty file

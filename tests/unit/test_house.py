@@ -65,7 +65,7 @@ LAYERS = (
     ("comm", "data", "model_files"),
     ("checkpoint", "metrics", "tokenizer"),
     ("model", "report", "export", "serving", "chat"),
-    ("memory", "scaling", "harness"),
+    ("memory", "scaling", "harness", "gen_eval"),
     ("worker",),
     ("launch",),
     ("doctor",),

@@ -1,4 +1,5 @@
-"""`scaletrain eval RUN_DIR|MODEL --tasks T1,T2 [--limit N]`: lm-evaluation-harness on a run's model (harness.py)."""
+"""`scaletrain eval RUN_DIR|MODEL --tasks T1,T2 [--limit N]`: lm-evaluation-harness on a run's model (harness.py);
+`--data FILE`: the generation eval on held-out prompts, BLEU-4 / ROUGE as LLaMA-Factory reports them (gen_eval.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import argparse
 def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("eval", parents=parents, help="evaluate a run's model with lm-evaluation-harness (offline)")
     p.add_argument("target", help="a finished causal-LM run directory, or a model directory")
-    p.add_argument("--tasks", required=True, help="lm-eval task names, comma-separated (e.g. arc_easy,hellaswag)")
-    p.add_argument("--limit", type=float, help="at most N documents per task (a fraction when below 1)")
+    p.add_argument("--tasks", help="lm-eval task names, comma-separated (e.g. arc_easy,hellaswag)")
+    p.add_argument("--data", help="held-out conversations (JSONL, the run's data format): each last reply "
+                                  "generated and scored, BLEU-4 and ROUGE-1/2/L as LLaMA-Factory reports them")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest generated answer (--data)")
+    p.add_argument("--limit", type=float, help="at most N documents per task (a fraction when below 1); with --data, "
+                                               "at most N records")
     p.add_argument("--num-fewshot", type=int, help="few-shot examples in each prompt (default: the task's)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--include-path", help="a directory of lm-eval task YAMLs (tasks over local files)")
@@ -21,19 +26,35 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     from scaletrain.errors import ConfigError
 
-    if args.limit is not None and args.limit <= 0 or args.batch_size < 1:
-        raise ConfigError("--limit must be > 0 and --batch-size >= 1")
+    if args.limit is not None and args.limit <= 0 or args.batch_size < 1 or args.max_new_tokens < 1:
+        raise ConfigError("--limit must be > 0, --batch-size and --max-new-tokens >= 1")
+    if not args.tasks and not args.data:
+        raise ConfigError("eval: give --tasks (lm-eval tasks), --data FILE (the generation eval), or both")
     from scaletrain.console import console
-    from scaletrain.harness import evaluate
     from scaletrain.report.evals import metric_rows
 
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    results, written = evaluate(args.target, tasks, limit=limit, num_fewshot=args.num_fewshot,
-                                batch_size=args.batch_size, include_path=args.include_path, device=args.device,
-                                dtype=args.dtype)
-    for task, metric, value, stderr in metric_rows(results):
-        print(f"{task}\t{metric}\t{value:.4f}" + (f"\t± {stderr:.4f}" if stderr is not None else ""))
+    outcomes = []
+    if args.data:
+        from scaletrain.gen_eval import generation_eval
+
+        outcomes.append(generation_eval(args.target, args.data, limit=int(args.limit) if args.limit else None,
+                                        max_new_tokens=args.max_new_tokens))
+    if args.tasks:
+        from scaletrain.harness import evaluate
+
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        outcomes.append(evaluate(args.target, tasks, limit=limit, num_fewshot=args.num_fewshot,
+                                 batch_size=args.batch_size, include_path=args.include_path, device=args.device,
+                                 dtype=args.dtype))
+    for results, written in outcomes:
+        for task, metric, value, stderr in metric_rows(results):
+            print(f"{task}\t{metric}\t{value:.4f}" + (f"\t± {stderr:.4f}" if stderr is not None else ""))
+        _said(written, console)
+    return 0
+
+
+def _said(written, console) -> None:
     if written:
         from scaletrain.report.markdown import write_report
         from scaletrain.rundir import RunDir
@@ -43,4 +64,3 @@ def run(args: argparse.Namespace) -> int:
         if (run / RunDir.REPORT).is_file():  # the run's report (train writes it at the end) shows its evaluations
             note = f"; {write_report(run)} updated"
         console.print(f"eval: results written to {written}{note}", soft_wrap=True)
-    return 0

@@ -1,5 +1,6 @@
-"""lm-evaluation-harness results kept in a run directory (``RUN_DIR/eval/lm_eval-*.json``, written by harness.py),
-read back for the run's report and the side-by-side comparison of runs."""
+"""Evaluation results kept in a run directory: lm-evaluation-harness's (``RUN_DIR/eval/lm_eval-*.json``, written by
+harness.py) and the generation eval's (``generate-*.json``, gen_eval.py, in lm-eval's results shape), read back for
+the run's report and the side-by-side comparison of runs."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def latest_metrics(run_root: Path) -> dict[tuple[str, str], tuple[float, float |
     """(task, metric) -> (value, stderr, file) of the run's evaluations, the newest file's value where a task was
     evaluated more than once (files in the order written: their names carry the time)."""
     out: dict[tuple[str, str], tuple[float, float | None, str]] = {}
-    for path in sorted((Path(run_root) / EVAL_DIR).glob("lm_eval-*.json"), key=lambda p: p.stat().st_mtime_ns):
+    files = [*(Path(run_root) / EVAL_DIR).glob("lm_eval-*.json"), *(Path(run_root) / EVAL_DIR).glob("generate-*.json")]
+    for path in sorted(files, key=lambda p: p.stat().st_mtime_ns):
         try:
             results = json.loads(path.read_text())
         except (OSError, ValueError):  # a file being written, or not lm-eval's: the report says what it has

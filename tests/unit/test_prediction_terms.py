@@ -176,3 +176,64 @@ def test_the_straggler_spread_is_measured_from_a_runs_ranks(tmp_path, capsys):
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "ranks/ready_s": [1.0]}) + "\n")
     assert main(["predict", "--step-time", "1", "--grad-bytes", "1e6", "--profile", "mi300x",
                  "--straggler-from", str(run)]) != 0
+
+
+def _measured_run(root, workers=2):
+    """A finished DDP run as the step breakdown records it: three probes (the first, warm-up, left out)."""
+    run = root / "run"
+    run.mkdir()
+    (run / "config.resolved.yaml").write_text("model: {name_or_path: m}\n")
+    (run / "summary.json").write_text(json.dumps({"world_size": workers, "strategy": "ddp",
+                                                  "parameters/trainable": 25_000_000,
+                                                  "samples_per_step_per_device": 8}))
+    probes = [(0.5, 2.0, 0.5, 0.2), (0.01, 0.40, 0.05, 0.02), (0.03, 0.44, 0.07, 0.02), (0.02, 0.42, 0.06, 0.02)]
+    records = [{"kind": "breakdown", "step": 10 * i, "world_size": workers, "time/data_wait_s": d,
+                "time/compute_s": c, "time/exposed_comm_s": e, "time/optimizer_s": o, "time/step_s": d + c + e + o}
+               for i, (d, c, e, o) in enumerate(probes)]
+    records += [{"kind": "train", "step": i, "ranks/ready_s": [1.0, 1.0 + 0.02 * i]} for i in range(1, 5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def test_predict_run_compares_its_prediction_with_the_measured_run_term_by_term(tmp_path, capsys):
+    from scaletrain.cli import main
+    from scaletrain.commands.predict import measured_spread
+    from scaletrain.scaling.profiles import PROFILES
+
+    run = _measured_run(tmp_path)
+    assert main(["predict", "--run", str(run), "--profile", "mi300x", "--gpus", "1,2,4"]) == 0
+    out = capsys.readouterr().out
+    # the medians of the probes after the first: compute 0.42 + optimizer 0.02, exposed 0.06, data 0.02, step 0.52
+    prof = PROFILES["mi300x"]
+    expected = step(Inputs(compute_s=0.44, grad_bytes=100e6, intra=prof["intra"], inter=prof["inter"],
+                           gpus_per_node=prof["gpus_per_node"], bucket_bytes=25 * 1024**2, overlap=0.8,
+                           strategy="ddp", samples_per_step_per_device=8, topology=prof.get("topology", "switch"),
+                           straggler_cv=measured_spread(str(run))), 2)
+    lost = sum(expected[k] for k in ("gather_s", "reduce_s", "latency_s", "contention_s", "straggler_s"))
+    assert expected["straggler_s"] > 0  # the run's own rank spread is the straggler input
+    lines = {line.split("  ")[0].strip(): line.split() for line in out.splitlines()}
+    assert lines["compute + optimizer"][3:5] == ["0.4400", "0.4400"]
+    assert lines["lost to communication"][3:5] == ["0.0600", f"{lost:.4f}"]
+    assert lines["data wait"][2:4] == ["0.0200", "0.0200"]
+    step_line = lines["step"]
+    assert step_line[1] == "0.5200" and step_line[2] == f"{expected['step_time_s'] + 0.02:.4f}"
+    assert step_line[3] == f"({(expected['step_time_s'] + 0.02) / 0.52 - 1:+.1%})"
+    assert "measured run: 2 worker(s), ddp, median of 3 step breakdown(s)" in out
+
+    assert main(["predict", "--run", str(run), "--profile", "mi300x", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["measured"]["exposed_comm_s"] == pytest.approx(0.06) and data["predicted_at_run"]["workers"] == 2
+
+
+def test_predict_run_refuses_what_it_cannot_compare(tmp_path, capsys):
+    from scaletrain.cli import main
+
+    run = _measured_run(tmp_path)
+    assert main(["predict", "--run", str(run), "--step-time", "1", "--profile", "mi300x"]) != 0
+    assert "give it alone" in capsys.readouterr().err
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1}) + "\n")
+    assert main(["predict", "--run", str(run), "--profile", "mi300x"]) != 0
+    assert "no step breakdown recorded" in capsys.readouterr().err
+    (run / "summary.json").unlink()
+    assert main(["predict", "--run", str(run), "--profile", "mi300x"]) != 0
+    assert "point it at a finished run" in capsys.readouterr().err

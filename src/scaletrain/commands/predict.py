@@ -15,6 +15,10 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     src = p.add_argument_group("compute (one of)")
     src.add_argument("--from-run", help="a 1-worker run directory: its step time and gradient size")
     src.add_argument("--step-time", type=float, help="one device's step time in seconds (no communication)")
+    src.add_argument("--run", dest="measured_run", metavar="RUN_DIR",
+                     help="a finished DDP run with step breakdowns (monitor.breakdown_every): its measured compute "
+                          "is the input, and at its own worker count the prediction is compared term by term with "
+                          "what it measured")
     p.add_argument("--grad-bytes", type=float, help="gradient bytes per step (default: trainable params x 4)")
     p.add_argument("--param-bytes", type=float, default=0.0, help="FSDP: parameter bytes gathered per pass")
     p.add_argument("--samples-per-step", type=float, help="samples per step per device (for samples/s)")
@@ -89,7 +93,17 @@ def inputs_from_args(args):
 
     _check_numbers(args)
     grad_bytes, samples = args.grad_bytes, args.samples_per_step
-    if args.from_run:
+    if getattr(args, "measured_run", None):
+        if args.from_run or args.step_time:
+            raise ConfigError("--run RUN_DIR is the compute input: give it alone, without --from-run or --step-time")
+        measured = measured_breakdown(args.measured_run)
+        compute = measured["compute_s"] + measured["optimizer_s"]
+        grad_bytes = grad_bytes or measured["grad_bytes"]
+        samples = samples or measured["samples_per_step_per_device"]
+        args.strategy = measured["strategy"]
+        if measured["workers"] > 1 and not args.straggler_from:
+            args.straggler_from = args.measured_run
+    elif args.from_run:
         run = RunDir(args.from_run)
         if not run.finished():
             raise ConfigError(f"--from-run {run}: no {RunDir.SUMMARY}; point it at a finished 1-worker run")
@@ -129,6 +143,48 @@ def inputs_from_args(args):
                   samples_per_step_per_device=samples, topology=topology, micro_batches=args.micro_batches,
                   n_layers=args.layers, reshard_after_forward=args.reshard_after_forward,
                   sync_each_micro_batch=args.sync_each_micro_batch, straggler_cv=args.straggler_cv, **extra)
+
+
+def measured_breakdown(run_dir: str) -> dict:
+    """A finished run's median step breakdown (worker/breakdown.py: data wait, compute without gradient sync,
+    exposed communication, optimizer, in seconds) with what the prediction needs of it."""
+    from scaletrain.metrics.records import read_jsonl
+    from scaletrain.rundir import RunDir
+
+    run = RunDir(run_dir).require_run()
+    if not run.finished():
+        raise ConfigError(f"--run {run_dir}: no {RunDir.SUMMARY}; point it at a finished run")
+    summary = json.loads(run.summary.read_text())
+    records = [r for r in read_jsonl(run.metrics) if r.get("kind") == "breakdown"]
+    if not records:
+        raise ConfigError(f"--run {run_dir}: no step breakdown recorded (a DDP or 1-worker run with "
+                          f"monitor.breakdown_every > 0; FSDP gathers in forward, so it has none)")
+    records = records[1:] or records  # the first probe holds the warm-up step
+    out = {k: statistics.median(r[f"time/{k}"] for r in records)
+           for k in ("data_wait_s", "compute_s", "exposed_comm_s", "optimizer_s", "step_s")}
+    return {**out, "workers": summary["world_size"], "strategy": summary.get("strategy", "ddp"),
+            "grad_bytes": summary.get("parameters/trainable", 0) * 4,
+            "samples_per_step_per_device": summary.get("samples_per_step_per_device"), "probes": len(records)}
+
+
+def term_by_term(measured: dict, predicted: dict) -> list[str]:
+    """The prediction at the run's own worker count against what the run measured, in the breakdown's categories:
+    the measured exposed communication (sync on minus sync off) holds what the prediction splits into exposed
+    gathers, reductions, latency, contention and stragglers."""
+    lost = {k: predicted[k] for k in LOSS_NAMES}
+    exposed = sum(lost.values())
+    step = predicted["step_time_s"] + measured["data_wait_s"]
+    lines = [f"measured run: {measured['workers']} worker(s), {measured['strategy']}, median of {measured['probes']} "
+             f"step breakdown(s); predicted at {measured['workers']} from its compute",
+             f"{'term':<28} {'measured s':>11} {'predicted s':>12}",
+             f"{'compute + optimizer':<28} {measured['compute_s'] + measured['optimizer_s']:>11.4f} "
+             f"{predicted['compute_s']:>12.4f}  (the input)",
+             f"{'lost to communication':<28} {measured['exposed_comm_s']:>11.4f} {exposed:>12.4f}  ("
+             + ", ".join(f"{LOSS_NAMES[k]} {v:.4f}" for k, v in lost.items()) + ")",
+             f"{'data wait':<28} {measured['data_wait_s']:>11.4f} {measured['data_wait_s']:>12.4f}  (measured: not "
+             f"modelled)",
+             f"{'step':<28} {measured['step_s']:>11.4f} {step:>12.4f}  ({step / measured['step_s'] - 1:+.1%})"]
+    return lines
 
 
 def measured_spread(run_dir: str) -> float:
@@ -221,9 +277,19 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(check(), indent=1))
             return 0
         return print_published()
-    rows = table(inputs_from_args(args), parse_workers(args.gpus, flag="--gpus"))
+    inputs = inputs_from_args(args)
+    rows = table(inputs, parse_workers(args.gpus, flag="--gpus"))
+    compared = None
+    if args.measured_run:
+        from scaletrain.scaling.predict import step
+
+        measured = measured_breakdown(args.measured_run)
+        compared = (measured, step(inputs, measured["workers"]))
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rows": rows, "measured": compared[0], "predicted_at_run": compared[1]} if compared
+                         else rows, indent=1))
         return 0
     print_table(rows)
+    if compared:
+        print("\n".join(term_by_term(*compared)))
     return 0

@@ -77,6 +77,9 @@ LOCAL_RAY_DEFAULTS: dict[str, str] = {
 # `scaletrain eval` (harness.py): lm-eval's model and task data only from this machine (a user's value wins).
 HF_DATASETS_OFFLINE = "HF_DATASETS_OFFLINE"
 EVAL_DEFAULTS: dict[str, str] = {HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"}
+# Set by `scaletrain eval --workers N` in the processes torchrun starts: each evaluates its share (lm-eval's own
+# data-parallel split) instead of launching again.
+SCALETRAIN_EVAL_WORKER = "SCALETRAIN_EVAL_WORKER"
 
 # Variables every worker gets from the driver (values shown are scaletrain's defaults).
 WORKER_ENV_DEFAULTS: dict[str, str] = {

@@ -114,6 +114,8 @@ def evaluate(path: str | Path, tasks: list[str], limit: float | None = None, num
                               f"cache on a machine with network (datasets.load_dataset), or write a task YAML over "
                               f"local files (--include-path)") from None
         raise
+    if results is None:  # a rank other than 0 of a data-parallel evaluation (--workers): rank 0 has the results
+        return {}, None
     results = {**results, "scaletrain": {"evaluated": target.described, "tasks": tasks, "limit": limit,
                                          "num_fewshot": num_fewshot}}
     written = _write(results, target.results_dir, tasks) if target.results_dir else None

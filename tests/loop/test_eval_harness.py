@@ -114,3 +114,27 @@ def test_an_unknown_task_and_a_run_without_final_are_one_line_each(lora_run, tmp
     (unfinished / "config.resolved.yaml").write_text(run.joinpath("config.resolved.yaml").read_text())
     assert main(["eval", str(unfinished), "--tasks", "tiny_mc"]) != 0
     assert "no final/ (the run did not finish)" in capsys.readouterr().err
+
+
+def test_two_processes_give_the_one_process_numbers_in_one_file(lora_run, task_dir, tmp_path, capfd):
+    """--workers 2: lm-eval's data-parallel split under torchrun; rank 0 prints and writes what one process does."""
+    from scaletrain.cli import main
+
+    base, run, _ = lora_run
+    copy = tmp_path / "run"
+    import shutil
+
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
+    args = ["eval", str(copy), "--tasks", "tiny_mc", "--include-path", str(task_dir), "--dtype", "float32"]
+    assert main(args) == 0
+    one = capfd.readouterr().out
+    assert main([*args, "--workers", "2"]) == 0
+    two = capfd.readouterr().out
+    rows = [sorted(line for line in out.splitlines() if line.startswith("tiny_mc\t")) for out in (one, two)]
+    assert rows[0] == rows[1] and len(rows[0]) == 2  # acc and acc_norm, printed once (rank 0)
+    files = sorted((copy / "eval").glob("lm_eval-tiny_mc-*.json"))
+    assert len(files) == 2  # one file per evaluation, not one per process
+    a, b = (json.loads(f.read_text())["results"]["tiny_mc"] for f in files)
+    assert a["acc,none"] == b["acc,none"] and a["acc_norm,none"] == b["acc_norm,none"]
+    assert main(["eval", str(copy), "--data", "x.jsonl", "--workers", "2"]) != 0
+    assert "for --tasks" in capfd.readouterr().err

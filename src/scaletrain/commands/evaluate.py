@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+from scaletrain import envvars
 
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
@@ -20,6 +23,9 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--include-path", help="a directory of lm-eval task YAMLs (tasks over local files)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: a GPU when there is one)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes on this machine evaluating --tasks in data parallel (torchrun; lm-eval splits "
+                        "the documents; on GPUs one per process); the metrics are the 1-process ones")
     p.set_defaults(func=run)
 
 
@@ -30,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--limit must be > 0, --batch-size and --max-new-tokens >= 1")
     if not args.tasks and not args.data:
         raise ConfigError("eval: give --tasks (lm-eval tasks), --data FILE (the generation eval), or both")
+    if args.workers < 1 or args.workers > 1 and not args.tasks:
+        raise ConfigError(f"--workers {args.workers}: a count >= 1, for --tasks (the lm-eval tasks are split over "
+                          f"the processes)")
     from scaletrain.console import console
     from scaletrain.report.evals import metric_rows
 
@@ -40,7 +49,11 @@ def run(args: argparse.Namespace) -> int:
 
         outcomes.append(generation_eval(args.target, args.data, limit=int(args.limit) if args.limit else None,
                                         max_new_tokens=args.max_new_tokens))
-    if args.tasks:
+    if args.tasks and args.workers > 1 and not os.environ.get(envvars.SCALETRAIN_EVAL_WORKER):
+        rc = _data_parallel(args)
+        if rc != 0:
+            return rc
+    elif args.tasks:
         from scaletrain.harness import evaluate
 
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -52,6 +65,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"{task}\t{metric}\t{value:.4f}" + (f"\t± {stderr:.4f}" if stderr is not None else ""))
         _said(written, console)
     return 0
+
+
+def _data_parallel(args: argparse.Namespace) -> int:
+    """``--workers N``: the lm-eval part run by N processes under torchrun (this command again in each, without
+    --data); rank 0 prints and writes the results, as one process would."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.workers}",
+            "-m", "scaletrain", "eval", args.target, "--tasks", args.tasks, "--batch-size", str(args.batch_size),
+            "--dtype", args.dtype]
+    for flag, value in (("--limit", args.limit), ("--num-fewshot", args.num_fewshot),
+                        ("--include-path", args.include_path), ("--device", args.device)):
+        if value is not None:
+            argv += [flag, str(value)]
+    env = {**os.environ, envvars.SCALETRAIN_EVAL_WORKER: "1", envvars.OMP_NUM_THREADS: os.environ.get(
+        envvars.OMP_NUM_THREADS, str(max(1, (os.cpu_count() or 1) // args.workers)))}
+    return subprocess.run(argv, env=env).returncode
 
 
 def _said(written, console) -> None:

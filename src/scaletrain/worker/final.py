@@ -6,7 +6,8 @@ A full model is written in the dtype its checkpoint came in (an adapter as peft 
   filesystem for all, a model whose checkpoint keys are its parameter names): each rank writes its own shards of
   every tensor with DCP's Hugging Face writer, then each rank assembles a share of the output safetensors files
   from them (torch's ``consolidate_safetensors_files_on_every_rank``), so no rank ever holds the whole model: a
-  rank's peak is its FSDP shard plus what it copies into one output file. The index, config.json and
+  rank's peak growth is its cast shards plus one piece of an output file, about 1/N of the model x 1.25
+  (measured in tests/loop/test_final_every_rank.py). The index, config.json and
   generation_config.json are rank 0's to write; the per-rank pieces are removed after.
 - **rank 0 writes** the gathered state dict with ``save_pretrained`` otherwise (one rank, DDP, LoRA adapters, a run
   on object storage, and models whose checkpoint stores tensors differently from the model: transformers 5 fuses
@@ -29,6 +30,7 @@ from scaletrain.worker.parallel import full_model_state, unwrap
 from scaletrain.worker.trainer import Trainer
 
 SHARD_BYTES = 5 * 2**30  # the largest output file written by every rank (transformers' default shard size)
+FILES_PER_RANK = 4  # output files per rank at least (file_of_each)
 _SHARDED = "sharded"  # DCP's per-rank pieces, under final/ while it is written
 
 
@@ -71,11 +73,13 @@ def _save_gathered(t: Trainer, dtype: str) -> None:
 
 
 def file_of_each(state: dict, world_size: int) -> dict[str, int]:
-    """Tensor name -> output file (1-based), in order, files of about equal bytes: at least one per rank (each
-    rank assembles whole files), none much over SHARD_BYTES."""
+    """Tensor name -> output file (1-based), in order, files of about equal bytes: FILES_PER_RANK per rank (each
+    rank assembles whole files), none much over SHARD_BYTES. DCP's writer builds each piece (a rank's part of one
+    output file) in memory before writing it, so a rank's peak while saving is its cast shards plus one piece:
+    1/N of the model x (1 + 1/FILES_PER_RANK)."""
     sizes = {k: v.numel() * v.element_size() for k, v in state.items()}
     total = sum(sizes.values())
-    files = min(len(sizes), max(world_size, math.ceil(total / SHARD_BYTES)))
+    files = min(len(sizes), max(FILES_PER_RANK * world_size, math.ceil(total / SHARD_BYTES)))
     per_file, out, used, index = total / files, {}, 0, 1
     for key, size in sizes.items():
         if used and used + size / 2 > per_file * index and index < files:
@@ -105,6 +109,7 @@ def _save_sharded(t: Trainer, dtype: str) -> None:
     mapping = file_of_each(state, t.ctx.world_size)
     dcp.save(state, storage_writer=HuggingFaceStorageWriter(path=str(pieces), save_distributed=True,
                                                             fqn_to_index_mapping=mapping))
+    del state, sharded  # this rank's cast shards, before it assembles its output files: the peak is one or other
     consolidate_safetensors_files_on_every_rank(str(pieces), str(final), mapping)
     dist.barrier()
     if t.ctx.is_main:

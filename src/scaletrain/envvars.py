@@ -81,6 +81,13 @@ EVAL_DEFAULTS: dict[str, str] = {HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1", 
 # data-parallel split) instead of launching again.
 SCALETRAIN_EVAL_WORKER = "SCALETRAIN_EVAL_WORKER"
 
+
+def eval_worker_env(processes: int) -> dict[str, str]:
+    """The environment of `scaletrain eval --workers N`'s processes: marked as workers, and the cores shared among
+    them where the user set no thread count (torchrun would set 1 and warn)."""
+    threads = os.environ.get(OMP_NUM_THREADS) or str(max(1, (os.cpu_count() or 1) // processes))
+    return {**os.environ, SCALETRAIN_EVAL_WORKER: "1", OMP_NUM_THREADS: threads}
+
 # Variables every worker gets from the driver (values shown are scaletrain's defaults).
 WORKER_ENV_DEFAULTS: dict[str, str] = {
     HF_HUB_OFFLINE: "1",

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from scaletrain import envvars
 
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
         outcomes.append(generation_eval(args.target, args.data, limit=int(args.limit) if args.limit else None,
                                         max_new_tokens=args.max_new_tokens))
-    if args.tasks and args.workers > 1 and not os.environ.get(envvars.SCALETRAIN_EVAL_WORKER):
+    if args.tasks and args.workers > 1 and not envvars.read(envvars.SCALETRAIN_EVAL_WORKER):
         rc = _data_parallel(args)
         if rc != 0:
             return rc
@@ -80,9 +79,7 @@ def _data_parallel(args: argparse.Namespace) -> int:
                         ("--include-path", args.include_path), ("--device", args.device)):
         if value is not None:
             argv += [flag, str(value)]
-    env = {**os.environ, envvars.SCALETRAIN_EVAL_WORKER: "1", envvars.OMP_NUM_THREADS: os.environ.get(
-        envvars.OMP_NUM_THREADS, str(max(1, (os.cpu_count() or 1) // args.workers)))}
-    return subprocess.run(argv, env=env).returncode
+    return subprocess.run(argv, env=envvars.eval_worker_env(args.workers)).returncode
 
 
 def _said(written, console) -> None:

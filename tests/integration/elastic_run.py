@@ -32,6 +32,17 @@ def steps_done() -> int:
         return 0
 
 
+def trained_on_one() -> bool:
+    """A step trained by the shrunk group: the node is added back only then. Added as soon as the resize line is
+    written (while the 1-worker group is still restoring), Ray may replace that group with a 2-worker one before it
+    trains a step, and the run (rightly) records no 1-worker phase."""
+    try:
+        records = read_jsonl(run / "metrics.jsonl")
+        return any(r.get("kind") == "train" and r.get("scaling/workers") == 1 for r in records)
+    except (OSError, ValueError):
+        return False
+
+
 def train():
     try:
         run_job(validate(cfg), "elastic.yaml", show_progress=False)
@@ -64,6 +75,7 @@ try:
         cluster.remove_node(node)  # a lost node: its worker dies with it
         if wait_for(lambda: "resize: from 2 to 1" in main_log(), deadline):
             events["shrunk_t"] = time.time()
+            wait_for(trained_on_one, deadline)
             node = cluster.add_node(num_cpus=1)  # room again: the run grows back
             events["added_t"] = time.time()
             events["added_at_step"] = steps_done()

@@ -13,11 +13,10 @@ time) in lm-eval's results shape, so the run's report and ``report A B`` show th
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.report.evals import EVAL_DIR
+from scaletrain.report.evals import EVAL_DIR, write_new
 from scaletrain.rundir import RunDir
 
 METRICS = ("bleu-4", "rouge-1", "rouge-2", "rouge-l")
@@ -107,19 +106,4 @@ def generation_eval(run_dir: str | Path, data: str | Path, limit: int | None = N
                "predictions": predictions,
                "scaletrain": {"evaluated": run.root.name, "data": str(data), "examples": len(predictions),
                               "max_new_tokens": max_new_tokens, "scored_as": "LLaMA-Factory ComputeSimilarity"}}
-    return results, _write(results, run.root / EVAL_DIR, Path(data).stem)
-
-
-def _write(results: dict, directory: Path, stem: str) -> Path:
-    """A new file each time (exclusive create): an earlier evaluation is never overwritten."""
-    directory.mkdir(exist_ok=True)
-    base = f"generate-{stem[:60]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    for n in range(1000):
-        path = directory / (f"{base}.json" if n == 0 else f"{base}-{n}.json")
-        try:
-            with open(path, "x") as f:
-                json.dump(results, f, indent=1, ensure_ascii=False)
-            return path
-        except FileExistsError:
-            continue
-    raise ConfigError(f"{directory}: no free name for {base}.json")
+    return results, write_new(results, run.root / EVAL_DIR, f"generate-{Path(data).stem[:60]}")

@@ -15,14 +15,12 @@ it); this module only resolves what to evaluate and keeps the run directory's pr
 from __future__ import annotations
 
 import difflib
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain import envvars
 from scaletrain.errors import ConfigError
-from scaletrain.report.evals import EVAL_DIR
+from scaletrain.report.evals import EVAL_DIR, write_new
 from scaletrain.rundir import RunDir
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -118,20 +116,6 @@ def evaluate(path: str | Path, tasks: list[str], limit: float | None = None, num
         return {}, None
     results = {**results, "scaletrain": {"evaluated": target.described, "tasks": tasks, "limit": limit,
                                          "num_fewshot": num_fewshot}}
-    written = _write(results, target.results_dir, tasks) if target.results_dir else None
+    written = write_new(results, target.results_dir, f"lm_eval-{'-'.join(tasks)[:80]}") \
+        if target.results_dir else None
     return results, written
-
-
-def _write(results: dict, directory: Path, tasks: list[str]) -> Path:
-    """A new file each time (exclusive create): an earlier evaluation is never overwritten."""
-    directory.mkdir(exist_ok=True)
-    stem = f"lm_eval-{'-'.join(tasks)[:80]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    for n in range(1000):
-        path = directory / (f"{stem}.json" if n == 0 else f"{stem}-{n}.json")
-        try:
-            with open(path, "x") as f:
-                json.dump(results, f, indent=1, default=str)
-            return path
-        except FileExistsError:
-            continue
-    raise ConfigError(f"{directory}: no free name for {stem}.json")

@@ -5,9 +5,28 @@ the run's report and the side-by-side comparison of runs."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+from scaletrain.errors import ConfigError
+
 EVAL_DIR = "eval"
+
+
+def write_new(results: dict, directory: Path, prefix: str) -> Path:
+    """``directory/PREFIX-TIME.json``, a new file each time (exclusive create): an earlier evaluation is never
+    overwritten."""
+    directory.mkdir(exist_ok=True)
+    stem = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for n in range(1000):
+        path = directory / (f"{stem}.json" if n == 0 else f"{stem}-{n}.json")
+        try:
+            with open(path, "x") as f:
+                json.dump(results, f, indent=1, default=str, ensure_ascii=False)
+            return path
+        except FileExistsError:
+            continue
+    raise ConfigError(f"{directory}: no free name for {stem}.json")
 
 
 def metric_rows(results: dict) -> list[tuple[str, str, float, float | None]]:

@@ -97,6 +97,8 @@ def test_bad_generation_eval_input_is_one_line(chat_run, tmp_path, capsys):
     run, data = chat_run
     assert main(["eval", str(run)]) != 0
     assert "give --tasks (lm-eval tasks), --data FILE (the generation eval), or both" in capsys.readouterr().err
+    assert main(["eval", str(run), "--data", str(data), "--limit", "0.5"]) != 0
+    assert "--limit 0.5: with --data, a number of records" in capsys.readouterr().err
     assert main(["eval", str(run), "--data", str(tmp_path / "none.jsonl")]) != 0
     assert "--data" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"

@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--limit must be > 0, --batch-size and --max-new-tokens >= 1")
     if not args.tasks and not args.data:
         raise ConfigError("eval: give --tasks (lm-eval tasks), --data FILE (the generation eval), or both")
+    if args.data and args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit {args.limit:g}: with --data, a number of records (>= 1)")
     if args.workers < 1 or args.workers > 1 and not args.tasks:
         raise ConfigError(f"--workers {args.workers}: a count >= 1, for --tasks (the lm-eval tasks are split over "
                           f"the processes)")

@@ -85,7 +85,8 @@ def _check_numbers(args) -> None:
             raise ConfigError(f"{flag} {value:g}: a fraction between 0 and 1")
 
 
-def inputs_from_args(args):
+def inputs_from_args(args, measured: dict | None = None):
+    """The predictor's inputs from the flags; ``measured``: a run's breakdown (``--run``, measured_breakdown)."""
     from scaletrain.metrics.records import read_jsonl
     from scaletrain.rundir import RunDir
     from scaletrain.scaling.predict import Inputs
@@ -93,10 +94,9 @@ def inputs_from_args(args):
 
     _check_numbers(args)
     grad_bytes, samples = args.grad_bytes, args.samples_per_step
-    if getattr(args, "measured_run", None):
+    if measured is not None:
         if args.from_run or args.step_time:
             raise ConfigError("--run RUN_DIR is the compute input: give it alone, without --from-run or --step-time")
-        measured = measured_breakdown(args.measured_run)
         compute = measured["compute_s"] + measured["optimizer_s"]
         grad_bytes = grad_bytes or measured["grad_bytes"]
         samples = samples or measured["samples_per_step_per_device"]
@@ -277,13 +277,13 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(check(), indent=1))
             return 0
         return print_published()
-    inputs = inputs_from_args(args)
+    measured = measured_breakdown(args.measured_run) if args.measured_run else None
+    inputs = inputs_from_args(args, measured)
     rows = table(inputs, parse_workers(args.gpus, flag="--gpus"))
     compared = None
-    if args.measured_run:
+    if measured is not None:
         from scaletrain.scaling.predict import step
 
-        measured = measured_breakdown(args.measured_run)
         compared = (measured, step(inputs, measured["workers"]))
     if args.json:
         print(json.dumps({"rows": rows, "measured": compared[0], "predicted_at_run": compared[1]} if compared

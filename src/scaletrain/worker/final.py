@@ -41,8 +41,7 @@ def save_final(t: Trainer) -> str:
         _save_sharded(t, dtype)
     else:
         _save_gathered(t, dtype)
-    if t.spec.store and t.ctx.is_main:  # a run on object storage: final/ goes to the store (the driver adds the
-        # tokenizer)
+    if t.spec.store and t.ctx.is_main:  # a run on object storage: final/ goes there (the driver adds the tokenizer)
         upload_tree(t.run_dir.final, Store(t.spec.store, t.cfg.storage.endpoint_url).child(RunDir.FINAL))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -224,7 +224,7 @@ def check_batch_lr(f: Facts) -> CheckResult | None:
         return None
     from scaletrain.config.batch import global_batch, scaled_learning_rate
 
-    t, n = f.config.train, f.config.scaling.num_workers
+    t, n = f.config.train, f.config.scaling.data_parallel
     gb1, gbn = global_batch(t, 1), global_batch(t, n)
     lr = scaled_learning_rate(t, n)
     detail = f"global batch {gbn} ({gb1} on 1 worker), lr {lr:g} ({t.lr_scaling} scaling)"

@@ -63,7 +63,7 @@ LAYERS = (
     ("redact", "storage"),
     ("config",),
     ("comm", "data", "model_files"),
-    ("checkpoint", "metrics", "tokenizer"),
+    ("checkpoint", "metrics", "tokenizer", "context_parallel"),
     ("model", "report", "export", "serving", "chat"),
     ("memory", "scaling", "harness", "gen_eval"),
     ("worker",),

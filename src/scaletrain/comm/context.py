@@ -35,10 +35,26 @@ class DistContext:
     device: str  # "cpu", "cuda:0" (ROCm GPUs are "cuda" devices in torch too)
     backend: str  # "nccl" (RCCL on ROCm) or "gloo"
     node_id: str = ""
+    # A 2-D mesh of data x context parallel ranks: the ranks of one context-parallel group are consecutive, see
+    # the same batch and hold 1/cp_size of each sequence (context_parallel.py).
+    cp_size: int = 1
 
     @property
     def is_main(self) -> bool:
         return self.world_rank == 0
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that see different data."""
+        return self.world_size // self.cp_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self.world_rank // self.cp_size
+
+    @property
+    def cp_rank(self) -> int:
+        return self.world_rank % self.cp_size
 
 
 def context_from_ray(backend: str) -> DistContext:

@@ -82,16 +82,18 @@ def resized(saved: Config, new: Config) -> tuple[Config, str | None]:
     """``--resume`` on another number of workers keeps the run's global batch (``for_world_size``'s rule): the
     accumulation is recomputed. A global batch the new size cannot divide is an error; a changed per-device
     batch is no resize (``launch/resume.py`` refuses it as a change of the data order)."""
-    n_old, n_new = saved.scaling.num_workers, new.scaling.num_workers
+    n_old, n_new = saved.scaling.data_parallel, new.scaling.data_parallel  # context-parallel ranks share data
     b, a = saved.train.per_device_train_batch_size, saved.train.gradient_accumulation_steps
     if n_old == n_new or new.train.per_device_train_batch_size != b:
         return new, None
     gb = global_batch(saved.train, n_old)
     accum = accumulation_for(gb, b, n_new)
     if accum is None:
-        raise ConfigError(f"--resume with scaling.num_workers={n_new}: {cannot_keep(gb, b, a, n_old, [n_new])}")
+        raise ConfigError(f"--resume with scaling.num_workers={new.scaling.num_workers}: "
+                          f"{cannot_keep(gb, b, a, n_old, [n_new])}")
     out = new.model_copy(update={"train": new.train.model_copy(update={"gradient_accumulation_steps": accum})})
-    return out, (f"resuming on {n_new} worker(s) instead of {n_old}: gradient_accumulation_steps {a} -> {accum} "
+    workers = f"{new.scaling.num_workers} worker(s) instead of {saved.scaling.num_workers}"
+    return out, (f"resuming on {workers}: gradient_accumulation_steps {a} -> {accum} "
                  f"keeps the global batch at {gb} (the same steps, LR schedule and samples per step); the "
                  f"checkpoint reshards")
 

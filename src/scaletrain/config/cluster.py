@@ -38,6 +38,11 @@ class ScalingConfig(_Section):
     node_rank: int = Field(0, ge=0)
     master_addr: str = "127.0.0.1"
     master_port: Optional[int] = Field(None, ge=1, le=65535)  # a free port is chosen on 1 node when unset
+    # Context parallelism (context_parallel.py): each sequence split over this many ranks; the data-parallel size
+    # is num_workers / context_parallel. ulysses: all-to-all over heads; ring: every rank gathers keys/values;
+    # auto: ulysses when the heads divide, else ring.
+    context_parallel: int = Field(1, ge=1)
+    context_parallel_method: Literal["auto", "ulysses", "ring"] = "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -64,6 +69,11 @@ class ScalingConfig(_Section):
         return self.min_workers is not None and self.min_workers < self.num_workers
 
     @property
+    def data_parallel(self) -> int:
+        """Ranks that see different data: the workers over the context-parallel degree."""
+        return self.num_workers // self.context_parallel
+
+    @property
     def max_workers(self) -> int:
         """The most workers the run uses (Ray's ScalingConfig name); its global batch is the run's."""
         return self.num_workers
@@ -80,6 +90,15 @@ class ScalingConfig(_Section):
         if self.launcher == "local" and (self.num_workers > 1 or self.nnodes > 1):
             raise ValueError(f"scaling.launcher=local runs 1 worker in this process, not scaling.num_workers="
                              f"{self.num_workers}: set scaling.launcher=torchrun (this machine) or ray (a cluster)")
+        cp = self.context_parallel
+        if cp > 1 and self.num_workers % cp:
+            raise ValueError(f"scaling.context_parallel={cp} does not divide scaling.num_workers={self.num_workers}: "
+                             f"each sequence is split over {cp} ranks, so the workers come in groups of {cp}; use "
+                             f"a num_workers that is a multiple of {cp}")
+        if cp > 1 and self.elastic:
+            raise ValueError(f"scaling.context_parallel={cp} with an elastic scaling.num_workers=[{self.min_workers}, "
+                             f"{self.num_workers}] is not supported yet (a resize must keep whole groups of {cp}); "
+                             f"set a fixed num_workers")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"scaling.node_rank={self.node_rank} is out of range for scaling.nnodes={self.nnodes}; "
                              f"use 0..{self.nnodes - 1}")

@@ -17,11 +17,14 @@ def load_split(path: str):
 # What a batch says about itself besides the model's inputs: real (non-padding) tokens and examples in it, and
 # (preference pairs) the reference model's precomputed log-probabilities.
 STATS = ("num_tokens", "num_examples", "ref_logps", "kto_tag")
+# What a context-parallel shard carries besides (context_parallel.shard_batch): targets already shifted, and the
+# whole row's position ids for the attention.
+SHARD_KEYS = ("shift_labels", "cp_positions")
 
 
 def model_inputs(batch: dict, labels: bool = True) -> dict:
     """The keys of a batch the model's forward takes."""
-    return {k: v for k, v in batch.items() if k not in STATS and (labels or k != "labels")}
+    return {k: v for k, v in batch.items() if k not in STATS and k not in SHARD_KEYS and (labels or k != "labels")}
 
 
 class Collator:

@@ -272,15 +272,16 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
     for note in notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
         events("note", note)
-    n = cfg.scaling.num_workers
-    gb = global_batch(cfg.train, n)
+    n, dp = cfg.scaling.num_workers, cfg.scaling.data_parallel
+    gb = global_batch(cfg.train, dp)
     where = f"{spec.store} (its local mirror: {spec.run_dir})" if spec.store else spec.run_dir
     console.print(f"run directory {where}", soft_wrap=True)
     elastic = (f" (elastic: {cfg.scaling.min_workers}..{n} workers, the accumulation follows the size)"
                if cfg.scaling.elastic else "")
     console.print(f"{n} worker(s){elastic}, {plan.backend}, global batch {gb} = "
                   f"{cfg.train.per_device_train_batch_size} per "
-                  f"device x {cfg.train.gradient_accumulation_steps} accumulation x {n} worker(s); "
+                  f"device x {cfg.train.gradient_accumulation_steps} accumulation x {dp} data-parallel rank(s)"
+                  + (f" ({n} workers / context_parallel {cfg.scaling.context_parallel})" if dp != n else "") + "; "
                   f"lr {spec.learning_rate:g} ({cfg.train.lr_scaling} scaling); {spec.total_steps} steps",
                   soft_wrap=True)
     events("resume" if resumed else "start",
@@ -291,7 +292,7 @@ def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, 
 def build_spec(pre: Preflight, run_dir: Path, backend: str, store: Store | None = None) -> JobSpec:
     """Save the tokenized splits into the run directory and describe the job for the workers. On object storage
     the splits go to the store (``data/train``, ``data/eval``), where the workers download them from."""
-    cfg, data, n = pre.cfg, pre.data, pre.cfg.scaling.num_workers
+    cfg, data, n = pre.cfg, pre.data, pre.cfg.scaling.data_parallel
     train_path, eval_path = data.save(RunDir(run_dir).data)
     if store is not None:
         splits = {"train": train_path, "eval": eval_path}

@@ -75,8 +75,8 @@ def preflight(cfg: Config) -> Preflight:
         data.notes.append(f"model: the classification head of {cfg.model.name_or_path} has {saved} label(s) and "
                           f"this run {cfg.model.num_labels}: it is re-initialised at the new size (the rest of "
                           f"the model is loaded)")
-    total_steps(len(data.train), cfg, cfg.scaling.num_workers)  # too little data for one global batch
-    if left := left_out_note(len(data.train), cfg.train, cfg.scaling.num_workers,
+    total_steps(len(data.train), cfg, cfg.scaling.data_parallel)  # too little data for one global batch
+    if left := left_out_note(len(data.train), cfg.train, cfg.scaling.data_parallel,
                              "packed rows" if cfg.data.packing else "examples"):
         data.notes.append(left)
     try:

@@ -37,8 +37,8 @@ RESIZABLE = ("scaling.num_workers", "train.gradient_accumulation_steps")
 
 
 def resume_conflicts(saved: Config, new: Config) -> list[str]:
-    same_batch = (global_batch(saved.train, saved.scaling.num_workers)
-                  == global_batch(new.train, new.scaling.num_workers))
+    same_batch = (global_batch(saved.train, saved.scaling.data_parallel)
+                  == global_batch(new.train, new.scaling.data_parallel))
     return [f"{k}: {_get(saved, k)!r} -> {_get(new, k)!r}" for k in RESUME_BREAKING
             if _get(saved, k) != _get(new, k) and not (k in FROM_DATA and _get(new, k) is None)
             and not (k in RESIZABLE and same_batch)]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from scaletrain import context_parallel
 from scaletrain.comm.context import DistContext
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs
 from scaletrain.worker.loss import chunked_labels, is_installed
@@ -38,9 +39,9 @@ def evaluate_model(model, data, collate: Collator, ctx: DistContext, batch_size:
         return {}
     was_training = model.training
     model.eval()
-    mine = list(range(ctx.world_rank, len(data), ctx.world_size))
+    mine = list(range(ctx.dp_rank, len(data), ctx.dp_size))  # a context-parallel group shares its examples
     # Same number of forward passes on every rank: FSDP gathers parameters collectively.
-    per_rank = math.ceil(len(data) / ctx.world_size)
+    per_rank = math.ceil(len(data) / ctx.dp_size)
     n_batches = math.ceil(per_rank / batch_size)
     loss_sum = correct = count = 0.0
     chunked = task == "causal-lm" and is_installed(model)  # the same token-loss sums, never the whole logits
@@ -49,15 +50,19 @@ def evaluate_model(model, data, collate: Collator, ctx: DistContext, batch_size:
         weight = 1.0 if idx else 0.0
         batch = collate([data[i] for i in (idx or [0])])
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
-        labels = batch["labels"]
-        with autocast(), chunked_labels(model, labels) if chunked else contextlib.nullcontext():
+        shifted = ctx.cp_size > 1  # this rank's share of each sequence, targets shifted before the split
+        if shifted:
+            batch = context_parallel.shard_batch(batch, ctx.cp_size, ctx.cp_rank, collate.pad_token_id)
+            context_parallel.set_batch(batch)
+        labels = batch["shift_labels"] if shifted else batch["labels"]
+        with autocast(), chunked_labels(model, labels, shifted) if chunked else contextlib.nullcontext():
             extra = {"use_cache": False} if task == "causal-lm" else {}  # packed rows: bounds from position_ids
             logits = model(**model_inputs(batch, labels=False), **extra).logits.float()
         if chunked:
             loss = logits  # the token-loss sum
-            n = (labels[:, 1:] != IGNORE_INDEX).sum().item()
+            n = (labels[:, 1:] != IGNORE_INDEX).sum().item() if not shifted else (labels != IGNORE_INDEX).sum().item()
         elif task == "causal-lm":
-            shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+            shift_logits, shift_labels = (logits, labels) if shifted else (logits[:, :-1], labels[:, 1:])
             loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
                                    ignore_index=IGNORE_INDEX, reduction="sum")
             n = (shift_labels != IGNORE_INDEX).sum().item()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
     if ctx.is_main:  # a worker group starts (the first, or a restart): the goodput account's worker start
         mark(spec.run_dir, "worker_start")
     cfg = for_world_size(Config.model_validate(spec.config), ctx.world_size)  # elastic: this size's accumulation
+    ctx = dataclasses.replace(ctx, cp_size=cfg.scaling.context_parallel)  # the data x context parallel mesh
     redact = Redactor.from_environment()
     setup_worker_logging(spec.run_dir, ctx.world_rank, redact)
     events = EventLog(spec.run_dir, f"rank {ctx.world_rank}", redact) if ctx.is_main else (lambda *a, **k: None)
@@ -112,7 +114,7 @@ class Data:
         # Causal LM only: grouping by length could group a classification task's labels (short negative reviews).
         balance = t.cfg.model.task == "causal-lm" and d.balance_ranks and not d.packing
         lengths = self.train["length"] if balance else None
-        self.sampler = ResumableSampler(len(self.train), t.ctx.world_size, t.ctx.world_rank, tr.seed, lengths,
+        self.sampler = ResumableSampler(len(self.train), t.ctx.dp_size, t.ctx.dp_rank, tr.seed, lengths,
                                         tr.per_device_train_batch_size, tr.gradient_accumulation_steps)
 
     def batches(self):

@@ -83,7 +83,7 @@ def install(model, chunk_tokens: int, backend: str = "chunked") -> None:
     """Give the model's output layer the chunked loss (see the module's docstring), computed by our chunks or by
     Liger's fused linear cross-entropy (``backend``, from ``choose_backend``)."""
     head = output_layer(model)
-    head.chunk_tokens, head.labels, head.loss_backend = chunk_tokens, None, backend
+    head.chunk_tokens, head.labels, head.shifted, head.loss_backend = chunk_tokens, None, False, backend
     plain = head.forward
     fused = _liger_loss() if backend == "liger" else None
 
@@ -91,9 +91,9 @@ def install(model, chunk_tokens: int, backend: str = "chunked") -> None:
         if self.labels is None:
             return plain(hidden)
         if fused is not None:
-            rows, targets = target_rows(hidden, self.labels)
+            rows, targets = target_rows(hidden, self.labels, self.shifted)
             return fused(self.weight, rows, targets, self.bias).float()
-        return chunked_loss_sum(hidden, self.weight, self.bias, self.labels, self.chunk_tokens)
+        return chunked_loss_sum(hidden, self.weight, self.bias, self.labels, self.chunk_tokens, self.shifted)
 
     head.forward = types.MethodType(forward, head)
 
@@ -106,21 +106,22 @@ def _liger_loss():
 
 
 @contextlib.contextmanager
-def chunked_labels(model, labels: torch.Tensor):
-    """Within it, the model's forward returns the token-loss sum of ``labels`` (shifted by one) as its logits."""
+def chunked_labels(model, labels: torch.Tensor, shifted: bool = False):
+    """Within it, the model's forward returns the token-loss sum of ``labels`` (shifted by one here, or already:
+    a context-parallel shard's targets) as its logits."""
     head = output_layer(model)
-    head.labels = labels
+    head.labels, head.shifted = labels, shifted
     try:
         yield
     finally:
-        head.labels = None
+        head.labels, head.shifted = None, False
 
 
 def chunked_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias, labels: torch.Tensor,
-                     chunk_tokens: int) -> torch.Tensor:
+                     chunk_tokens: int, shifted: bool = False) -> torch.Tensor:
     """Sum of the next-token cross-entropies of ``labels`` ([B, T]) over the target tokens, from the final hidden
     states ([B, T, H]); the same number as ``token_loss_sum(lm_head(hidden), labels)``."""
-    rows, targets = target_rows(hidden, labels)
+    rows, targets = target_rows(hidden, labels, shifted)
     if torch.is_autocast_enabled(hidden.device.type):
         dtype = torch.get_autocast_dtype(hidden.device.type)
     else:
@@ -128,8 +129,12 @@ def chunked_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias, labels: t
     return _ChunkedCE.apply(rows, weight, bias, targets, chunk_tokens, dtype)
 
 
-def target_rows(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The hidden states of the positions that predict a target, and those targets: no logits for the rest."""
+def target_rows(hidden: torch.Tensor, labels: torch.Tensor, shifted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states of the positions that predict a target, and those targets: no logits for the rest.
+    ``shifted``: ``labels`` are next-token targets already (position t predicts labels[t])."""
+    if shifted:
+        mask = labels != IGNORE_INDEX
+        return hidden[mask], labels[mask]
     targets = labels[:, 1:]
     mask = targets != IGNORE_INDEX
     return hidden[:, :-1][mask], targets[mask]

@@ -63,7 +63,9 @@ class Meter:
         self.last_wait = seconds
 
     def probe_due(self, step: int) -> bool:
-        return due(self.cfg.monitor.breakdown_every, step) and self.cfg.train.strategy == "ddp"
+        # context parallelism communicates inside forward too: the no-sync probe would not isolate the gradient sync
+        return (due(self.cfg.monitor.breakdown_every, step) and self.cfg.train.strategy == "ddp"
+                and self.ctx.cp_size == 1)
 
     def record_due(self, step: int) -> bool:
         return due(self.cfg.train.logging_steps, step) or step == self.spec.total_steps
@@ -82,9 +84,11 @@ class Meter:
         self.steps += 1
         self.ready += self.t.ready_s
         self.loss += loss
-        self.samples += sum(int(b["num_examples"]) for b in window)
-        self.tokens += sum(int(b["num_tokens"]) for b in window)
-        self.positions += sum(b["input_ids"].numel() for b in window)  # with padding
+        # the ranks of a context-parallel group share each batch: each counts its share
+        cp = self.ctx.cp_size
+        self.samples += sum(int(b["num_examples"]) for b in window) / cp
+        self.tokens += sum(int(b["num_tokens"]) for b in window) / cp
+        self.positions += sum(b["input_ids"].numel() for b in window) / cp  # with padding
         if self.record_due(step):
             self._flush()
 
@@ -155,7 +159,7 @@ class Meter:
             "world_size": self.ctx.world_size, "backend": self.ctx.backend, "device": self.ctx.device,
             "strategy": cfg.train.strategy, "task": cfg.model.task, "model": cfg.model.name_or_path,
             "finetuning_type": cfg.model.finetuning_type,
-            "global_batch_size": global_batch(cfg.train, self.ctx.world_size),
+            "global_batch_size": global_batch(cfg.train, self.ctx.dp_size),
             "learning_rate": self.spec.learning_rate, "steps": progress.step, "epochs": progress.epoch,
             "train_time_s": train_time, "eval_time_s": eval_time,
             "throughput/samples_per_s": self.samples_total / train_time if train_time > 0 else 0.0,

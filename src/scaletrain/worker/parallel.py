@@ -47,6 +47,17 @@ def device_mesh(ctx: DistContext, shard_size: int | None):
     return init_device_mesh(kind, (ctx.world_size // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))
 
 
+def context_parallel_group(ctx: DistContext, method: str):
+    """This rank's context-parallel group: the ``cp`` dimension of a (dp, cp) device mesh, whose consecutive
+    ranks share a batch (DistContext.dp_rank / cp_rank). FSDP shards over every rank (both dimensions)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scaletrain.context_parallel import Group
+
+    mesh = init_device_mesh(torch.device(ctx.device).type, (ctx.dp_size, ctx.cp_size), mesh_dim_names=("dp", "cp"))
+    return Group(ctx.cp_size, ctx.cp_rank, mesh["cp"].get_group(), method)
+
+
 def fsdp_policies(train: TrainConfig, device: str, precision: Policy | None = None) -> dict:
     """FSDP2 mixed precision as the precision policy says (parameters gathered in its compute dtype, gradients
     reduced in fp32; the sharded master weights and the optimizer state stay fp32) and host offload."""

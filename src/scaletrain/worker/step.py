@@ -17,6 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from scaletrain import context_parallel
 from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.worker.breakdown import device_sync, time_without_sync
 from scaletrain.worker.faults import delay_s
@@ -26,15 +27,25 @@ from scaletrain.worker.trainer import Trainer
 
 
 def target_tokens(batch: dict) -> int:
-    """Tokens a causal LM is trained to predict in a batch (labels shift by one: the first predicts nothing)."""
+    """Tokens a causal LM is trained to predict in a batch (labels shift by one: the first predicts nothing; a
+    context-parallel shard's ``shift_labels`` are shifted already)."""
+    if "shift_labels" in batch:
+        return int((batch["shift_labels"] != IGNORE_INDEX).sum())
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False) -> torch.Tensor:
     """Sum of the next-token cross-entropies over the target tokens (fp32, as transformers' own loss)."""
-    logits = logits[:, :-1].float()
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX,
+    if not shifted:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    logits = logits.float()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE_INDEX,
                            reduction="sum")
+
+
+def labels_of(batch: dict) -> tuple[torch.Tensor, bool]:
+    """The batch's labels and whether they are next-token targets already (a context-parallel shard's)."""
+    return (batch["shift_labels"], True) if "shift_labels" in batch else (batch["labels"], False)
 
 
 def _grad_norm(t: Trainer) -> float:
@@ -59,17 +70,22 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> tuple[
         return loss, loss
     # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one
     routed = {"output_router_logits": True} if t.router is not None else {}
+    labels, shifted = labels_of(batch)
     if t.chunked_loss:  # the output layer returns the token-loss sum, chunk by chunk (worker/loss.py)
-        with chunked_labels(t.model, batch["labels"]):
+        with chunked_labels(t.model, labels, shifted):
             out = t.model(**model_inputs(batch, labels=False), use_cache=False, **routed)
         loss = out.logits / tokens_per_rank()
     else:
         out = t.model(**model_inputs(batch, labels=False), use_cache=False, **routed)
-        loss = token_loss_sum(out.logits, batch["labels"]) / tokens_per_rank()
+        loss = token_loss_sum(out.logits, labels, shifted) / tokens_per_rank()
     if t.router is None:
         return loss, loss
     # the MoE load-balancing loss over the global batch (worker/router.py)
     return loss + t.router.micro_loss(out.router_logits, batch), loss
+
+
+def shard(t: Trainer, batch: dict) -> dict:
+    return context_parallel.shard_batch(batch, t.ctx.cp_size, t.ctx.cp_rank, t.spec.pad_token_id)
 
 
 def _step_tokens(t: Trainer, window: list[dict]):
@@ -104,6 +120,8 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
     if slow := delay_s(t.spec.faults, t.ctx.world_rank, step):  # fault injection: a straggler's slow device
         _busy(slow)
     token_mean = t.cfg.model.task == "causal-lm" and t.cfg.train.stage == "sft"
+    if t.ctx.cp_size > 1:  # this rank's share of every sequence (labels shifted before the split)
+        window = [shard(t, b) for b in window]
     tokens_per_rank = _step_tokens(t, window) if token_mean else None
     if t.router is not None:
         t.router.begin_step(t.model, window, t.precision.autocast)
@@ -115,6 +133,8 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
     for i, batch in enumerate(window):
         last = i == len(window) - 1
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        if t.ctx.cp_size > 1:
+            context_parallel.set_batch(batch)
         # FSDP all-gathers parameters in forward, so there forward is a collective phase.
         t.beat.enter("forward-gather" if strategy == "fsdp" else "forward", step)
         with grad_sync(t.model, strategy, enabled=last), t.precision.autocast():

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from scaletrain import context_parallel
 from scaletrain.checkpoint import Checkpointer, Restored, checkpoints_of
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
@@ -36,7 +37,7 @@ from scaletrain.worker.loss import choose_backend, is_installed, liger_installed
 from scaletrain.worker.loss import install as install_chunked_loss
 from scaletrain.worker.objective import Objective
 from scaletrain.worker.optim import build_optimizer
-from scaletrain.worker.parallel import wrap_model
+from scaletrain.worker.parallel import context_parallel_group, wrap_model
 from scaletrain.worker.precision import Precision
 from scaletrain.worker.router import RouterLoss
 from scaletrain.worker.spec import JobSpec
@@ -73,6 +74,7 @@ class ModelFacts:
     flops: dict  # metrics.flops.model_flops_facts
     lora: dict = field(default_factory=dict)  # model.lora_summary: what LoRA adapted
     experts: str | None = None  # model.experts_kernel: how an MoE's experts compute here (None: dense)
+    context_parallel: str | None = None  # install_context_parallel's account (None: whole sequences per rank)
 
 
 @dataclass
@@ -131,11 +133,12 @@ class Trainer:
     def describe(self) -> str:
         ctx, f = self.ctx, self.facts
         return (f"{ctx.world_size} x {ctx.device} ({ctx.backend}); {f.trainable:,} of {f.total:,} parameters "
-                f"trainable; global batch {global_batch(self.cfg.train, ctx.world_size)}; "
+                f"trainable; global batch {global_batch(self.cfg.train, ctx.dp_size)}; "
                 f"{self.spec.total_steps} steps; lr {self.spec.learning_rate:g}; {self.precision.note} ("
                 + ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in self.precision.policy.table().items())
                 + ")" + (f"; loss in chunks of {output_layer(self.model).chunk_tokens} tokens (the whole logits never "
-                         f"materialised)" if self.chunked_loss else "") + (f"; {f.experts}" if f.experts else ""))
+                         f"materialised)" if self.chunked_loss else "") + (f"; {f.experts}" if f.experts else "")
+                + (f"; {f.context_parallel}" if f.context_parallel else ""))
 
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
@@ -147,10 +150,12 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     precision, progress = Precision(cfg, ctx.device), TrainState()
     model = build_model(trained_model_config(cfg.model, cfg.train.stage), spec.vocab, cfg.data.label_names,
                         packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"))
+    cp_note = install_context_parallel(model, ctx, cfg) if ctx.cp_size > 1 else None
     trainable, total = count_parameters(model)
     model_config = getattr(model, "config", None)  # before wrapping (peft, DDP and FSDP keep it, or hide it)
     facts = ModelFacts(trainable, total, model_flops_facts(model), lora_summary(model),
-                       experts_kernel(model, torch.device(ctx.device).type, precision.policy.torch_dtype("compute")))
+                       experts_kernel(model, torch.device(ctx.device).type, precision.policy.torch_dtype("compute")),
+                       cp_note)
     # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).
     if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
             chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):
@@ -169,6 +174,21 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
                    memory, objective=objective, reference=reference,
                    objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [],
                    router=router_loss_for(cfg, model_config, ctx))
+
+
+def install_context_parallel(model, ctx: DistContext, cfg: Config) -> str:
+    """Context-parallel attention over this rank's group (context_parallel.py); returns what it does."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    method = context_parallel.choose_method(cfg.scaling.context_parallel_method, heads, ctx.cp_size)
+    context_parallel.install(base, context_parallel_group(ctx, method))
+    how = ("ulysses: all-to-all over heads" + (f", the {kv} key/value heads replicated to {heads}"
+                                                if kv % ctx.cp_size else "")
+           if method == "ulysses" else "ring: every rank gathers the keys/values")
+    return (f"context parallel {ctx.cp_size} x data parallel {ctx.dp_size} ({how}; sequences split zig-zag, "
+            f"FSDP shards over all {ctx.world_size} ranks)" if cfg.train.strategy == "fsdp" else
+            f"context parallel {ctx.cp_size} x data parallel {ctx.dp_size} ({how}; sequences split zig-zag)")
 
 
 def router_loss_for(cfg: Config, model_config, ctx: DistContext) -> RouterLoss | None:

@@ -1,0 +1,95 @@
+"""Context parallelism's core on 2 and 4 gloo processes: a tiny Llama's token-loss sum and every gradient with each
+sequence split over the ranks (ulysses and ring, padded and packed rows, a row length that needs padding to 2N)
+equal one process's over the whole batch, to 1e-5. The loss is summed over each rank's shard of shifted targets
+and all-reduced, as worker/step.py does."""
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.loop
+
+IGNORE = -100
+
+
+def _tiny(heads: int = 4, kv_heads: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=16 * heads, num_hidden_layers=2, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, intermediate_size=96, attn_implementation="sdpa")
+    return LlamaForCausalLM(config)
+
+
+def _batch(packed: bool) -> dict:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 256, (2, 13), generator=g)
+    labels = ids.clone()
+    labels[0, :4] = IGNORE  # a prompt
+    labels[1, 9:] = IGNORE  # right padding of a shorter row
+    batch = {"input_ids": ids, "labels": labels}
+    if packed:  # row 0: examples of 5 and 8 tokens; row 1: 9 tokens, then the padding as its own example
+        batch["position_ids"] = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 7],
+                                              [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3]])
+        labels[0, 5] = IGNORE  # an example's first token predicts nothing across the boundary
+    else:
+        batch["attention_mask"] = (labels != IGNORE).long() | (torch.arange(13) < 9).long()
+    return batch
+
+
+def _reference(model, batch: dict):
+    from scaletrain.attention import isolate_examples
+    from scaletrain.worker.step import token_loss_sum
+
+    if "position_ids" in batch:
+        isolate_examples(model)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    loss = token_loss_sum(model(**inputs, use_cache=False).logits, batch["labels"])
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _worker(rank: int, world: int, method: str, packed: bool, heads: int, kv_heads: int, port: int, out: str):
+    from scaletrain import context_parallel as cp
+    from scaletrain.worker.step import token_loss_sum
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = _tiny(heads, kv_heads)
+    ref_loss, ref_grads = _reference(copy.deepcopy(model), _batch(packed))
+    cp.install(model, cp.Group(world, rank, dist.group.WORLD, method))
+    shard = cp.shard_batch(_batch(packed), world, rank)
+    assert shard["input_ids"].shape[1] == 16 // world  # 13 padded to a multiple of 2 x ranks (16), split
+    cp.set_batch(shard)
+    inputs = {k: v for k, v in shard.items() if k in ("input_ids", "position_ids")}
+    loss = token_loss_sum(model(**inputs, use_cache=False).logits, shard["shift_labels"], shifted=True)
+    loss.backward()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    worst = 0.0
+    for n, p in model.named_parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g)
+        worst = max(worst, float((g - ref_grads[n]).abs().max() / (ref_grads[n].abs().max() + 1e-12)))
+    if rank == 0:
+        torch.save({"loss": total.item(), "ref_loss": ref_loss, "worst_grad_rel": worst}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,method,packed,heads,kv", [
+    (2, "ulysses", False, 4, 2), (2, "ring", False, 4, 2), (2, "ulysses", True, 4, 2), (2, "ring", True, 4, 2),
+    (4, "ulysses", True, 4, 2),  # 2 kv heads over 4 ranks: replicated to one per query head
+    (4, "ring", False, 6, 3),  # 6 heads: only the ring applies
+])
+def test_context_parallel_equals_one_rank(tmp_path, world, method, packed, heads, kv):
+    from tests.conftest import free_port
+
+    out = str(tmp_path / "result.pt")
+    mp.spawn(_worker, args=(world, method, packed, heads, kv, free_port(), out), nprocs=world, join=True)
+    r = torch.load(out)
+    assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+    assert r["worst_grad_rel"] < 1e-5, r

@@ -1,0 +1,80 @@
+"""Context parallelism without processes: the zig-zag split, the label shift before it, the padding to 2N, the
+method's choice and the config's refusals (the collectives are tested on gloo in tests/loop/test_context_parallel.py)."""
+
+import pytest
+import torch
+
+from scaletrain import context_parallel as cp
+from scaletrain.errors import ConfigError
+
+IGNORE = -100
+
+
+def test_zigzag_gives_each_rank_an_early_and_a_late_chunk_and_covers_the_row_once():
+    assert cp.shard_index(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert cp.shard_index(8, 2, 1).tolist() == [2, 3, 4, 5]
+    whole = torch.cat([cp.shard_index(16, 4, r) for r in range(4)])
+    assert sorted(whole.tolist()) == list(range(16))
+    # causal work (the number of earlier positions attended) is the same on every rank
+    work = [int((cp.shard_index(16, 4, r) + 1).sum()) for r in range(4)]
+    assert len(set(work)) == 1
+
+
+def test_labels_are_shifted_before_the_split_and_the_row_padded_to_2n():
+    ids = torch.arange(10, 15)[None]  # 5 tokens: padded to 8 for 2 ranks
+    labels = torch.tensor([[IGNORE, 11, 12, 13, 14]])
+    shards = [cp.shard_batch({"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}, 2, r,
+                             pad_id=0) for r in range(2)]
+    assert shards[0]["input_ids"].tolist() == [[10, 11, 0, 0]] and shards[1]["input_ids"].tolist() == [[12, 13, 14, 0]]
+    # position t's target is token t + 1, whichever rank holds t + 1: rank 0's position 1 predicts rank 1's 12
+    assert shards[0]["shift_labels"].tolist() == [[11, 12, IGNORE, IGNORE]]
+    assert shards[1]["shift_labels"].tolist() == [[13, 14, IGNORE, IGNORE]]
+    assert shards[0]["position_ids"].tolist() == [[0, 1, 6, 7]] and shards[1]["position_ids"].tolist() == [[2, 3, 4, 5]]
+    assert "labels" not in shards[0] and "attention_mask" not in shards[0]  # the attention builds its own mask
+    targets = sum(int((s["shift_labels"] != IGNORE).sum()) for s in shards)
+    assert targets == int((labels[:, 1:] != IGNORE).sum())  # every target once over the group
+
+
+def test_packed_rows_keep_their_position_ids_and_the_whole_row_for_the_attention():
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]])
+    batch = {"input_ids": torch.arange(8)[None], "labels": torch.arange(8)[None], "position_ids": positions}
+    shard = cp.shard_batch(batch, 2, 1)
+    assert shard["position_ids"].tolist() == [[2, 0, 1, 2]]
+    assert torch.equal(shard["cp_positions"], positions)
+
+
+def test_the_method_follows_the_heads():
+    assert cp.choose_method("auto", 32, 4) == "ulysses"
+    assert cp.choose_method("auto", 6, 4) == "ring"
+    assert cp.choose_method("ring", 32, 4) == "ring"
+    with pytest.raises(ConfigError, match="context_parallel_method=ulysses: the model's 6 attention heads .*ring"):
+        cp.choose_method("ulysses", 6, 4)
+
+
+def _cfg(**scaling):
+    return {"model": {"name_or_path": "m", "task": "causal-lm"}, "data": {"train_file": "d.jsonl"},
+            "scaling": {"num_workers": 4, **scaling}}
+
+
+def test_config_refuses_what_context_parallelism_cannot_do():
+    from pydantic import ValidationError
+
+    from scaletrain.config.schema import Config
+
+    ok = Config.model_validate(_cfg(context_parallel=2))
+    assert ok.scaling.data_parallel == 2
+    with pytest.raises(ValidationError, match="context_parallel=3 does not divide scaling.num_workers=4"):
+        Config.model_validate(_cfg(context_parallel=3))
+    with pytest.raises(ValidationError, match="elastic"):
+        Config.model_validate(_cfg(context_parallel=2, num_workers=[2, 4], launcher="ray"))
+    with pytest.raises(ValidationError, match="train.stage=dpo it is not supported yet"):
+        Config.model_validate({**_cfg(context_parallel=2), "train": {"stage": "dpo"}})
+
+
+def test_the_global_batch_counts_data_parallel_ranks_only():
+    from scaletrain.config.batch import total_steps
+    from scaletrain.config.schema import Config
+
+    cfg = Config.model_validate({**_cfg(context_parallel=2), "train": {"per_device_train_batch_size": 2,
+                                                                       "num_train_epochs": 1}})
+    assert total_steps(40, cfg, cfg.scaling.data_parallel) == 10  # 40 / (2 x 2 data-parallel ranks)

@@ -1,5 +1,5 @@
 """Context parallelism without processes: the zig-zag split, the label shift before it, the padding to 2N, the
-method's choice and the config's refusals (the collectives are tested on gloo in tests/loop/test_context_parallel.py)."""
+method's choice and the config's refusals (the collectives: on gloo in tests/loop/test_context_parallel.py)."""
 
 import pytest
 import torch

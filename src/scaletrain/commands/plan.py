@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--device", help="mi300x, mi325x, mi355x, mi250x, mi210, a100, a100-40gb, h100, h200, b200 or "
                                     "cpu (default: this machine's)")
     p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--context-parallel", help="context-parallel degrees to weigh, e.g. 1,2,4,8 (default: those, "
+                                              "for sequences of 16k tokens or more or a config that sets it)")
     p.add_argument("--json", action="store_true", help="the numbers as JSON (everything)")
     p.add_argument("--all", action="store_true", help="also the table of memory levers (wider than 80 columns)")
     p.add_argument("--mtbf-hours", type=float, help="mean time between failures of the job: suggests "
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node {args.gpus_per_node}: must be >= 1")
     device = device_named(args.device) if args.device else _this_device()
-    shape = shape_for(cfg, plan_vocab(cfg.model.name_or_path))
+    vocab = plan_vocab(cfg.model.name_or_path)
+    shape = shape_for(cfg, vocab)
     kind = "cpu" if device.key == "cpu" else "gpu"
     rows = []
     for name, c in variants(cfg):
@@ -77,23 +80,52 @@ def run(args: argparse.Namespace) -> int:
             timing = [{"workers": n, "step_time_s": compute, "note": f"compute only: {missing(device.key)}"}
                       for n in sizes]
     interval = save_steps_for(args, cfg, shape, compute) if args.mtbf_hours is not None else None
+    cp_rows, cp_lines = _context_parallel(args, cfg, vocab, sizes, device)
     if args.json:
         moe = ({"moe": {"experts": shape.experts[0], "experts_per_token": shape.experts[1],
                         "parameters": shape.total, "active_parameters": shape.active_total}} if shape.experts else {})
         print(json.dumps({"device": device.key, "device_memory_gib": device.memory_bytes / GIB, "rows": rows, **moe,
                           **({"checkpoint_interval": interval} if interval else {}),
                           "verdicts": {n: v[1] for n, v in verdicts.items()}, "timing": timing,
+                          **({"context_parallel": cp_rows, "context_parallel_notes": cp_lines} if cp_rows else {}),
                           "assumed_mfu": ASSUMED_MFU if compute is not None else None}, indent=1))
     else:
         _print(cfg, device, rows, verdicts, timing, compute, dtype, args.all, shape.moe_line())
+        for line in cp_lines:
+            _say(f"context parallel: {line}")
         if interval:
             import textwrap
 
             print(textwrap.fill(interval["note"], WIDTH, subsequent_indent="  ", break_long_words=False))
     if not any(ok for ok, _ in verdicts.values()):
-        raise ConfigError(f"the job fits none of --gpus {args.gpus} on {device.key}: "
-                          f"{verdicts[sizes[-1]][1].split('; ', 1)[1]}")
+        split = next((r for r in cp_rows if r["fits"]), None)
+        fix = (f"set scaling.context_parallel={split['context_parallel']} on {split['devices']} devices (each "
+               f"sequence split over {split['context_parallel']})" if split else
+               verdicts[sizes[-1]][1].split('; ', 1)[1])
+        raise ConfigError(f"the job fits none of --gpus {args.gpus} on {device.key}: {fix}")
     return 0
+
+
+LONG_SEQUENCE = 16384  # tokens from which `plan` weighs context parallelism unasked
+
+
+def _context_parallel(args, cfg, vocab, sizes, device) -> tuple[list[dict], list[str]]:
+    from scaletrain.commands.scale import parse_workers
+    from scaletrain.memory.plan import context_parallel_lines, context_parallel_options
+
+    asked = args.context_parallel
+    if cfg.model.task != "causal-lm" or not (asked or cfg.scaling.context_parallel > 1
+                                             or cfg.data.max_length >= LONG_SEQUENCE):
+        return [], []
+    degrees = tuple(parse_workers(asked, "--context-parallel")) if asked else (1, 2, 4, 8)
+    rows = context_parallel_options(cfg, vocab, sizes, device, degrees)
+    return rows, context_parallel_lines(cfg, rows, device)
+
+
+def _say(text: str) -> None:
+    import textwrap
+
+    print(textwrap.fill(text, WIDTH, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
 
 
 WIDTH = 80  # the default output fits a terminal or a log of this width; numbers are never cut

@@ -58,6 +58,10 @@ class Shape:
     act_loss: int = 0  # bytes the plain loss keeps for backward (the fp32 logits' log-softmax), not in act_outside
     active_block_params: int = 0  # parameters of one block a token computes with (MoE: top-k of the experts)
     experts: tuple[int, int] | None = None  # MoE: (routed experts, experts per token)
+    heads: int = 0  # attention heads (context parallelism: which method applies)
+    kv_width: int = 0  # key/value heads x head dim: one token's key (or value) in a layer
+    q_width: int = 0  # attention heads x head dim: one token's query (or attention output) in a layer
+    seq: int = 0  # positions per rank the pass ran at (the sequence / context_parallel, padded to 2N)
 
     @property
     def active_total(self) -> int:
@@ -179,7 +183,12 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
                                   else (0, 0))
     block_trainable = sum(p.numel() for p in block.parameters() if p.requires_grad) if block is not None else 0
     causal = cfg.model.task == "causal-lm"
-    return Shape(total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
+    mc = model.config
+    heads = getattr(mc, "num_attention_heads", 0) or 0
+    head_dim = getattr(mc, "head_dim", None) or (hidden // heads if heads else 0)
+    kv_width = (getattr(mc, "num_key_value_heads", None) or heads) * head_dim
+    return Shape(heads=heads, kv_width=kv_width, q_width=heads * head_dim, seq=seq,
+                 total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad),
                  layers=len(blocks), hidden=hidden, block_params=block_params, block_trainable=block_trainable,
                  act_blocks=saved["blocks"], act_block_inputs=len(blocks) * batch * seq * hidden * BYTES_FP32,
                  act_outside=saved["outside"], act_loss=saved["loss"],
@@ -234,7 +243,7 @@ def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     (worker/loss.py), which keeps none of them, and the gradients it computed in forward."""
     from scaletrain.config.batch import chunk_tokens_for, sequences_per_micro_batch
 
-    t, seq = cfg.train, cfg.data.max_length
+    t, seq = cfg.train, shape.seq or cfg.data.max_length  # one rank's positions (context parallel: its share)
     tokens = sequences_per_micro_batch(t) * seq
     per_token = shape.logits // max(1, tokens)
     # preference tuning reads whole-sequence log-probabilities from the logits: the plain path
@@ -250,6 +259,23 @@ def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     head_trains = cfg.model.finetuning_type != "lora"
     held = tokens * shape.hidden * BYTES_FP32 + (vocab * shape.hidden * BYTES_FP32 if head_trains else 0)
     return min(tokens, chunk) * per_token + held, 0, min(eval_tokens, chunk) * per_token
+
+
+def gathered_kv(cfg: Config, shape: Shape) -> int:
+    """Context parallelism's ring: every rank keeps the whole sequence's keys and values of a layer for backward
+    (the pass at the rank's positions counted its own); ulysses keeps 1/N of the heads over the whole sequence,
+    the same bytes as the pass counted. Per layer kept: all layers, or one with activation checkpointing."""
+    n = cfg.scaling.context_parallel
+    if n == 1 or not shape.kv_width or cfg.model.task != "causal-lm":
+        return 0
+    from scaletrain.context_parallel import choose_method
+
+    if choose_method(cfg.scaling.context_parallel_method, shape.heads, n) != "ring":
+        return 0
+    layers = 1 if cfg.train.gradient_checkpointing else shape.layers
+    from scaletrain.config.batch import sequences_per_micro_batch
+
+    return layers * sequences_per_micro_batch(cfg.train) * shape.seq * (n - 1) * 2 * shape.kv_width * BYTES_FP32
 
 
 def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") -> Breakdown:
@@ -285,7 +311,7 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
         kept = shape.act_block_inputs + shape.act_outside + per_block  # + one block recomputed in backward
     else:
         kept = shape.act_blocks + shape.act_outside
-    kept = int(kept * act_scale)
+    kept = int((kept + gathered_kv(cfg, shape)) * act_scale)
     logits_grad, loss_kept, evaluation = loss_terms(cfg, shape)
     start_of_backward = kept + loss_kept + logits_grad
     end_of_backward = grads + int(per_block * act_scale)

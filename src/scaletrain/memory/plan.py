@@ -64,9 +64,13 @@ CONFIGURED, CKPT, ZERO3, ZERO2, OFFLOAD_CKPT = "configured", "+checkpointing", "
 
 
 def shape_for(cfg: Config, vocab: Vocab) -> Shape:
+    """The meta pass at one rank's positions: the whole sequence, or with ``scaling.context_parallel`` N its
+    share (the sequence padded to a multiple of 2N, over N)."""
     from scaletrain.config.batch import sequences_per_micro_batch
+    from scaletrain.context_parallel import padded_width
 
-    return model_shape(cfg, vocab, sequences_per_micro_batch(cfg.train), cfg.data.max_length,
+    n = cfg.scaling.context_parallel
+    return model_shape(cfg, vocab, sequences_per_micro_batch(cfg.train), padded_width(cfg.data.max_length, n) // n,
                        sequences_per_micro_batch(cfg.train, eval_batch=True))
 
 
@@ -187,3 +191,78 @@ def fit_notes(cfg: Config, shape: Shape, use_gpu: bool) -> list[str]:
     if disk:
         notes.append(f"warning: {disk}")
     return notes
+
+
+def with_context_parallel(cfg: Config, cp: int, devices: int) -> Config:
+    """The job on ``devices`` with each sequence split over ``cp`` of them."""
+    return cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update={"context_parallel": cp,
+                                                                            "num_workers": devices})})
+
+
+def context_parallel_traffic(cfg: Config, shape: Shape) -> int:
+    """Bytes one rank sends per layer per micro-batch (forward and backward) for context parallelism: ulysses'
+    all-to-alls move (N-1)/N of the local q, k, v and the attention output, twice; the ring's all-gather brings
+    N-1 shards of keys and values, and backward all-reduces the whole sequence's key/value gradients."""
+    from scaletrain.config.batch import sequences_per_micro_batch
+    from scaletrain.context_parallel import choose_method
+
+    n = cfg.scaling.context_parallel
+    if n == 1:
+        return 0
+    half = cfg.train.bf16 or cfg.train.fp16
+    width = 2 if half else 4
+    local = sequences_per_micro_batch(cfg.train) * shape.seq  # positions per rank
+    if choose_method(cfg.scaling.context_parallel_method, shape.heads, n) == "ulysses":
+        return int(2 * local * (2 * shape.q_width + 2 * shape.kv_width) * (n - 1) / n * width)
+    kv = local * 2 * shape.kv_width * width
+    return int((n - 1) * kv + 2 * (n - 1) / n * n * kv)
+
+
+def context_parallel_options(cfg: Config, vocab: Vocab, sizes: list[int], device: Device,
+                             degrees: tuple[int, ...] = (1, 2, 4, 8)) -> list[dict]:
+    """Per world size and context-parallel degree (dividing it): the peak per device, whether it fits, and the
+    traffic per layer. One meta pass per degree (the rank's share of the sequence)."""
+    kind = "cpu" if device.key == "cpu" else "gpu"
+    shapes: dict[int, Shape] = {}
+    rows = []
+    for n in sizes:
+        for cp in (c for c in degrees if n % c == 0):
+            job = with_context_parallel(cfg, cp, n)
+            if cp not in shapes:
+                shapes[cp] = shape_for(job, vocab)
+            b = estimate(job, shapes[cp], n, kind)
+            rows.append({"devices": n, "context_parallel": cp, "peak_gib": b.peak / GIB,
+                         "activations_gib": b.activations / GIB, "fits": b.peak <= device.memory_bytes,
+                         "traffic_mb_per_layer": context_parallel_traffic(job, shapes[cp]) / 1e6})
+    return rows
+
+
+def context_parallel_lines(cfg: Config, rows: list[dict], device: Device) -> list[str]:
+    """What `plan` says of context parallelism: per world size the smallest degree that fits, and whether the
+    job needs it (one sequence does not fit a device at degree 1) or the configured degree is wasted (it does)."""
+    tokens, asked = cfg.data.max_length, cfg.scaling.context_parallel
+    out = []
+    by_n: dict[int, list[dict]] = {}
+    for r in rows:
+        by_n.setdefault(r["devices"], []).append(r)
+    for n, options in by_n.items():
+        fitting = [r for r in options if r["fits"]]
+        one = options[0]
+        if not fitting:
+            out.append(f"{n} device(s): no context-parallel degree up to {options[-1]['context_parallel']} fits "
+                       f"{tokens} tokens (degree {options[-1]['context_parallel']}: "
+                       f"{options[-1]['peak_gib']:.1f} GiB)")
+            continue
+        best = fitting[0]
+        if best["context_parallel"] == 1:
+            wasted = next((r for r in options if r["context_parallel"] == asked), None) if asked > 1 else None
+            out.append(f"{n} device(s): {tokens} tokens fit without context parallelism ({one['peak_gib']:.1f} "
+                       f"GiB)" + (f"; context_parallel={asked} is not needed: it adds "
+                                  f"{wasted['traffic_mb_per_layer']:.0f} MB of traffic per layer and micro-batch"
+                                  if wasted else ""))
+        else:
+            out.append(f"{n} device(s): needs scaling.context_parallel={best['context_parallel']} "
+                       f"({best['peak_gib']:.1f} GiB, activations {best['activations_gib']:.1f}; at degree 1 "
+                       f"{one['peak_gib']:.1f} GiB does not fit {device.memory_bytes / GIB:.0f}); "
+                       f"{best['traffic_mb_per_layer']:.0f} MB of traffic per layer and micro-batch")
+    return out

@@ -248,3 +248,22 @@ class _AllToAll(torch.autograd.Function):
         out = torch.empty_like(grad)
         dist.all_to_all_single(out, grad, group=ctx.group)
         return out, None
+
+
+def sum_over_group(x: torch.Tensor) -> torch.Tensor:
+    """Per-sequence sums of this rank's shard summed over the group (a sequence's log-probability from its
+    shards); backward hands each rank the gradient of its own shard's part (the identity: every rank computes the
+    same function of the sum, and each one's shard is its own)."""
+    return _SumOverGroup.apply(x, _state["group"].group)
+
+
+class _SumOverGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None

@@ -32,19 +32,28 @@ def tiny_llama(tmp_path_factory) -> Path:
     return d
 
 
+def _data(tmp_path: Path, stage: str) -> Path:
+    data = tmp_path / f"{stage}.jsonl"
+    if stage == "dpo":  # pairs: the right count chosen, a wrong one rejected
+        rows = [{"instruction": f"Count to {i % 9 + 1}.", "input": "",
+                 "chosen": " ".join(str(k) for k in range(1, i % 9 + 2)),
+                 "rejected": " ".join(str(k) for k in range(2, i % 9 + 4))} for i in range(64)]
+    else:
+        rows = [{"instruction": f"Count to {i % 9 + 1}.", "input": "",
+                 "output": " ".join(str(k) for k in range(1, i % 9 + 2))} for i in range(64)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    return data
+
+
 def _train(tmp_path: Path, model: Path, name: str, workers: int, cp: int, finetuning: str, packing: bool,
-           method: str) -> Path:
-    data = tmp_path / "data.jsonl"
-    if not data.exists():
-        data.write_text("\n".join(json.dumps({"instruction": f"Count to {i % 9 + 1}.", "input": "",
-                                              "output": " ".join(str(k) for k in range(1, i % 9 + 2))})
-                                  for i in range(64)))
+           method: str, stage: str = "sft") -> Path:
+    data = _data(tmp_path, stage)
     cfg = {"model": {"name_or_path": str(model), "task": "causal-lm", "finetuning_type": finetuning,
                      "lora_rank": 4, "lora_alpha": 8},
            "data": {"train_file": str(data), "template": "alpaca", "max_length": 64, "eval_ratio": 0.1,
                     "packing": packing},
            "train": {"per_device_train_batch_size": 2, "max_steps": 10, "learning_rate": 1e-3, "logging_steps": 1,
-                     "strategy": "fsdp", "gradient_checkpointing": True, "eval_steps": 10},
+                     "strategy": "fsdp", "gradient_checkpointing": True, "eval_steps": 10, "stage": stage},
            "scaling": {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local",
                        "context_parallel": cp, "context_parallel_method": method},
            "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
@@ -83,3 +92,20 @@ def test_context_parallel_two_trains_as_one(tmp_path, tiny_llama, finetuning, pa
         torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5, msg=key)  # Adam: ~3e-6 after 10 steps
     log = (two / "logs" / "main.log").read_text()
     assert f"context parallel 2 x data parallel 1 ({method}" in log
+
+
+def test_dpo_with_context_parallel_trains_as_one(tmp_path, tiny_llama):
+    """Both sides of a pair are rows of one batch, so on one group; each sequence's log-probability is its shards'
+    sum over the group: the full-fine-tuning DPO run (a frozen reference, sharded like the policy) of 2 workers with
+    CP 2 records the 1-worker run's losses, rewards and eval."""
+    one = _train(tmp_path, tiny_llama, "one", 1, 1, "full", False, "auto", stage="dpo")
+    two = _train(tmp_path, tiny_llama, "two", 2, 2, "full", False, "auto", stage="dpo")
+    records = [read_jsonl(run / "metrics.jsonl") for run in (one, two)]
+    curves = [[r for r in rs if r["kind"] == "train"] for rs in records]
+    assert [len(c) for c in curves] == [10, 10]
+    for a, b in zip(*curves):
+        for key in ("train/loss", "rewards/chosen", "rewards/margins", "logps/rejected"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    evals = [[r for r in rs if r["kind"] == "eval"][-1] for rs in records]
+    assert evals[1]["eval/pairs"] == evals[0]["eval/pairs"] > 0  # each pair counted once over the group
+    assert evals[1]["eval/loss"] == pytest.approx(evals[0]["eval/loss"], rel=1e-5)

@@ -67,8 +67,9 @@ def test_config_refuses_what_context_parallelism_cannot_do():
         Config.model_validate(_cfg(context_parallel=3))
     with pytest.raises(ValidationError, match="elastic"):
         Config.model_validate(_cfg(context_parallel=2, num_workers=[2, 4], launcher="ray"))
-    with pytest.raises(ValidationError, match="train.stage=dpo it is not supported yet"):
-        Config.model_validate({**_cfg(context_parallel=2), "train": {"stage": "dpo"}})
+    with pytest.raises(ValidationError, match="train.stage=kto it is not supported yet"):
+        Config.model_validate({**_cfg(context_parallel=2), "train": {"stage": "kto"}})
+    Config.model_validate({**_cfg(context_parallel=2), "train": {"stage": "dpo"}})  # pairs: both sides on a group
 
 
 def test_the_global_batch_counts_data_parallel_ranks_only():

@@ -298,11 +298,11 @@ class Config(_Section):
             raise ValueError(f"train.fsdp_shard_size={shard} does not divide scaling.num_workers="
                              f"{self.scaling.num_workers}; use a divisor (e.g. the GPUs per node)")
         cp = self.scaling.context_parallel
-        if cp > 1 and (self.model.task != "causal-lm" or self.train.stage != "sft"):
-            raise ValueError(f"scaling.context_parallel={cp} splits the sequences of a causal LM's supervised "
-                             f"fine-tuning (model.task=causal-lm, train.stage=sft); with model.task="
-                             f"{self.model.task}, train.stage={self.train.stage} it is not supported yet: set "
-                             f"scaling.context_parallel: 1")
+        if cp > 1 and (self.model.task != "causal-lm" or self.train.stage not in ("sft", "dpo")):
+            raise ValueError(f"scaling.context_parallel={cp} splits the sequences of a causal LM's supervised or "
+                             f"pair-preference fine-tuning (model.task=causal-lm, train.stage=sft or dpo); with "
+                             f"model.task={self.model.task}, train.stage={self.train.stage} it is not supported yet: "
+                             f"set scaling.context_parallel: 1")
         if self.data.packing and self.model.task != "causal-lm":
             raise ValueError(f"data.packing applies to model.task=causal-lm (the config has {self.model.task}); "
                              f"remove data.packing or set model.task=causal-lm")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from scaletrain import context_parallel
 from scaletrain.config.stages import PREFERENCE_STAGES
 from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.worker.parallel import all_reduce_sum, unwrap
@@ -70,9 +71,13 @@ class Sides:
     rejected_tokens: torch.Tensor
 
     @classmethod
-    def of(cls, logits: torch.Tensor, labels: torch.Tensor) -> Sides:
-        """From the logits of a [chosen; rejected] batch and its labels (-100 off the completions)."""
-        logps, tokens = sequence_logps(logits, labels)
+    def of(cls, logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False) -> Sides:
+        """From the logits of a [chosen; rejected] batch and its labels (-100 off the completions); ``shifted``:
+        a context-parallel shard's targets, whose sums are completed over the group (both sides of a pair are
+        rows of the same batch, so on the same group)."""
+        logps, tokens = sequence_logps(logits, labels, shifted)
+        if shifted:
+            logps, tokens = context_parallel.sum_over_group(logps), context_parallel.sum_over_group(tokens)
         (c, r), (nc, nr) = logps.chunk(2), tokens.chunk(2)
         return cls(c, r, nc, nr)
 
@@ -80,9 +85,13 @@ class Sides:
         return self.chosen / self.chosen_tokens.clamp(min=1), self.rejected / self.rejected_tokens.clamp(min=1)
 
 
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sequence's summed next-token log-probability over its labelled tokens (fp32), and their count."""
-    logits, labels = logits[:, :-1].float(), labels[:, 1:]
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's summed next-token log-probability over its labelled tokens (fp32), and their count
+    (``shifted``: the labels are next-token targets already)."""
+    if not shifted:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    logits = logits.float()
     mask = labels != IGNORE_INDEX
     picked = logits.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
     return (picked * mask).sum(-1), mask.sum(-1)
@@ -186,9 +195,22 @@ def _losses(t: Trainer, batch: dict) -> tuple[torch.Tensor, list[float]]:
         zeros = Sides(torch.zeros_like(chosen), torch.zeros_like(rejected), chosen, rejected)  # no log-probs
         return losses, stat_sums(zeros, chosen, rejected)
     reference = reference_sides(t, batch)
-    policy = Sides.of(_forward(t.model, batch), batch["labels"])
+    policy = Sides.of(_forward(t.model, batch), *_labels(batch))
     losses, chosen_rewards, rejected_rewards = pair_losses(t.cfg.train, policy, reference)
     return losses, stat_sums(policy, chosen_rewards, rejected_rewards)
+
+
+def _labels(batch: dict) -> tuple[torch.Tensor, bool]:
+    return (batch["shift_labels"], True) if "shift_labels" in batch else (batch["labels"], False)
+
+
+def _shard(t: Trainer, batch: dict) -> dict:
+    """A context-parallel rank's share of a pair batch (context_parallel.py); the batch itself without CP."""
+    if t.ctx.cp_size == 1:
+        return batch
+    batch = context_parallel.shard_batch(batch, t.ctx.cp_size, t.ctx.cp_rank, t.spec.pad_token_id)
+    context_parallel.set_batch(batch)
+    return batch
 
 
 def _forward(model, batch: dict) -> torch.Tensor:
@@ -203,7 +225,7 @@ def reference_sides(t: Trainer, batch: dict) -> Sides | None:
     if "ref_logps" in batch:  # precomputed before training (with_reference_logps)
         ref = batch["ref_logps"]
         return Sides(ref[:, 0], ref[:, 1], torch.zeros_like(ref[:, 0]), torch.zeros_like(ref[:, 1]))
-    return Sides.of(_reference_logits(t, batch), batch["labels"])
+    return Sides.of(_reference_logits(t, batch), *_labels(batch))
 
 
 @torch.no_grad()
@@ -220,8 +242,9 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:
     """This micro-batch's share of the step's loss (the pairs' mean / the accumulation); its STATS sums are added
     to ``t.objective_sums`` for the step's record."""
     losses, sums = _losses(t, batch)
-    for i, v in enumerate(sums):
-        t.objective_sums[i] += v
+    if t.ctx.cp_rank == 0:  # a context-parallel group's ranks hold the same pairs: counted once
+        for i, v in enumerate(sums):
+            t.objective_sums[i] += v
     return losses.mean() / n_micro
 
 
@@ -234,16 +257,18 @@ def evaluate_pairs(t: Trainer, data, collate) -> dict[str, float]:
     was_training = t.model.training
     t.model.eval()
     ctx, size = t.ctx, t.cfg.train.per_device_eval_batch_size
-    mine = list(range(ctx.world_rank, len(data), ctx.world_size))
-    n_batches = math.ceil(math.ceil(len(data) / ctx.world_size) / size)
+    mine = list(range(ctx.dp_rank, len(data), ctx.dp_size))
+    n_batches = math.ceil(math.ceil(len(data) / ctx.dp_size) / size)
     sums, loss_sum = [0.0] * (len(STATS) + 1), 0.0
     for b in range(n_batches):
         idx = mine[b * size:(b + 1) * size]
         batch = collate([data[i] for i in (idx or [0])])
-        batch = {k: v.to(ctx.device) for k, v in batch.items()}
+        batch = _shard(t, {k: v.to(ctx.device) for k, v in batch.items()})
         with t.precision.autocast():
             losses, batch_sums = _losses(t, batch)
-        if idx:  # a rank out of examples still runs the forward (FSDP gathers collectively), counts nothing
+        # a rank out of examples still runs the forward (FSDP gathers collectively), counts nothing; a
+        # context-parallel group counts its pairs once
+        if idx and ctx.cp_rank == 0:
             loss_sum += float(losses.sum())
             sums = [a + v for a, v in zip(sums, batch_sums)]
     *sums, loss_sum = all_reduce_sum([*sums, loss_sum], ctx.device)
@@ -295,16 +320,16 @@ def _reference_table(t: Trainer, data, collate) -> torch.Tensor:
     was_training = t.model.training
     t.model.eval()
     ctx, size = t.ctx, t.cfg.train.per_device_eval_batch_size
-    mine = list(range(ctx.world_rank, len(data), ctx.world_size))
-    n_batches = math.ceil(math.ceil(len(data) / ctx.world_size) / size) if len(data) else 0
+    mine = list(range(ctx.dp_rank, len(data), ctx.dp_size))
+    n_batches = math.ceil(math.ceil(len(data) / ctx.dp_size) / size) if len(data) else 0
     table = torch.zeros(len(data), 2, dtype=torch.float64)
     for b in range(n_batches):
         idx = mine[b * size:(b + 1) * size]
         batch = collate([data[i] for i in (idx or [0])])
-        batch = {k: v.to(ctx.device) for k, v in batch.items() if k != "ref_logps"}
+        batch = _shard(t, {k: v.to(ctx.device) for k, v in batch.items() if k != "ref_logps"})
         with t.precision.autocast():
             sides = reference_sides(t, batch)
-        if idx:
+        if idx and ctx.cp_rank == 0:  # summed over ranks below: a context-parallel group writes once
             table[idx] = torch.stack([sides.chosen, sides.rejected], dim=1).double().cpu()
     t.model.train(was_training)
     flat = all_reduce_sum(table.flatten().tolist(), ctx.device) if len(data) else []

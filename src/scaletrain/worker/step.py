@@ -64,7 +64,9 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> tuple[
     giving the step's target tokens over the world size (waited for on first use), or None for classification."""
     if t.objective is not None:  # e.g. the pairs' mean (worker/preference.py)
         loss = t.objective.micro_loss(t, batch, n_micro)
-        return loss, loss
+        # DDP/FSDP average gradients over every rank, and the ranks of a context-parallel group each hold a part
+        # of the same pairs' gradient, which must add up: x cp_size (the recorded loss is the pairs' mean)
+        return loss * t.ctx.cp_size, loss
     if tokens_per_rank is None:
         loss = t.model(**model_inputs(batch)).loss / n_micro
         return loss, loss

@@ -25,8 +25,8 @@ def _tiny(heads: int = 4, kv_heads: int = 2):
     return LlamaForCausalLM(config)
 
 
-def _batch(packed: bool) -> dict:
-    g = torch.Generator().manual_seed(1)
+def _batch(packed: bool, seed: int = 1) -> dict:
+    g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 256, (2, 13), generator=g)
     labels = ids.clone()
     labels[0, :4] = IGNORE  # a prompt
@@ -90,6 +90,56 @@ def test_context_parallel_equals_one_rank(tmp_path, world, method, packed, heads
 
     out = str(tmp_path / "result.pt")
     mp.spawn(_worker, args=(world, method, packed, heads, kv, free_port(), out), nprocs=world, join=True)
+    r = torch.load(out)
+    assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+    assert r["worst_grad_rel"] < 1e-5, r
+
+
+def _mesh_worker(rank: int, port: int, out: str):
+    """4 ranks as 2 data-parallel groups of 2 context-parallel ranks (the trainer's mesh): data-parallel rank d
+    trains batch d, split over its group."""
+    from scaletrain import context_parallel as cp
+    from scaletrain.comm.context import DistContext
+    from scaletrain.worker.parallel import context_parallel_group
+    from scaletrain.worker.step import token_loss_sum
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    ctx = DistContext(world_rank=rank, local_rank=rank, world_size=4, local_world_size=4, node_rank=0, device="cpu",
+                      backend="gloo", cp_size=2)
+    assert (ctx.dp_rank, ctx.cp_rank, ctx.dp_size) == (rank // 2, rank % 2, 2)
+    model = _tiny()
+    reference = copy.deepcopy(model)
+    ref_loss = 0.0
+    for d in range(2):  # one process over both data-parallel batches
+        loss, _ = _reference(reference, _batch(True, seed=d + 1))
+        ref_loss += loss
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}  # accumulated over both batches
+    group = context_parallel_group(ctx, "ulysses")
+    assert dist.get_process_group_ranks(group.group) == [2 * ctx.dp_rank, 2 * ctx.dp_rank + 1]
+    cp.install(model, group)
+    shard = cp.shard_batch(_batch(True, seed=ctx.dp_rank + 1), 2, ctx.cp_rank)
+    cp.set_batch(shard)
+    inputs = {k: v for k, v in shard.items() if k in ("input_ids", "position_ids")}
+    loss = token_loss_sum(model(**inputs, use_cache=False).logits, shard["shift_labels"], shifted=True)
+    loss.backward()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    worst = 0.0
+    for n, p in model.named_parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g)
+        worst = max(worst, float((g - ref_grads[n]).abs().max() / (ref_grads[n].abs().max() + 1e-12)))
+    if rank == 0:
+        torch.save({"loss": total.item(), "ref_loss": ref_loss, "worst_grad_rel": worst}, out)
+    dist.destroy_process_group()
+
+
+def test_two_data_parallel_groups_of_two_context_parallel_ranks(tmp_path):
+    from tests.conftest import free_port
+
+    out = str(tmp_path / "result.pt")
+    mp.spawn(_mesh_worker, args=(free_port(), out), nprocs=4, join=True)
     r = torch.load(out)
     assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
     assert r["worst_grad_rel"] < 1e-5, r

@@ -45,18 +45,25 @@ def _data(tmp_path: Path, stage: str) -> Path:
     return data
 
 
-def _train(tmp_path: Path, model: Path, name: str, workers: int, cp: int, finetuning: str, packing: bool,
-           method: str, stage: str = "sft") -> Path:
+def _cfg(tmp_path: Path, model: Path, name: str, workers: int, cp: int, finetuning: str, packing: bool,
+         method: str, stage: str = "sft", accumulation: int = 1, save_steps: int = 0) -> dict:
     data = _data(tmp_path, stage)
-    cfg = {"model": {"name_or_path": str(model), "task": "causal-lm", "finetuning_type": finetuning,
-                     "lora_rank": 4, "lora_alpha": 8},
-           "data": {"train_file": str(data), "template": "alpaca", "max_length": 64, "eval_ratio": 0.1,
-                    "packing": packing},
-           "train": {"per_device_train_batch_size": 2, "max_steps": 10, "learning_rate": 1e-3, "logging_steps": 1,
-                     "strategy": "fsdp", "gradient_checkpointing": True, "eval_steps": 10, "stage": stage},
-           "scaling": {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local",
-                       "context_parallel": cp, "context_parallel_method": method},
-           "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
+    return {"model": {"name_or_path": str(model), "task": "causal-lm", "finetuning_type": finetuning,
+                      "lora_rank": 4, "lora_alpha": 8},
+            "data": {"train_file": str(data), "template": "alpaca", "max_length": 64, "eval_ratio": 0.1,
+                     "packing": packing},
+            "train": {"per_device_train_batch_size": 2, "max_steps": 10, "learning_rate": 1e-3, "logging_steps": 1,
+                      "strategy": "fsdp", "gradient_checkpointing": True, "eval_steps": 10, "stage": stage,
+                      "gradient_accumulation_steps": accumulation},
+            "scaling": {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local",
+                        "context_parallel": cp, "context_parallel_method": method},
+            "checkpoint": {"save_steps": save_steps},
+            "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
+
+
+def _train(tmp_path: Path, model: Path, name: str, workers: int, cp: int, finetuning: str, packing: bool,
+           method: str, stage: str = "sft", accumulation: int = 1, save_steps: int = 0) -> Path:
+    cfg = _cfg(tmp_path, model, name, workers, cp, finetuning, packing, method, stage, accumulation, save_steps)
     out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / f"{name}.yaml", cfg),
                           "--no-progress"], capture_output=True, text=True, timeout=600,
                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
@@ -109,3 +116,29 @@ def test_dpo_with_context_parallel_trains_as_one(tmp_path, tiny_llama):
     evals = [[r for r in rs if r["kind"] == "eval"][-1] for rs in records]
     assert evals[1]["eval/pairs"] == evals[0]["eval/pairs"] > 0  # each pair counted once over the group
     assert evals[1]["eval/loss"] == pytest.approx(evals[0]["eval/loss"], rel=1e-5)
+
+
+def test_a_context_parallel_checkpoint_resumes_on_one_rank(tmp_path, tiny_llama):
+    """The step-5 checkpoint of a CP 2 run (2 ranks, FSDP) resumed with `train --resume RUN` on 1 worker without
+    context parallelism (the same data-parallel size, so the same global batch): it reshards, keeps the data
+    position, and trains the CP 2 run's steps 6-10 and final weights. (CP 2 x DP 2 on 4 processes:
+    tests/loop/test_context_parallel.py; torchrun here refuses 4 processes on 2 CPUs.)"""
+    import shutil
+
+    two = _train(tmp_path, tiny_llama, "two", 2, 2, "full", True, "ring", save_steps=5)
+    whole = [r for r in read_jsonl(two / "metrics.jsonl") if r["kind"] == "train"]
+    again = tmp_path / "runs" / "again"  # the run as if stopped after its step-5 checkpoint
+    shutil.copytree(two, again, ignore=shutil.ignore_patterns("step-10", "final", "metrics.jsonl", "summary.json"))
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--resume", str(again), "--no-progress",
+                          "scaling.num_workers=1", "scaling.context_parallel=1", "scaling.launcher=local"],
+                         capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resume: from step-5" in (again / "logs" / "main.log").read_text()
+    resumed = [r for r in read_jsonl(again / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in resumed] == list(range(6, 11))
+    for r in resumed:
+        assert r["train/loss"] == pytest.approx(whole[r["step"] - 1]["train/loss"], rel=1e-5)
+    ours, theirs = _weights(again), _weights(two)
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5, msg=key)

@@ -326,3 +326,23 @@ def packing_support_error(cfg: ModelConfig, vocab: Vocab) -> str | None:
     if implementation not in ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):
         return f"attention implementation {implementation} cannot isolate packed examples; set data.packing=false"
     return None
+
+
+def context_parallel_error(cfg: ModelConfig, vocab: Vocab, size: int, method: str) -> str | None:
+    """Why this model cannot split its sequences over ``size`` ranks with ``method``, or None; checked in the
+    driver before any worker starts (context_parallel.py replaces plain causal SDPA attention only)."""
+    from scaletrain.context_parallel import choose_method
+
+    _, config = auto_and_config(cfg, vocab)
+    config = getattr(config, "text_config", None) or config
+    name = f"{cfg.name_or_path} ({config.model_type})"
+    implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+    if implementation != "sdpa":
+        return f"{name} runs attention '{implementation}', not SDPA, which context parallelism replaces"
+    windowed = "sliding_attention" in (getattr(config, "layer_types", None) or []) or (
+        getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True))
+    if windowed or getattr(config, "attn_logit_softcapping", None) or config.model_type == "gpt_oss":
+        return (f"{name} uses a sliding window, soft-capped attention logits or attention sinks, which the "
+                f"context-parallel attention does not compute")
+    choose_method(method, config.num_attention_heads, size)  # ulysses needs the heads to divide (ConfigError)
+    return None

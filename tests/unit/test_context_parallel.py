@@ -79,3 +79,31 @@ def test_the_global_batch_counts_data_parallel_ranks_only():
     cfg = Config.model_validate({**_cfg(context_parallel=2), "train": {"per_device_train_batch_size": 2,
                                                                        "num_train_epochs": 1}})
     assert total_steps(40, cfg, cfg.scaling.data_parallel) == 10  # 40 / (2 x 2 data-parallel ranks)
+
+
+def _model_dir(tmp_path, name: str, **config) -> str:
+    import json
+
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 96, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 512, **config}))
+    return str(d)
+
+
+def test_the_driver_refuses_a_model_context_parallelism_cannot_split(tmp_path):
+    """Before any worker starts: heads that ulysses cannot divide (the ring can), a sliding window, soft-capping."""
+    from scaletrain.config.schema import ModelConfig
+    from scaletrain.model import context_parallel_error
+    from scaletrain.tokenizer import Vocab
+
+    vocab = Vocab(512, 0)
+    llama = ModelConfig(name_or_path=_model_dir(tmp_path, "llama"), task="causal-lm")
+    assert context_parallel_error(llama, vocab, 4, "auto") is None  # 6 heads over 4: the ring
+    with pytest.raises(ConfigError, match="6 attention heads do not divide .* context_parallel_method: ring"):
+        context_parallel_error(llama, vocab, 4, "ulysses")
+    windowed = ModelConfig(name_or_path=_model_dir(tmp_path, "mistral", model_type="mistral",
+                                                   architectures=["MistralForCausalLM"], sliding_window=4096),
+                           task="causal-lm")
+    assert "sliding window" in context_parallel_error(windowed, vocab, 2, "auto")

@@ -15,7 +15,13 @@ from scaletrain.data import PreparedData, prepare_data
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import Shape
 from scaletrain.memory.plan import fit_notes, shape_for
-from scaletrain.model import check_lora_target, check_model, packing_support_error, router_loss_note
+from scaletrain.model import (
+    check_lora_target,
+    check_model,
+    context_parallel_error,
+    packing_support_error,
+    router_loss_note,
+)
 from scaletrain.model_files import final_dtype, head_mismatch, model_dir
 from scaletrain.precision import Policy, policy
 from scaletrain.tokenizer import Vocab, load_tokenizer
@@ -63,12 +69,20 @@ def preflight(cfg: Config) -> Preflight:
     moe_note = router_loss_note(cfg, vocab)
     if cfg.data.packing and (why := packing_support_error(cfg.model, vocab)):
         raise ConfigError(f"data.packing: {why}")
+    s = cfg.scaling
+    if s.context_parallel > 1 and (
+            why := context_parallel_error(cfg.model, vocab, s.context_parallel, s.context_parallel_method)):
+        raise ConfigError(f"scaling.context_parallel={s.context_parallel}: {why}; set scaling.context_parallel: 1")
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
     data = prepare_data(cfg, tokenizer)
     cfg = data.resolve(cfg)
     if lora_note:
         data.notes.append(f"model: {lora_note}")
+    if s.context_parallel > 1:
+        data.notes.append(f"scaling.context_parallel={s.context_parallel}: each row is padded to a multiple of "
+                          f"{2 * s.context_parallel} positions for the zig-zag split (padding has no target) and "
+                          f"its labels shifted to next-token targets before it")
     if moe_note:
         data.notes.append(moe_note)
     if (saved := head_mismatch(cfg.model)) is not None:

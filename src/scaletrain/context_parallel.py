@@ -159,11 +159,114 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
 def _gathered_kv(query, key, value, g: Group, dropout, scaling):
     keys = _AllGather.apply(key.contiguous(), g.group, g.size)  # (B, kv heads, N x L, dim), rank-major
     values = _AllGather.apply(value.contiguous(), g.group, g.size)
-    q_at, k_at = _state["local"], _state["gathered"]
-    example = _state["example"]
-    allowed = (k_at[None, :] <= q_at[:, None])[None] & (example[:, k_at][:, None, :] == example[:, q_at][:, :, None])
+    order = _state["order"]
+    keys, values = keys[:, :, order], values[:, :, order]  # the row's order
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if dropout == 0.0 and _blockwise_kernel(query) is not None:
+        return _BlockAttention.apply(query, keys, values, _blocks(g), scale)
+    # a kernel without a log-sum-exp to merge (fp32 on a GPU, dropout): one masked call, which keeps an L x S mask
+    q_at, k_at, example = _state["local"], torch.arange(keys.shape[2], device=query.device), _state["example"]
+    allowed = (k_at[None, :] <= q_at[:, None])[None] & (example[:, None, :] == example[:, q_at][:, :, None])
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=allowed[:, None], dropout_p=dropout,
-                                          scale=scaling, enable_gqa=query.shape[1] != keys.shape[1])
+                                          scale=scale, enable_gqa=query.shape[1] != keys.shape[1])
+
+
+def _blocks(g: Group) -> list[tuple[slice, slice, list[tuple[slice, bool]]]]:
+    """The ring's work as blocks: for each run of this rank's queries inside one chunk and one example (rows: all
+    of the batch when no row is packed, else one), the keys it attends: the example's earlier positions (no mask)
+    and its own run (causal), by position in the row."""
+    example = _state["example"]
+    width, chunk = example.shape[1], example.shape[1] // (2 * g.size)
+    chunks = [(g.rank * chunk, 0), ((2 * g.size - 1 - g.rank) * chunk, chunk)]  # (row start, local start)
+    plain = bool((example == example[:, :1]).all())
+    rows = [slice(None)] if plain else [slice(b, b + 1) for b in range(example.shape[0])]
+    out = []
+    for r in rows:
+        ids = example[r][0]
+        bounds = torch.nonzero(torch.diff(ids, prepend=ids[:1] - 1)).flatten().tolist() + [width]
+        for start, local in chunks:
+            for es, ee in zip(bounds, bounds[1:]):
+                qs, qe = max(start, es), min(start + chunk, ee)
+                if qs >= qe:
+                    continue
+                keys = ([(slice(es, qs), False)] if qs > es else []) + [(slice(qs, qe), True)]
+                out.append((r, slice(local + qs - start, local + qe - start), keys))
+    return out
+
+
+def _blockwise_kernel(query):
+    """The fused attention op that returns its log-sum-exp, for this device and dtype (None: there is none):
+    the CPU's flash kernel; on a GPU the flash kernel in 16 bits (AOTriton's on ROCm)."""
+    if query.device.type == "cpu":
+        return "cpu"
+    if query.dtype in (torch.float16, torch.bfloat16):
+        return "cuda"
+    return None
+
+
+def _attend(kind: str, q, k, v, causal: bool, scale: float):
+    """(output, log-sum-exp, what backward needs besides) of one block."""
+    if kind == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse, ()
+    if k.shape[1] != q.shape[1]:  # the CUDA flash kernel takes equal head counts
+        k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    out, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, causal, False, scale=scale)
+    return out, lse, (cq, ck, mq, mk, seed, offset)
+
+
+def _attend_backward(kind: str, grad, q, k, v, out, lse, extra, causal: bool, scale: float):
+    if kind == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, causal, scale=scale)
+    groups = q.shape[1] // k.shape[1]
+    kk, vv = (x.repeat_interleave(groups, dim=1) for x in (k, v)) if groups > 1 else (k, v)
+    cq, ck, mq, mk, seed, offset = extra
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        grad, q, kk, vv, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale)
+    if groups > 1:  # the replicated heads' gradients back onto their key/value head
+        dk, dv = (x.unflatten(1, (k.shape[1], groups)).sum(2) for x in (dk, dv))
+    return dq, dk, dv
+
+
+class _BlockAttention(torch.autograd.Function):
+    """Attention of this rank's queries over the whole sequence's keys, block by block with the fused kernel and
+    merged by log-sum-exp (ring attention's merge), so no L x S score or mask is ever kept. Backward runs each
+    block's kernel backward with the *merged* output and log-sum-exp, which gives exactly that block's share of
+    the full attention's gradient (ring-flash-attention's backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, blocks, scale):
+        kind = _blockwise_kernel(q)
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        extras = []
+        for rows, qs, keys in blocks:
+            parts = [_attend(kind, q[rows, :, qs], k[rows, :, ks], v[rows, :, ks], causal, scale)
+                     for ks, causal in keys]
+            merged = torch.logsumexp(torch.stack([p[1].float() for p in parts]), dim=0)
+            out[rows, :, qs] = sum(torch.exp(p[1].float() - merged)[..., None].to(q.dtype) * p[0] for p in parts)
+            lse[rows, :, qs] = merged
+            extras.append([p[2] for p in parts])
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.blocks, ctx.scale, ctx.kind, ctx.extras = blocks, scale, kind, extras
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for (rows, qs, keys), extras in zip(ctx.blocks, ctx.extras):
+            o, m, g = out[rows, :, qs].contiguous(), lse[rows, :, qs].contiguous(), grad[rows, :, qs].contiguous()
+            for (ks, causal), extra in zip(keys, extras):
+                a, b, c = _attend_backward(ctx.kind, g, q[rows, :, qs].contiguous(), k[rows, :, ks].contiguous(),
+                                           v[rows, :, ks].contiguous(), o, m, extra, causal, ctx.scale)
+                dq[rows, :, qs] += a
+                dk[rows, :, ks] += b
+                dv[rows, :, ks] += c
+        return dq, dk, dv, None, None
 
 
 def _ulysses(query, key, value, g: Group, dropout, scaling):

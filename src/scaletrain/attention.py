@@ -87,3 +87,48 @@ def _example_spans(position_ids, query, key) -> list[list[tuple[int, int]]] | No
     packed = any(len(row) > 1 for row in out)
     _cache.update(ids=position_ids, spans=out if packed else None)
     return _cache["spans"]
+
+
+# Instinct (CDNA) architectures AOTriton's flash and memory-efficient kernels support; RDNA (gfx11, gfx12) is
+# experimental in torch's ROCm builds (behind TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL).
+AOTRITON_ARCHS = ("gfx90a", "gfx942", "gfx950")
+
+
+def kernel_note(device: str, props=None, hip: bool = False, env: dict | None = None,
+                flash_enabled: bool = True) -> str:
+    """Which fused kernels scaled_dot_product_attention can use on ``device``, said at start: long sequences need
+    a fused kernel (the math backend keeps seq x seq scores per head). ``props``: torch's device properties."""
+    if device == "cpu":
+        return ("attention kernels: SDPA's CPU flash kernel (causal, and the ring's blocks), the math backend "
+                "where a mask is given")
+    if hip:
+        arch = (getattr(props, "gcnArchName", "") or "").split(":")[0]
+        if arch in AOTRITON_ARCHS:
+            return f"attention kernels: AOTriton flash and memory-efficient ({arch})"
+        if arch.startswith(("gfx11", "gfx12")):
+            from scaletrain.envvars import TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL
+
+            if (env or {}).get(TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL) == "1":
+                return f"attention kernels: AOTriton flash and memory-efficient, experimental on RDNA ({arch})"
+            return (f"attention kernels: none fused on RDNA ({arch}) unless {TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL}=1"
+                    f": SDPA falls back to the math backend without a word (seq x seq scores per head kept)")
+        return f"attention kernels: {arch or 'this GPU'} is not an architecture AOTriton lists; expect the math backend"
+    major = getattr(props, "major", 0)
+    if major >= 8 and flash_enabled:
+        extra = ", cuDNN" if major >= 9 else ""
+        return f"attention kernels: flash, memory-efficient{extra} (sm_{major}{getattr(props, 'minor', 0)})"
+    why = "turned off (torch.backends.cuda.enable_flash_sdp)" if major >= 8 else "needs sm_80"
+    return f"attention kernels: memory-efficient only (flash {why}; sm_{major}{getattr(props, 'minor', 0)})"
+
+
+def device_kernel_note(device: str) -> str:
+    """``kernel_note`` for this process's device."""
+    if device == "cpu":
+        return kernel_note("cpu")
+    import torch
+
+    from scaletrain.envvars import snapshot
+
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return kernel_note(device, props, hip=torch.version.hip is not None, env=snapshot(),
+                       flash_enabled=torch.backends.cuda.flash_sdp_enabled())

@@ -47,6 +47,8 @@ TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_RESTART
 
 # ROCm: RCCL needs fine-grained PCIe memory for peer access between GPUs that talk over PCIe.
 HSA_FORCE_FINE_GRAIN_PCIE = "HSA_FORCE_FINE_GRAIN_PCIE"
+# ROCm's fused attention (AOTriton) on RDNA GPUs is experimental and off unless this is 1 (attention.py)
+TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
 
 # Ray
 RAY_ADDRESS = "RAY_ADDRESS"

@@ -107,3 +107,20 @@ def test_the_driver_refuses_a_model_context_parallelism_cannot_split(tmp_path):
                                                    architectures=["MistralForCausalLM"], sliding_window=4096),
                            task="causal-lm")
     assert "sliding window" in context_parallel_error(windowed, vocab, 2, "auto")
+
+
+def test_the_attention_kernels_said_at_start_follow_the_architecture():
+    from types import SimpleNamespace as NS
+
+    from scaletrain.attention import kernel_note
+
+    mi300x = NS(gcnArchName="gfx942:sramecc+:xnack-")
+    assert "AOTriton flash and memory-efficient (gfx942)" in kernel_note("cuda:0", mi300x, hip=True)
+    rdna = kernel_note("cuda:0", NS(gcnArchName="gfx1100"), hip=True, env={})
+    assert "math backend without a word" in rdna and "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1" in rdna
+    assert "experimental on RDNA" in kernel_note("cuda:0", NS(gcnArchName="gfx1100"), hip=True,
+                                                 env={"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1"})
+    assert kernel_note("cuda:0", NS(major=9, minor=0)) == "attention kernels: flash, memory-efficient, cuDNN (sm_90)"
+    assert "memory-efficient only (flash needs sm_80" in kernel_note("cuda:0", NS(major=7, minor=0))
+    assert "turned off" in kernel_note("cuda:0", NS(major=8, minor=0), flash_enabled=False)
+    assert "CPU flash kernel" in kernel_note("cpu")

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from scaletrain import context_parallel
+from scaletrain.attention import device_kernel_note
 from scaletrain.checkpoint import Checkpointer, Restored, checkpoints_of
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
@@ -138,7 +139,8 @@ class Trainer:
                 + ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in self.precision.policy.table().items())
                 + ")" + (f"; loss in chunks of {output_layer(self.model).chunk_tokens} tokens (the whole logits never "
                          f"materialised)" if self.chunked_loss else "") + (f"; {f.experts}" if f.experts else "")
-                + (f"; {f.context_parallel}" if f.context_parallel else ""))
+                + (f"; {f.context_parallel}" if f.context_parallel else "")
+                + (f"; {device_kernel_note(ctx.device)}" if ctx.device != "cpu" and not f.context_parallel else ""))
 
 
 def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
@@ -186,9 +188,9 @@ def install_context_parallel(model, ctx: DistContext, cfg: Config) -> str:
     how = ("ulysses: all-to-all over heads" + (f", the {kv} key/value heads replicated to {heads}"
                                                 if kv % ctx.cp_size else "")
            if method == "ulysses" else "ring: every rank gathers the keys/values")
-    return (f"context parallel {ctx.cp_size} x data parallel {ctx.dp_size} ({how}; sequences split zig-zag, "
-            f"FSDP shards over all {ctx.world_size} ranks)" if cfg.train.strategy == "fsdp" else
-            f"context parallel {ctx.cp_size} x data parallel {ctx.dp_size} ({how}; sequences split zig-zag)")
+    shards = f", FSDP shards over all {ctx.world_size} ranks" if cfg.train.strategy == "fsdp" else ""
+    return (f"context parallel {ctx.cp_size} x data parallel {ctx.dp_size} ({how}; sequences split zig-zag"
+            f"{shards}); {device_kernel_note(ctx.device)}")
 
 
 def router_loss_for(cfg: Config, model_config, ctx: DistContext) -> RouterLoss | None:

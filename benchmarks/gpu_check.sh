@@ -9,6 +9,7 @@
 #   fsdp               FSDP2 with its bf16 mixed-precision policy under torchrun with NCCL on 1 GPU
 #   plain-loop         the LoRA step in a plain PyTorch + PEFT loop: scaletrain's tokens/s over it (>= 0.97)
 #   commbench          when there are 2 or more GPUs
+#   context-parallel   when there are 2 or more GPUs: LoRA with each sequence split over 2 (scaling.context_parallel)
 # Each part has its own timeout (and all of them a deadline); a failed part is named and the check goes on.
 # Usage (repo root, torch with CUDA/ROCm installed): bash benchmarks/gpu_check.sh [OUT_DIR]
 # OUT_DIR defaults to a new gpu_check_out/DATE-TIME; an OUT_DIR that holds an earlier check is refused.
@@ -127,6 +128,13 @@ if [ "$GPUS" -ge 2 ]; then
   fi
 else
   echo "== commbench: skipped, $GPUS GPU(s) (a collective needs 2 ranks)"
+fi
+
+if [ "$GPUS" -ge 2 ]; then  # context parallelism: each sequence split over 2 GPUs (ulysses; the 1B's 32 heads divide)
+  train context-parallel 90 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora train.strategy=fsdp \
+    scaling.num_workers=2 scaling.launcher=torchrun scaling.context_parallel=2 train.max_steps=10
+else
+  echo "== context-parallel: skipped, $GPUS GPU(s) (a sequence split needs 2)"
 fi
 
 echo "== summary ($SECONDS s; every figure is in $OUT)"

@@ -1,7 +1,8 @@
 """Context parallelism in a real run (torchrun, gloo): a tiny Llama trained 10 steps on 2 workers with each sequence
 split over both (scaling.context_parallel: 2, data parallel 1) against 1 worker with whole sequences, the same
 global batch: every step's loss, the eval loss and the final weights agree to 1e-5, full fine-tuning and LoRA,
-packed and padded rows, under FSDP with activation checkpointing; the start of the run says the mesh."""
+packed and padded rows, with and without gradient accumulation, under FSDP with activation checkpointing; the
+start of the run says the mesh."""
 
 import json
 import os
@@ -80,10 +81,11 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("finetuning,packing,method", [("full", True, "ulysses"), ("lora", False, "ring")])
-def test_context_parallel_two_trains_as_one(tmp_path, tiny_llama, finetuning, packing, method):
-    one = _train(tmp_path, tiny_llama, "one", 1, 1, finetuning, packing, method)
-    two = _train(tmp_path, tiny_llama, "two", 2, 2, finetuning, packing, method)
+@pytest.mark.parametrize("finetuning,packing,method,accumulation", [("full", True, "ulysses", 1),
+                                                                   ("lora", False, "ring", 2)])
+def test_context_parallel_two_trains_as_one(tmp_path, tiny_llama, finetuning, packing, method, accumulation):
+    one = _train(tmp_path, tiny_llama, "one", 1, 1, finetuning, packing, method, accumulation=accumulation)
+    two = _train(tmp_path, tiny_llama, "two", 2, 2, finetuning, packing, method, accumulation=accumulation)
     records = [read_jsonl(run / "metrics.jsonl") for run in (one, two)]
     curves = [[r for r in rs if r["kind"] == "train"] for rs in records]
     assert [len(c) for c in curves] == [10, 10]

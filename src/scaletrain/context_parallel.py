@@ -132,7 +132,12 @@ def set_batch(batch: dict) -> None:
     local = shard_index(width, g.size, g.rank).to(full.device)
     gathered = torch.cat([shard_index(width, g.size, r) for r in range(g.size)]).to(full.device)
     example = (full == 0).cumsum(dim=1)  # which example of the row each position belongs to
-    _state.update(local=local, gathered=gathered, example=example, order=torch.argsort(gathered))
+    # the examples' bounds, read once per batch here (one host sync), not in every layer
+    plain = bool((example == example[:, :1]).all())
+    bounds = [[0, width]] if plain else [
+        torch.nonzero(torch.diff(row, prepend=row[:1] - 1)).flatten().tolist() + [width] for row in example]
+    _state.update(local=local, gathered=gathered, example=example, order=torch.argsort(gathered), bounds=bounds)
+    _state["blocks"] = _blocks(g, bounds, width) if g.method == "ring" else None
 
 
 def _no_mask(*args, **kwargs):
@@ -163,7 +168,7 @@ def _gathered_kv(query, key, value, g: Group, dropout, scaling):
     keys, values = keys[:, :, order], values[:, :, order]  # the row's order
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if dropout == 0.0 and _blockwise_kernel(query) is not None:
-        return _BlockAttention.apply(query, keys, values, _blocks(g), scale)
+        return _BlockAttention.apply(query, keys, values, _state["blocks"], scale)
     # a kernel without a log-sum-exp to merge (fp32 on a GPU, dropout): one masked call, which keeps an L x S mask
     q_at, k_at, example = _state["local"], torch.arange(keys.shape[2], device=query.device), _state["example"]
     allowed = (k_at[None, :] <= q_at[:, None])[None] & (example[:, None, :] == example[:, q_at][:, :, None])
@@ -171,21 +176,18 @@ def _gathered_kv(query, key, value, g: Group, dropout, scaling):
                                           scale=scale, enable_gqa=query.shape[1] != keys.shape[1])
 
 
-def _blocks(g: Group) -> list[tuple[slice, slice, list[tuple[slice, bool]]]]:
+def _blocks(g: Group, bounds: list[list[int]], width: int) -> list[tuple[slice, slice, list[tuple[slice, bool]]]]:
     """The ring's work as blocks: for each run of this rank's queries inside one chunk and one example (rows: all
-    of the batch when no row is packed, else one), the keys it attends: the example's earlier positions (no mask)
-    and its own run (causal), by position in the row."""
-    example = _state["example"]
-    width, chunk = example.shape[1], example.shape[1] // (2 * g.size)
+    of the batch when no row is packed, else one; ``bounds``: each row's example starts and its width), the keys
+    it attends: the example's earlier positions (no mask) and its own run (causal), by position in the row."""
+    chunk = width // (2 * g.size)
     chunks = [(g.rank * chunk, 0), ((2 * g.size - 1 - g.rank) * chunk, chunk)]  # (row start, local start)
-    plain = bool((example == example[:, :1]).all())
-    rows = [slice(None)] if plain else [slice(b, b + 1) for b in range(example.shape[0])]
+    rows = [slice(None)] if len(bounds) == 1 and bounds[0] == [0, width] else [slice(b, b + 1)
+                                                                              for b in range(len(bounds))]
     out = []
-    for r in rows:
-        ids = example[r][0]
-        bounds = torch.nonzero(torch.diff(ids, prepend=ids[:1] - 1)).flatten().tolist() + [width]
+    for r, row_bounds in zip(rows, bounds if len(rows) > 1 else bounds[:1]):
         for start, local in chunks:
-            for es, ee in zip(bounds, bounds[1:]):
+            for es, ee in zip(row_bounds, row_bounds[1:]):
                 qs, qe = max(start, es), min(start + chunk, ee)
                 if qs >= qe:
                     continue
@@ -280,7 +282,7 @@ def _ulysses(query, key, value, g: Group, dropout, scaling):
     groups = [x.reshape(b, g.size, x.shape[1] // g.size, length, d) for x in (query, key, value)]
     got = _seq_to_heads(torch.cat(groups, dim=2), g)  # (B, (H + 2 KV)/N, S, dim) in the row's order
     q, k, v = got.split([heads // g.size, kv_heads // g.size, kv_heads // g.size], dim=1)
-    out = _causal_by_example(q, k, v, _state["example"], dropout, scaling)
+    out = _causal_by_example(q, k, v, _state["bounds"], dropout, scaling)
     return _heads_to_seq(out, g)
 
 
@@ -301,18 +303,18 @@ def _heads_to_seq(x: torch.Tensor, g: Group) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, g.size * h, s // g.size, d)
 
 
-def _causal_by_example(q, k, v, example, dropout, scaling):
-    """Causal attention over whole rows, one example at a time when rows are packed."""
-    if bool((example == example[:, :1]).all()):  # one example per row: one causal call
+def _causal_by_example(q, k, v, bounds: list[list[int]], dropout, scaling):
+    """Causal attention over whole rows, one example at a time when rows are packed (``bounds``: per row, its
+    examples' starts and the width; one entry for a batch of unpacked rows)."""
+    gqa = q.shape[1] != k.shape[1]
+    if len(bounds) == 1 and len(bounds[0]) == 2:  # no row packed: one causal call
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+                                              enable_gqa=gqa)
     rows = []
-    for b in range(q.shape[0]):
-        bounds = torch.nonzero(torch.diff(example[b], prepend=example[b, :1] - 1)).flatten().tolist()
-        spans = list(zip(bounds, bounds[1:] + [example.shape[1]]))
+    for b, row in enumerate(bounds):
         rows.append(torch.cat([F.scaled_dot_product_attention(
             q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e], dropout_p=dropout, scale=scaling,
-            is_causal=True, enable_gqa=q.shape[1] != k.shape[1]) for s, e in spans], dim=2))
+            is_causal=True, enable_gqa=gqa) for s, e in zip(row, row[1:])], dim=2))
     return torch.cat(rows, dim=0)
 
 

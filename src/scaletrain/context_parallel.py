@@ -81,15 +81,19 @@ def shard_batch(batch: dict, size: int, rank: int, pad_id: int = 0) -> dict:
         positions = torch.arange(width, device=ids.device).expand(rows, width)
     targets = shift_labels(batch["labels"])
     full = padded_width(width, size)
+    mask = batch.get("attention_mask")
     if full > width:
         extra = full - width
         ids = F.pad(ids, (0, extra), value=pad_id)
         targets = F.pad(targets, (0, extra), value=IGNORE_INDEX)
+        mask = F.pad(mask, (0, extra), value=0) if mask is not None else None
         positions = torch.cat([positions, positions[:, -1:] + 1 + torch.arange(extra, device=ids.device)], dim=1)
     index = shard_index(full, size, rank).to(ids.device)
     out = {k: v for k, v in batch.items() if k not in ("input_ids", "labels", "position_ids", "attention_mask")}
     out.update(input_ids=ids[:, index], shift_labels=targets[:, index], position_ids=positions[:, index].contiguous(),
                cp_positions=positions.contiguous())
+    if mask is not None:  # the shard's padding, for what counts real tokens (an MoE router); attention ignores it
+        out["attention_mask"] = mask[:, index]
     return out
 
 

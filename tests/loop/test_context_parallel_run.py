@@ -144,3 +144,32 @@ def test_a_context_parallel_checkpoint_resumes_on_one_rank(tmp_path, tiny_llama)
     ours, theirs = _weights(again), _weights(two)
     for key in ours:
         torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5, msg=key)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_moe(tmp_path_factory) -> Path:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from scaletrain.tokenizer import tiny_llama_tokenizer
+
+    d = tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-moe"
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+                            num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01)
+    Qwen3MoeForCausalLM(config).save_pretrained(d)
+    tiny_llama_tokenizer().save_pretrained(d)
+    return d
+
+
+def test_an_moe_with_context_parallel_pools_its_router_loss_as_one(tmp_path, tiny_qwen3_moe):
+    """Qwen3-MoE, padded rows, 2 accumulation micro-batches (the router counts the step's assignments ahead, a
+    forward per micro-batch): CP 2 records the 1-worker run's language-model and load-balancing losses; each
+    rank's router counts only its own real tokens (the padding masked on its shard too)."""
+    one = _train(tmp_path, tiny_qwen3_moe, "one", 1, 1, "lora", False, "auto", accumulation=2)
+    two = _train(tmp_path, tiny_qwen3_moe, "two", 2, 2, "lora", False, "auto", accumulation=2)
+    curves = [[r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"] for run in (one, two)]
+    assert [len(c) for c in curves] == [10, 10]
+    for a, b in zip(*curves):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+        assert b["train/moe_aux_loss"] == pytest.approx(a["train/moe_aux_loss"], rel=1e-5)

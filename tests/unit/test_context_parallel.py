@@ -30,7 +30,9 @@ def test_labels_are_shifted_before_the_split_and_the_row_padded_to_2n():
     assert shards[0]["shift_labels"].tolist() == [[11, 12, IGNORE, IGNORE]]
     assert shards[1]["shift_labels"].tolist() == [[13, 14, IGNORE, IGNORE]]
     assert shards[0]["position_ids"].tolist() == [[0, 1, 6, 7]] and shards[1]["position_ids"].tolist() == [[2, 3, 4, 5]]
-    assert "labels" not in shards[0] and "attention_mask" not in shards[0]  # the attention builds its own mask
+    assert "labels" not in shards[0]
+    # the shard's padding mask (the attention builds its own; an MoE router counts real tokens with it)
+    assert [s["attention_mask"].tolist() for s in shards] == [[[1, 1, 0, 0]], [[1, 1, 1, 0]]]
     targets = sum(int((s["shift_labels"] != IGNORE).sum()) for s in shards)
     assert targets == int((labels[:, 1:] != IGNORE).sum())  # every target once over the group
 

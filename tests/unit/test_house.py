@@ -58,9 +58,9 @@ def test_the_registry_is_the_ground_floor():
 # The layers of src/scaletrain, bottom first: a package (or top-level module) imports only from its own package
 # and from lower layers, never from its own layer or above. Written once, here; a new package gets its place.
 LAYERS = (
-    ("__init__", "errors", "console", "credentials", "dtypes", "attention", "demo_data", "moe"),
+    ("__init__", "errors", "console", "credentials", "dtypes", "demo_data", "moe"),
     ("envvars", "precision", "rundir", "textfile", "lora_targets", "fused_lora"),
-    ("redact", "storage"),
+    ("redact", "storage", "attention"),
     ("config",),
     ("comm", "data", "model_files"),
     ("checkpoint", "metrics", "tokenizer", "context_parallel"),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from scaletrain import context_parallel
 from scaletrain.data import model_inputs
 from scaletrain.moe import Experts
 from scaletrain.worker.parallel import all_reduce_sum
@@ -118,6 +119,8 @@ class RouterLoss:
         with torch.no_grad(), autocast():
             for batch in window:
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                if "cp_positions" in batch:  # a context-parallel shard: where its positions are in the row
+                    context_parallel.set_batch(batch)
                 out = model(**model_inputs(batch, labels=False), use_cache=False, output_router_logits=True)
                 c, r = assignments(out.router_logits, batch, self.experts)
                 counts, rows = (c if counts is None else counts + c), rows + r

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-pytestmark = pytest.mark.loop
+pytestmark = pytest.mark.slow  # 7 spawns of 2-4 gloo processes (~110 s): the loop tier's budget, not test-fast's
 
 IGNORE = -100
 

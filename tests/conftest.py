@@ -180,3 +180,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def save_tiny_qwen3_moe(d: Path, dtype=None) -> Path:
+    """A tiny Qwen3-MoE (4 experts, top-2, router_aux_loss_coef 0.01) and the tiny tokenizer saved in ``d``, in
+    ``dtype`` (e.g. bf16, as the real checkpoints) or fp32."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from scaletrain.tokenizer import tiny_llama_tokenizer
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+                            num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01)
+    model = Qwen3MoeForCausalLM(config)
+    (model.to(dtype) if dtype is not None else model).save_pretrained(d)
+    tiny_llama_tokenizer().save_pretrained(d)
+    return d

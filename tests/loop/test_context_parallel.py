@@ -53,17 +53,12 @@ def _reference(model, batch: dict):
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _worker(rank: int, world: int, method: str, packed: bool, heads: int, kv_heads: int, port: int, out: str):
+def _train_shard_and_compare(model, shard: dict, ref_loss: float, ref_grads: dict, main: bool, out: str) -> None:
+    """Forward and backward of this rank's shard; the loss and gradients summed over every rank, compared with the
+    reference's (the worst relative gradient difference), saved by the main rank."""
     from scaletrain import context_parallel as cp
     from scaletrain.worker.step import token_loss_sum
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    model = _tiny(heads, kv_heads)
-    ref_loss, ref_grads = _reference(copy.deepcopy(model), _batch(packed))
-    cp.install(model, cp.Group(world, rank, dist.group.WORLD, method))
-    shard = cp.shard_batch(_batch(packed), world, rank)
-    assert shard["input_ids"].shape[1] == 16 // world  # 13 padded to a multiple of 2 x ranks (16), split
     cp.set_batch(shard)
     inputs = {k: v for k, v in shard.items() if k in ("input_ids", "position_ids")}
     loss = token_loss_sum(model(**inputs, use_cache=False).logits, shard["shift_labels"], shifted=True)
@@ -75,9 +70,22 @@ def _worker(rank: int, world: int, method: str, packed: bool, heads: int, kv_hea
         g = p.grad.clone()
         dist.all_reduce(g)
         worst = max(worst, float((g - ref_grads[n]).abs().max() / (ref_grads[n].abs().max() + 1e-12)))
-    if rank == 0:
+    if main:
         torch.save({"loss": total.item(), "ref_loss": ref_loss, "worst_grad_rel": worst}, out)
     dist.destroy_process_group()
+
+
+def _worker(rank: int, world: int, method: str, packed: bool, heads: int, kv_heads: int, port: int, out: str):
+    from scaletrain import context_parallel as cp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = _tiny(heads, kv_heads)
+    ref_loss, ref_grads = _reference(copy.deepcopy(model), _batch(packed))
+    cp.install(model, cp.Group(world, rank, dist.group.WORLD, method))
+    shard = cp.shard_batch(_batch(packed), world, rank)
+    assert shard["input_ids"].shape[1] == 16 // world  # 13 padded to a multiple of 2 x ranks (16), split
+    _train_shard_and_compare(model, shard, ref_loss, ref_grads, rank == 0, out)
 
 
 @pytest.mark.parametrize("world,method,packed,heads,kv", [
@@ -101,7 +109,6 @@ def _mesh_worker(rank: int, port: int, out: str):
     from scaletrain import context_parallel as cp
     from scaletrain.comm.context import DistContext
     from scaletrain.worker.parallel import context_parallel_group
-    from scaletrain.worker.step import token_loss_sum
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=4)
@@ -119,20 +126,7 @@ def _mesh_worker(rank: int, port: int, out: str):
     assert dist.get_process_group_ranks(group.group) == [2 * ctx.dp_rank, 2 * ctx.dp_rank + 1]
     cp.install(model, group)
     shard = cp.shard_batch(_batch(True, seed=ctx.dp_rank + 1), 2, ctx.cp_rank)
-    cp.set_batch(shard)
-    inputs = {k: v for k, v in shard.items() if k in ("input_ids", "position_ids")}
-    loss = token_loss_sum(model(**inputs, use_cache=False).logits, shard["shift_labels"], shifted=True)
-    loss.backward()
-    total = loss.detach().clone()
-    dist.all_reduce(total)
-    worst = 0.0
-    for n, p in model.named_parameters():
-        g = p.grad.clone()
-        dist.all_reduce(g)
-        worst = max(worst, float((g - ref_grads[n]).abs().max() / (ref_grads[n].abs().max() + 1e-12)))
-    if rank == 0:
-        torch.save({"loss": total.item(), "ref_loss": ref_loss, "worst_grad_rel": worst}, out)
-    dist.destroy_process_group()
+    _train_shard_and_compare(model, shard, ref_loss, ref_grads, rank == 0, out)
 
 
 def test_two_data_parallel_groups_of_two_context_parallel_ranks(tmp_path):

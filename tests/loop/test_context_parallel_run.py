@@ -148,18 +148,9 @@ def test_a_context_parallel_checkpoint_resumes_on_one_rank(tmp_path, tiny_llama)
 
 @pytest.fixture(scope="module")
 def tiny_qwen3_moe(tmp_path_factory) -> Path:
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from tests.conftest import save_tiny_qwen3_moe
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
-
-    d = tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-moe"
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
-                            num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01)
-    Qwen3MoeForCausalLM(config).save_pretrained(d)
-    tiny_llama_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny_qwen3_moe(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-moe")  # fp32: exact on the CPU
 
 
 def test_an_moe_with_context_parallel_pools_its_router_loss_as_one(tmp_path, tiny_qwen3_moe):

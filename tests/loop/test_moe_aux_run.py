@@ -20,18 +20,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny_qwen3_moe(tmp_path_factory) -> Path:
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from tests.conftest import save_tiny_qwen3_moe
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
-
-    d = tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-moe"
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
-                            num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01)
-    Qwen3MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(d)
-    tiny_llama_tokenizer().save_pretrained(d)
-    return d
+    return save_tiny_qwen3_moe(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-moe", torch.bfloat16)
 
 
 def _train(tmp_path: Path, model: Path, name: str, workers: int, accumulation: int, finetuning: str,

@@ -118,8 +118,8 @@ def install(model, group: Group) -> None:
     impl = getattr(config, "_attn_implementation", None)
     if impl not in ("sdpa", NAME, "scaletrain_sdpa_by_example"):
         raise ConfigError(f"scaling.context_parallel={group.size}: {type(model).__name__} runs attention "
-                          f"'{impl}', not SDPA; context parallelism replaces SDPA attention only (set "
-                          f"model.attn_implementation: sdpa, or scaling.context_parallel: 1)")
+                          f"'{impl}', not SDPA; context parallelism replaces SDPA attention only: set "
+                          f"scaling.context_parallel: 1")
     from transformers import AttentionInterface, AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)

@@ -47,6 +47,12 @@ def sdpa_by_example(module, query, key, value, attention_mask, dropout: float = 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       position_ids=position_ids, **kwargs)
+    return causal_over_spans(query, key, value, spans, dropout, scaling).transpose(1, 2).contiguous(), None
+
+
+def causal_over_spans(query, key, value, spans: list[list[tuple[int, int]]], dropout: float, scaling):
+    """Causal SDPA on each example's span of each row (``spans``: per row, [(start, end)]); (batch, heads, seq,
+    dim) in and out. Also context parallelism's attention over whole rows (context_parallel.py)."""
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -56,7 +62,7 @@ def sdpa_by_example(module, query, key, value, attention_mask, dropout: float = 
             F.scaled_dot_product_attention(query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
                                            dropout_p=dropout, scale=scaling, is_causal=True)
             for s, e in row], dim=2))
-    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+    return torch.cat(rows, dim=0)
 
 
 def _plain_causal(module, kwargs) -> bool:

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from scaletrain.attention import causal_over_spans
 from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.errors import ConfigError
 
@@ -310,16 +311,10 @@ def _heads_to_seq(x: torch.Tensor, g: Group) -> torch.Tensor:
 def _causal_by_example(q, k, v, bounds: list[list[int]], dropout, scaling):
     """Causal attention over whole rows, one example at a time when rows are packed (``bounds``: per row, its
     examples' starts and the width; one entry for a batch of unpacked rows)."""
-    gqa = q.shape[1] != k.shape[1]
     if len(bounds) == 1 and len(bounds[0]) == 2:  # no row packed: one causal call
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True,
-                                              enable_gqa=gqa)
-    rows = []
-    for b, row in enumerate(bounds):
-        rows.append(torch.cat([F.scaled_dot_product_attention(
-            q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e], dropout_p=dropout, scale=scaling,
-            is_causal=True, enable_gqa=gqa) for s, e in zip(row, row[1:])], dim=2))
-    return torch.cat(rows, dim=0)
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    return causal_over_spans(q, k, v, [list(zip(row, row[1:])) for row in bounds], dropout, scaling)
 
 
 class _AllGather(torch.autograd.Function):

@@ -215,7 +215,7 @@ def context_parallel_traffic(cfg: Config, shape: Shape) -> int:
     if choose_method(cfg.scaling.context_parallel_method, shape.heads, n) == "ulysses":
         return int(2 * local * (2 * shape.q_width + 2 * shape.kv_width) * (n - 1) / n * width)
     kv = local * 2 * shape.kv_width * width
-    return int((n - 1) * kv + 2 * (n - 1) / n * n * kv)
+    return 3 * (n - 1) * kv  # the gather's N-1 shards in; backward's all-reduce of N shards moves 2(N-1)/N of them
 
 
 def context_parallel_options(cfg: Config, vocab: Vocab, sizes: list[int], device: Device,

@@ -1,11 +1,14 @@
-"""The driver's length pass over a large prepared cache (issue #46: bounded driver memory).
+"""The driver's length pass and packing over a large prepared cache (issue #46: bounded driver memory).
 
 A synthetic cache of ROWS token rows (lengths 16..LONGEST, mean ~ (16 + LONGEST) / 2, int32 ids, written once
 with pyarrow and reopened memory-mapped as the workers and the driver open it) is measured two ways, alternating,
 each in a fresh process: the Arrow pass scaletrain runs (``data/prepare.py:example_lengths``: list lengths read
 batch by batch) and the Python-list pass it replaced (``[len(ids) for ids in ds["input_ids"]]``, on a 10% slice,
 extrapolated linearly). Each prints its wall time and its peak resident-set growth (psutil, sampled every 5 ms)
-over the process's RSS just before the pass.
+over the process's RSS just before the pass. ``--pack N`` also packs the whole cache into rows of N tokens
+(``data/packing.py``: a plan from the lengths, rows built with Arrow and written to a file) and prints its time,
+its RSS growth and the anonymous (heap) part of it: the memory-mapped cache's pages the packer reads count in RSS
+but are the kernel's page cache, dropped under pressure, not the driver's own memory.
 
     python benchmarks/length_pass.py --rows 2000000 --rounds 2
 """
@@ -26,20 +29,31 @@ import psutil, datasets
 from scaletrain.data.prepare import example_lengths
 ds = datasets.load_from_disk(sys.argv[1])
 how, share = sys.argv[2], float(sys.argv[3])
+def anon():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("RssAnon"))
 if share < 1:
     ds = ds.select(range(int(len(ds) * share)))
-proc, peak, done = psutil.Process(), [0], threading.Event()
+proc, peak, peak_anon, done = psutil.Process(), [0], [0], threading.Event()
 def watch():
     while not done.is_set():
         peak[0] = max(peak[0], proc.memory_info().rss)
+        peak_anon[0] = max(peak_anon[0], anon())
         time.sleep(0.005)
-before = proc.memory_info().rss
+before, before_anon = proc.memory_info().rss, anon()
 t = threading.Thread(target=watch); t.start()
 start = time.perf_counter()
-n = len(example_lengths(ds)) if how == "arrow" else len([len(ids) for ids in ds["input_ids"]])
+if how.startswith("pack"):
+    import tempfile
+    from scaletrain.data.packing import pack
+    with tempfile.TemporaryDirectory(dir="/tmp") as out:
+        n = len(ds)
+        rows = len(pack(ds, int(how[4:]), 0, out))
+else:
+    n = len(example_lengths(ds)) if how == "arrow" else len([len(ids) for ids in ds["input_ids"]])
 took = time.perf_counter() - start
 done.set(); t.join()
-print(json.dumps({"rows": n, "s": took, "rss_growth_mb": (peak[0] - before) / 1e6}))
+print(json.dumps({"rows": n, "s": took, "rss_growth_mb": (peak[0] - before) / 1e6,
+                  "anon_growth_mb": (peak_anon[0] - before_anon) / 1e6}))
 """
 
 
@@ -72,23 +86,29 @@ def main() -> None:
     ap.add_argument("--longest", type=int, default=240)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--list-share", type=float, default=0.1, help="the Python-list pass runs on this slice")
+    ap.add_argument("--pack", type=int, default=0, help="also pack the cache into rows of this many tokens")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         path = Path(tmp) / "cache"
         tokens = build(path, args.rows, args.longest)
         results: dict[str, list[dict]] = {"arrow": [], "python lists": []}
+        if args.pack:
+            results["packing"] = []
         for _ in range(args.rounds):  # alternating
             results["arrow"].append(measure(path, "arrow", 1.0))
             results["python lists"].append(measure(path, "lists", args.list_share))
+            if args.pack:
+                results["packing"].append(measure(path, f"pack{args.pack}", 1.0))
     print(f"{args.rows:,} rows, {tokens:,} tokens ({tokens * 4 / 1e9:.1f} GB of int32 ids), medians of "
           f"{args.rounds} rounds")
     for how, runs in results.items():
         scale = args.rows / runs[0]["rows"]
         s = statistics.median(r["s"] for r in runs) * scale
         mb = statistics.median(r["rss_growth_mb"] for r in runs) * scale
+        heap = statistics.median(r["anon_growth_mb"] for r in runs) * scale
         note = "" if scale == 1 else f" (measured on {runs[0]['rows']:,} rows, x{scale:.0f})"
-        print(f"{how:>13}: {s:8.2f} s, driver RSS +{mb:8.1f} MB{note}; 10M rows: {s * 1e7 / args.rows:.1f} s, "
-              f"+{mb * 1e7 / args.rows / 1e3:.2f} GB")
+        print(f"{how:>13}: {s:8.2f} s, driver RSS +{mb:8.1f} MB (heap +{heap:.1f} MB){note}; 10M rows: "
+              f"{s * 1e7 / args.rows:.1f} s, +{mb * 1e7 / args.rows / 1e3:.2f} GB")
 
 
 if __name__ == "__main__":

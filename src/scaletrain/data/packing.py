@@ -6,32 +6,39 @@ restart at 0 for every example, so attention never crosses an example: a model o
 (``attention.py``); with no attention mask, transformers builds a block-diagonal causal mask for eager
 attention (``masking_utils.find_packed_sequence_indices``) and runs varlen for flash-attention kernels. The
 first token of each example is no target (its label is ignored): it would be predicted from the previous
-example's last token.
+example's last token. ``example_ids`` names each row's members (their rows in the unpacked split): what a
+record of the examples trained reads (``worker/seen.py``).
+
+The plan is made from the examples' lengths alone (an Arrow pass, ``data/lengths.py``) and the rows are built
+with Arrow and numpy a batch of rows at a time, written to an Arrow file: no token id becomes a Python object, so
+the driver's memory does not grow with the set (issue #46: 10M rows of 500 tokens are over 100 GB as lists).
 """
 
 from __future__ import annotations
 
-import random
+import os
+from pathlib import Path
 
 from scaletrain.data.encode import IGNORE_INDEX
 
 WINDOW = 1000  # examples sorted together: larger packs tighter, smaller keeps the order closer to the shuffle
+TOKENS_PER_BATCH = 1 << 20  # packed rows built and written at a time: ~40 bytes a token while built
 
 
-def pack(split, max_length: int, seed: int):
-    """A new ``datasets.Dataset`` of packed rows: input_ids, labels, position_ids, examples (per row)."""
-    import datasets
+def plan(lengths, max_length: int, seed: int):
+    """(members, counts): the examples of every row in row order (int64, flat) and how many each row holds."""
+    import numpy as np
 
-    ids, labels = split["input_ids"], split["labels"]
-    order = list(range(len(ids)))
-    random.Random(seed).shuffle(order)
-    rows: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": [], "examples": []}
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(lengths))  # 8 bytes an example, not a Python list
+    members, counts = [], []
     for w in range(0, len(order), WINDOW):
-        window = sorted(order[w:w + WINDOW], key=lambda i: len(ids[i]), reverse=True)
+        window = order[w:w + WINDOW]
+        window = window[np.argsort(-lengths[window], kind="stable")].tolist()  # longest first
         bins: list[list[int]] = []
         room: list[int] = []
         for i in window:
-            n = len(ids[i])
+            n = int(lengths[i])
             slot = next((b for b, free in enumerate(room) if free >= n), None)
             if slot is None:
                 bins.append([i])
@@ -39,14 +46,73 @@ def pack(split, max_length: int, seed: int):
             else:
                 bins[slot].append(i)
                 room[slot] -= n
-        for members in bins:
-            row_ids, row_labels, row_pos = [], [], []
-            for i in members:
-                row_ids += ids[i]
-                row_labels += [IGNORE_INDEX] + list(labels[i][1:])
-                row_pos += list(range(len(ids[i])))
-            rows["input_ids"].append(row_ids)
-            rows["labels"].append(row_labels)
-            rows["position_ids"].append(row_pos)
-            rows["examples"].append(len(members))
-    return datasets.Dataset.from_dict(rows)
+        members.append(np.fromiter((i for b in bins for i in b), dtype=np.int64))
+        counts.append(np.fromiter((len(b) for b in bins), dtype=np.int32))
+    if not members:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+    return np.concatenate(members), np.concatenate(counts)
+
+
+def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
+    """A new ``datasets.Dataset`` of packed rows: input_ids, labels, position_ids, examples and example_ids (per
+    row), memory-mapped from an Arrow file in ``workdir`` (a temporary directory when None; the caller saves it)."""
+    import tempfile
+
+    import datasets
+    import numpy as np
+    import pyarrow as pa
+
+    from scaletrain.data.lengths import list_lengths
+
+    members, counts = plan(list_lengths(split, "input_ids"), max_length, seed)
+    row_ends = np.cumsum(counts, dtype=np.int64)
+    source = split.select_columns(["input_ids", "labels"]).with_format("arrow")
+    fd, path = tempfile.mkstemp(prefix="packed-", suffix=".arrow",
+                                dir=workdir or tempfile.mkdtemp(prefix="scaletrain-pack-"))
+    os.close(fd)
+    with pa.OSFile(path, "wb") as sink:
+        writer = None
+        step = max(1, TOKENS_PER_BATCH // max_length)
+        for first in range(0, len(counts), step):
+            last = min(first + step, len(counts))
+            lo, hi = (int(row_ends[first - 1]) if first else 0), int(row_ends[last - 1])
+            batch = _rows(source, members[lo:hi], counts[first:last])
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, batch.schema)
+            writer.write_batch(batch)
+        if writer is None:  # no rows: an empty file of the same columns
+            schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("labels", pa.list_(pa.int64())),
+                                ("position_ids", pa.list_(pa.int32())), ("examples", pa.int32()),
+                                ("example_ids", pa.list_(pa.int64()))])
+            writer = pa.ipc.new_stream(sink, schema)
+        writer.close()
+    return datasets.Dataset.from_file(path)
+
+
+def _rows(source, members, counts):
+    """One Arrow batch of packed rows: the members' token lists concatenated (``members`` in row order)."""
+    import numpy as np
+    import pyarrow as pa
+
+    taken = source[members.tolist()]
+    ids, labels = (taken.column(c).combine_chunks() for c in ("input_ids", "labels"))
+    lengths = np.asarray(ids.value_lengths(), dtype=np.int64)
+    starts = np.zeros(len(lengths), dtype=np.int64)  # each member's first token in the flat row values
+    np.cumsum(lengths[:-1], out=starts[1:])
+    flat_labels = labels.flatten().to_numpy(zero_copy_only=False).copy()
+    flat_labels[starts[lengths > 0]] = IGNORE_INDEX  # an example's first token is predicted from no context
+    positions = np.arange(int(lengths.sum()), dtype=np.int32) - np.repeat(starts, lengths).astype(np.int32)
+    member_ends = np.cumsum(counts, dtype=np.int64)
+    row_offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    row_offsets[1:] = np.concatenate([[0], np.cumsum(lengths)])[member_ends]
+    member_offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    member_offsets[1:] = member_ends
+
+    def listed(values, offsets=row_offsets):
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                        values if isinstance(values, pa.Array) else pa.array(values))
+
+    return pa.record_batch({"input_ids": listed(ids.flatten()),
+                            "labels": listed(pa.array(flat_labels, labels.type.value_type)),
+                            "position_ids": listed(positions), "examples": pa.array(counts, pa.int32()),
+                            "example_ids": listed(members, member_offsets)})

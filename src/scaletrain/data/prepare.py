@@ -44,7 +44,7 @@ from scaletrain.storage.mirror import local_output_dir
 
 log = logging.getLogger("scaletrain.data")
 
-CACHE_VERSION = 2  # bump when the tokenization of the same inputs changes
+CACHE_VERSION = 3  # bump when the tokenization of the same inputs changes (3: packed rows name their examples)
 META = "meta.json"
 SHOW_BAD = 5  # record numbers listed per skip reason
 
@@ -154,8 +154,8 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             from scaletrain.data.packing import pack
 
             n = len(train)
-            train = pack(train, d.max_length, cfg.train.seed)
-            evals = pack(evals, d.max_length, cfg.train.seed) if d.pack_eval else evals
+            train = pack(train, d.max_length, cfg.train.seed, hf_cache)
+            evals = pack(evals, d.max_length, cfg.train.seed, hf_cache) if d.pack_eval else evals
             notes.append(f"data: packed {n} examples into {len(train)} rows of up to {d.max_length} tokens")
         notes.append(f"data: tokenized {len(train)} train {'rows' if d.packing else 'examples'} / {len(evals)} eval in "
                      f"{time.perf_counter() - t0:.1f} s; cached as {entry}")

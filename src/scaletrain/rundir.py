@@ -11,6 +11,7 @@ rename is one edit. A run directory is created once (``create_run_dir``) and nev
     checkpoints/step-<N>/  see checkpoint/storage.py
     heartbeat/ stacks/     per-rank progress and stack dumps (comm/watchdog.py)
     data/                  the tokenized splits the workers load
+    examples/              data.record_examples: the examples each step trained (worker/seen.py)
     final/                 a from_pretrained directory (LoRA: the adapter, base/, merged/)
     STOP                   created on Ctrl-C/SIGTERM: every rank checkpoints and stops
     .private-env.json      secret variables for the Ray workers while they run (0600; see comm/launch_env.py)
@@ -171,6 +172,10 @@ class RunDir:
     @property
     def final(self) -> Path:
         return self.root / self.FINAL
+
+    @property
+    def examples(self) -> Path:
+        return self.root / "examples"
 
     @property
     def tensorboard(self) -> Path:

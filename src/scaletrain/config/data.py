@@ -80,6 +80,10 @@ class DataConfig(_Section):
     overwrite_cache: bool = False  # tokenize again even if the same data was tokenized before
     cache_dir: Optional[str] = None  # tokenized data; default: <output.output_dir>/.cache/data
     loader_workers: int = Field(0, ge=0)
+    # Each rank writes the ids of the examples every optimizer step trained (their rows in the tokenized split; a
+    # packed row's members) to <run>/examples/: which data a loss spike saw, and proof that a resumed run, at any
+    # world size, trained each example of the epoch once (worker/seen.py).
+    record_examples: bool = False
 
     @model_validator(mode="before")
     @classmethod

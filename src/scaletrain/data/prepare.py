@@ -356,7 +356,7 @@ def _materialized(split):
 def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source]) -> str:
     d = cfg.data
     keys = d.model_dump(exclude={"preprocessing_num_workers", "overwrite_cache", "cache_dir", "loader_workers",
-                                 "train_file", "eval_file", "dataset_dir"})
+                                 "record_examples", "train_file", "eval_file", "dataset_dir"})
     h = hashlib.sha256()
     h.update(json.dumps({"version": CACHE_VERSION, "data": keys, "task": cfg.model.task, "stage": cfg.train.stage,
                          "num_labels": cfg.model.num_labels, "seed": cfg.train.seed, "template": template,

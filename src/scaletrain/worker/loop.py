@@ -35,6 +35,7 @@ from scaletrain.worker.parallel import all_gather_floats
 from scaletrain.worker.preference import objective_for
 from scaletrain.worker.resize import resize_note
 from scaletrain.worker.sampler import ResumableSampler
+from scaletrain.worker.seen import ExampleRecord, start_attempt
 from scaletrain.worker.spec import JobSpec
 from scaletrain.worker.step import target_tokens, train_step
 from scaletrain.worker.step_check import StepCheck, due, non_finite_loss, writes_at
@@ -116,6 +117,27 @@ class Data:
         lengths = self.train["length"] if balance else None
         self.sampler = ResumableSampler(len(self.train), t.ctx.dp_size, t.ctx.dp_rank, tr.seed, lengths,
                                         tr.per_device_train_batch_size, tr.gradient_accumulation_steps)
+        self.record = None  # a context-parallel group's ranks share their examples: its first rank writes them
+        if d.record_examples:
+            if t.ctx.is_main:
+                start_attempt(t.run_dir.examples, t.progress.step + 1)
+            if dist.is_initialized():
+                dist.barrier()
+            if t.ctx.cp_rank == 0:
+                self.record = ExampleRecord(t.run_dir.examples, t.progress.step + 1, t.ctx.dp_rank)
+        self._order: tuple[int, list[int]] | None = None  # (epoch, this rank's order of it)
+
+    def record_step(self, step: int, micro_batches: int) -> None:
+        """Write which examples the step that started ``micro_batches`` into the epoch trained (this rank's)."""
+        if self.record is None:
+            return
+        epoch, b = self.t.progress.epoch, self.t.cfg.train.per_device_train_batch_size
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self.sampler.epoch_order())
+        rows = self._order[1][micro_batches * b:(micro_batches + self.t.cfg.train.gradient_accumulation_steps) * b]
+        if "example_ids" in self.train.column_names:  # packed rows: their members
+            rows = [i for members in self.train.select(rows)["example_ids"] for i in members]
+        self.record.write(step, epoch, [int(i) for i in rows])
 
     def batches(self):
         """The rest of the current epoch from the trainer's data position."""
@@ -173,6 +195,7 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
                 raise non_finite_loss(spec.run_dir, *bad, t.ctx.world_rank, events, _tokens(t, window),
                                       t.checkpointer.saved(), spec.store)
             progress.step = step
+            data.record_step(step, progress.micro_batches_in_epoch)
             progress.micro_batches_in_epoch += accum
             beat.finished_step(step)
             metrics.step_done(loss, window, timing)

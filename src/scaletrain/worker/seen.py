@@ -32,7 +32,8 @@ class ExampleRecord:
     def __init__(self, folder: Path, first_step: int, rank: int):
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"from-step-{first_step}-rank-{rank}.jsonl"
-        self.file = open(self.path, "a", buffering=1)  # line-buffered: a killed rank keeps the steps it wrote
+        # line-buffered: a killed rank keeps the steps it wrote; open for the run, closed with the process
+        self.file = open(self.path, "a", buffering=1)  # noqa: SIM115
 
     def write(self, step: int, epoch: int, ids: list[int]) -> None:
         self.file.write(json.dumps({"step": step, "epoch": epoch, "ids": ids}) + "\n")

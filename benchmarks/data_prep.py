@@ -6,6 +6,11 @@ instruction-data lengths, MiniLM's tokenizer; then a worker's RSS after it loads
 
 Variants alternate within a round; medians over rounds. Targets: cold >= 5x faster than before, cached >= 50x
 faster than before's cold, worker RSS of the 200k split within 10% of the 20k one.
+
+``--chat`` measures instead the tokenization of multi-turn conversations through a real chat template (Qwen2.5's,
+tests/fixtures/chat_templates; data.template: auto, every assistant turn trained): records/s per core with one
+process and with every core (the default for a large source), alternating, and the driver's peak RSS growth
+(target >= 300 records/s per core, issue #46).
 """
 
 from __future__ import annotations
@@ -97,12 +102,76 @@ def worker_rss(split: str) -> tuple[int, float, float]:
     return int(n), int(base) / 2**20, int(rss) / 2**20
 
 
+CHAT_PROBE = """
+import json, os, sys, threading, time
+import psutil
+from scaletrain.config import validate
+from scaletrain.data import prepare_data
+from scaletrain.tokenizer import tiny_llama_tokenizer
+path, template, workers, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+tok = tiny_llama_tokenizer()
+tok.chat_template = open(template).read()
+proc, peak, done = psutil.Process(), [0], threading.Event()
+def watch():
+    while not done.is_set():
+        peak[0] = max(peak[0], proc.memory_info().rss)
+        time.sleep(0.01)
+cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                "data": {"train_file": path, "formatting": "messages", "template": "auto", "max_length": 1024,
+                         "preprocessing_num_workers": workers or None, "overwrite_cache": True, "cache_dir": cache},
+                "output": {"output_dir": cache}})
+before = proc.memory_info().rss
+threading.Thread(target=watch, daemon=True).start()
+t0 = time.perf_counter()
+data = prepare_data(cfg, tok)
+took = time.perf_counter() - t0
+done.set()
+note = next(n for n in data.notes if n.startswith("data: tokenized"))
+print(json.dumps({"s": took, "rss_growth_mb": (peak[0] - before) / 1e6, "note": note}))
+"""
+
+
+def chat(rows: int, rounds: int) -> None:
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    template = root / "tests" / "fixtures" / "chat_templates" / "qwen2_5_instruct.jinja"
+    work = Path(tempfile.mkdtemp(prefix="scaletrain-chatprep-"))
+    data = work / "chat.jsonl"
+    rng = random.Random(0)
+    with open(data, "w") as f:
+        for _ in range(rows):
+            turns = []
+            for _ in range(rng.randint(1, 3)):
+                turns += [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 30)))},
+                          {"role": "assistant",
+                           "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))}]
+            f.write(json.dumps({"messages": turns}) + "\n")
+    cores = len(os.sched_getaffinity(0))
+    results: dict[int, list[dict]] = {1: [], 0: []}
+    for r in range(rounds):
+        for workers in ((1, 0) if r % 2 == 0 else (0, 1)):  # 0: the default (every core for a large source)
+            out = subprocess.run([sys.executable, "-c", CHAT_PROBE, str(data), str(template), str(workers),
+                                  str(work / f"cache-{workers}")], capture_output=True, text=True, check=True)
+            results[workers].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"{rows} conversations (1-3 turns), Qwen2.5's chat template, {cores} cores, medians of {rounds} rounds")
+    for workers, runs in results.items():
+        s = statistics.median(x["s"] for x in runs)
+        mb = statistics.median(x["rss_growth_mb"] for x in runs)
+        procs = 1 if workers == 1 else cores
+        print(f"{'one process' if workers == 1 else 'every core':>12}: {s:6.1f} s prepare, {rows / s:7.0f} records/s, "
+              f"{rows / s / procs:5.0f} per core; driver RSS +{mb:.0f} MB; note: {runs[-1]['note'].split('(')[1]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=512)
+    ap.add_argument("--chat", action="store_true", help="records/s per core through a real chat template")
     args = ap.parse_args()
+    if args.chat:
+        return chat(args.rows, args.rounds)
     from scaletrain.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-bert")  # MiniLM's tokenizer (the fast one)

@@ -230,3 +230,15 @@ def test_lengths_are_read_from_arrow_without_token_lists():
     pairs = datasets.Dataset.from_dict({"chosen_input_ids": rows[:2], "chosen_labels": rows[:2],
                                         "rejected_input_ids": rows[2:4], "rejected_labels": rows[2:4]})
     assert prepare.example_lengths(pairs).tolist() == [3 + 7, 0 + 1]
+
+
+def test_tokenization_processes_default_to_every_core_for_a_large_source_only(monkeypatch):
+    import os
+
+    from scaletrain.data.prepare import PARALLEL_ROWS, tokenize_processes
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert tokenize_processes(None, PARALLEL_ROWS) == 8
+    assert tokenize_processes(None, PARALLEL_ROWS - 1) is None  # a process costs more than it saves
+    assert tokenize_processes(3, 1000) == 3 and tokenize_processes(3, 999) is None
+    assert tokenize_processes(1, 10 ** 6) is None  # told: one process

@@ -32,3 +32,4 @@ def test_an_attempt_from_the_same_step_replaces_every_rank_file_of_the_earlier_o
     _write(tmp_path, 1, 1, [(1, [2, 3]), (2, [6, 7])])
     _write(tmp_path, 1, 0, [(1, [0, 1, 2, 3])])  # started again on 1 worker: rank 1's lines were not kept
     assert trained(tmp_path) == {1: {"epoch": 0, "ids": [0, 1, 2, 3]}}
+

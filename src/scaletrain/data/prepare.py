@@ -19,6 +19,7 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -127,10 +128,10 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         loaded = [(src, _loaded(src, cfg, hf_cache)) for src in train_sources]
         loaded_evals = [(src, _loaded(src, cfg, hf_cache)) for src in eval_srcs]
         labels = _class_labels(cfg, loaded, loaded_evals[0] if loaded_evals else None)
-        parts, skipped, notes = [], {}, []
+        parts, skipped, notes, speed = [], {}, [], Speed()
         for src, raw in loaded:
             notes += _placeholders(src, raw)
-            ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels)
+            ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels, hf_cache, speed)
             parts.append(ds)
             _merge(skipped, notes, why, src, raw)
             notes += said
@@ -138,7 +139,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         if loaded_evals:
             eval_parts = []
             for src, raw in loaded_evals:
-                ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels)
+                ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels, hf_cache, speed)
                 eval_parts.append(ds)
                 _merge(skipped, notes, why, src, raw)
                 notes += said
@@ -158,12 +159,40 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             evals = pack(evals, d.max_length, cfg.train.seed, hf_cache) if d.pack_eval else evals
             notes.append(f"data: packed {n} examples into {len(train)} rows of up to {d.max_length} tokens")
         notes.append(f"data: tokenized {len(train)} train {'rows' if d.packing else 'examples'} / {len(evals)} eval in "
-                     f"{time.perf_counter() - t0:.1f} s; cached as {entry}")
+                     f"{time.perf_counter() - t0:.1f} s ({speed}); cached as {entry}")
         meta = {"skipped": skipped, "notes": notes[:-1], "version": CACHE_VERSION,
                 "labels": labels and {"num_labels": labels.num_labels, "names": labels.names}}
         _write_entry(entry, train, evals, meta)
     train, evals = datasets.load_from_disk(str(entry / "train")), datasets.load_from_disk(str(entry / "eval"))
     return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes, labels)
+
+
+PARALLEL_ROWS = 20_000  # a source this large is tokenized by a process per core unless told otherwise
+
+
+def tokenize_processes(configured: int | None, rows: int) -> int | None:
+    """Processes for one source's tokenization (None: this one): data.preprocessing_num_workers, else every core of
+    the driver for a large source (a process costs about a second to start: a small one stays in this process)."""
+    if configured is not None:
+        return configured if configured > 1 and rows >= 1000 else None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores if cores > 1 and rows >= PARALLEL_ROWS else None
+
+
+class Speed:
+    """Records tokenized, seconds and processes over a preparation's sources: the note's rows/s and per core."""
+
+    def __init__(self):
+        self.rows, self.seconds, self.processes = 0, 0.0, 1
+
+    def add(self, rows: int, seconds: float, processes: int) -> None:
+        self.rows, self.seconds = self.rows + rows, self.seconds + seconds
+        self.processes = max(self.processes, processes)
+
+    def __str__(self) -> str:
+        rate = self.rows / self.seconds if self.seconds > 0 else 0.0
+        return (f"{rate:,.0f} records/s with {self.processes} process(es), {rate / self.processes:,.0f} per core; "
+                f"data.preprocessing_num_workers sets them")
 
 
 PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
@@ -223,20 +252,24 @@ def _class_labels(cfg: Config, loaded: list, loaded_eval) -> Labels | None:
     return resolve_labels(cfg, [labels_of(*x) for x in loaded], labels_of(*loaded_eval) if loaded_eval else None)
 
 
-def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None):
+def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None,
+               workdir: str, speed: Speed):
     """One source's examples (input_ids, labels) and its skipped records: {reason: [positions]} (file lines for
-    JSON Lines, record numbers otherwise)."""
+    JSON Lines, record numbers otherwise). Written to an Arrow file in ``workdir`` batch by batch (the driver holds
+    no tokenized split in memory)."""
     d = cfg.data
     ds = raw.ds
     fn = encoder_for(ds, src, cfg, tokenizer, template, labels)
-    workers = d.preprocessing_num_workers if d.preprocessing_num_workers and len(ds) >= 1000 else None
+    workers = tokenize_processes(d.preprocessing_num_workers, len(ds))
     if workers:
         from scaletrain import envvars
 
         # The fast tokenizer's own thread pool must not be live across the fork of datasets' worker processes.
         envvars.apply_defaults({envvars.TOKENIZERS_PARALLELISM: "false"})
+    t0 = time.perf_counter()
     out = ds.map(fn, batched=True, batch_size=1000, num_proc=workers, remove_columns=ds.column_names,
-                 keep_in_memory=True, desc=None)
+                 cache_file_name=os.path.join(workdir, f"tokenized-{uuid.uuid4().hex}.arrow"), desc=None)
+    speed.add(len(ds), time.perf_counter() - t0, workers or 1)
     reasons = out["_skip"]
     bad: dict[str, list[int]] = {why: list(rows) for why, rows in raw.bad.items()}  # lines that are not records
     for i, why in enumerate(reasons):

@@ -163,14 +163,14 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
             kwargs = {"field": "data"} if fmt == "json" and _has_data_field(parse) else {}
             with _quiet_datasets():  # its parser's failures are reported here, in one line naming the file's line
                 ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(parse), split="train", cache_dir=hf_cache,
-                                           keep_in_memory=True, **kwargs)
+                                           keep_in_memory=False, **kwargs)  # memory-mapped: any size
     except Exception as e:  # noqa: BLE001 - datasets wraps the parser's error several levels deep
         if fmt not in ("json", "jsonl"):
             raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
         loaded = _json_records(parse, p, fmt, key, _root_message(e))  # the line at fault, or the odd records
         ds = loaded.ds
     if fmt == "txt":  # blank lines separate paragraphs; they are not records
-        ds = ds.filter(lambda r: bool(r["text"].strip()), keep_in_memory=True)
+        ds = ds.filter(lambda r: bool(r["text"].strip()))
     if len(ds) == 0:
         raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
     return loaded or Loaded(ds, parse, fmt)
@@ -201,7 +201,11 @@ def _blank(p: Path, fmt: str) -> bool:
 
 def _as_utf8(p: Path, encoding: str, key: str, scratch: str) -> Path:
     """The file to parse: itself when it is UTF-8 (checked: the parser would keep invalid bytes as they are), or
-    a UTF-8 copy when ``data.encoding`` names another encoding."""
+    a UTF-8 copy when ``data.encoding`` names another encoding. Read in blocks (a file of any size); only a file
+    that fails is read whole, for the error's line and the encoding it looks like."""
+    out = Path(scratch) / "utf8" / p.name
+    if _streamed(p, encoding, None if encoding == "utf-8" else out):
+        return p if encoding == "utf-8" else out
     data = p.read_bytes()
     if encoding == "utf-8":
         try:
@@ -211,19 +215,40 @@ def _as_utf8(p: Path, encoding: str, key: str, scratch: str) -> Path:
             fix = (f"set data.encoding={guess}, or convert the file: iconv -f {guess} -t utf-8 {p.name} > "
                    f"{p.stem}.utf8{p.suffix}" if guess else f"is {key} the right file?")
             raise DataError(f"{key}={p}: {not_utf8(data, e)}: {fix}") from None
-        return p
     try:
-        text = data.decode(encoding)
+        data.decode(encoding)
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         guess = guess_encoding(data)
         raise DataError(f"{key}={p}: line {line} is not {encoding} (offset {e.start}); "
                         + (f"it looks like {guess}: set data.encoding={guess}" if guess else
                            "it is not text in any usual encoding: is it the right file?")) from None
-    out = Path(scratch) / "utf8" / p.name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
-    return out
+    raise AssertionError(f"{p}: decoded whole after failing in blocks")  # not reached: the same decoder
+
+
+TEXT_BLOCK = 1 << 24  # bytes decoded at a time
+
+
+def _streamed(p: Path, encoding: str, out: Path | None) -> bool:
+    """Decode the file block by block (writing its UTF-8 text to ``out`` when given); False when it fails."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder(encoding)()
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        sink = open(out, "w", encoding="utf-8") if out is not None else contextlib.nullcontext()  # noqa: SIM115
+        with open(p, "rb") as src, sink as dst:
+            while block := src.read(TEXT_BLOCK):
+                text = decoder.decode(block)
+                if dst is not None:
+                    dst.write(text)
+            text = decoder.decode(b"", final=True)
+            if dst is not None:
+                dst.write(text)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _json_records(parse: Path, p: Path, fmt: str, key: str, parser_error: str) -> Loaded:

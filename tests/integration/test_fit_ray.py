@@ -28,7 +28,7 @@ def _rows(n: int) -> list[dict]:
 
 def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2, max_length=64, save_steps=0,
          async_save=False, elastic_resize_interval_s=60.0, comm_env=None, rows=400, learning_rate=2e-3,
-         launcher="ray", **train):
+         launcher="ray", tokenize_on="auto", overwrite_cache=False, **train):
     data = tmp_path / f"sft-{rows}.jsonl"
     if not data.exists():
         data.write_text("\n".join(json.dumps(r) for r in _rows(rows)))
@@ -38,7 +38,8 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
         "model": {"name_or_path": model, "task": "causal-lm", "dropout": 0.0, "finetuning_type": finetuning,
                   "torch_dtype": torch_dtype},
         "data": {"train_file": str(data), "eval_ratio": 0.02, "max_length": max_length, "template": "alpaca",
-                 "packing": True, "max_truncated_ratio": 1.0},  # its long records are cut on purpose
+                 "packing": True, "max_truncated_ratio": 1.0,  # its long records are cut on purpose
+                 "tokenize_on": tokenize_on, "overwrite_cache": overwrite_cache},
         "train": {"per_device_train_batch_size": batch, "per_device_eval_batch_size": batch,
                   "learning_rate": learning_rate,
                   "max_steps": steps, "logging_steps": 1, "seed": 3, "max_grad_norm": 0.0, **train},
@@ -154,7 +155,9 @@ def _losses_by_step(run):
 def test_async_save_writes_the_same_checkpoints_and_resumes_exactly(tmp_path, ray_local, no_orphans):
     common = dict(strategy="fsdp", steps=8, save_steps=4)
     sync = _run(tmp_path, "sync", **common)
-    run = _run(tmp_path, "async", async_save=True, **common)
+    run = _run(tmp_path, "async", async_save=True, tokenize_on="cluster", overwrite_cache=True, **common)
+    # tokenized by Ray tasks (joined before the data is prepared), into the same data: the same losses below
+    assert "Ray tasks on 1 node(s)" in (run / "logs" / "main.log").read_text()
     from scaletrain import checkpoint
 
     names = [p.name for p in checkpoint.list_checkpoints(run / "checkpoints")]

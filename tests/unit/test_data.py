@@ -242,3 +242,25 @@ def test_tokenization_processes_default_to_every_core_for_a_large_source_only(mo
     assert tokenize_processes(None, PARALLEL_ROWS - 1) is None  # a process costs more than it saves
     assert tokenize_processes(3, 1000) == 3 and tokenize_processes(3, 999) is None
     assert tokenize_processes(1, 10 ** 6) is None  # told: one process
+
+
+def test_tokenization_on_the_cluster_needs_one_and_auto_needs_several_nodes(monkeypatch):
+    import datasets
+
+    from scaletrain.data import on_ray
+    from scaletrain.errors import ConfigError
+
+    monkeypatch.setattr(on_ray, "cluster_nodes", lambda: 0)
+    with pytest.raises(ConfigError, match=r"data.tokenize_on=cluster: this driver is not connected to a Ray cluster; "
+                                          r"run with scaling.launcher=ray"):
+        on_ray.on_cluster("cluster", 10, 20_000)
+    assert not on_ray.on_cluster("auto", 10 ** 6, 20_000) and not on_ray.on_cluster("driver", 10 ** 6, 20_000)
+    monkeypatch.setattr(on_ray, "cluster_nodes", lambda: 1)
+    assert on_ray.on_cluster("cluster", 10, 20_000) and not on_ray.on_cluster("auto", 10 ** 6, 20_000)
+    monkeypatch.setattr(on_ray, "cluster_nodes", lambda: 2)
+    assert on_ray.on_cluster("auto", 20_000, 20_000) and not on_ray.on_cluster("auto", 19_999, 20_000)
+    assert not on_ray.on_cluster("driver", 10 ** 6, 20_000)
+    # a shard whose records all trained has a null-typed skip column: it takes the others' type
+    a = datasets.Dataset.from_dict({"_skip": [None, "too long"], "n": [1, 2]})
+    b = datasets.Dataset.from_dict({"_skip": [None, None], "n": [3, 4]})
+    assert on_ray._common([b, a])["_skip"].dtype == "string"

@@ -76,7 +76,12 @@ class DataConfig(_Section):
     # Records longer than max_length are cut (said with their count and the longest); more than this share losing
     # over half of their tokens is an error (the cutoff is probably too small for the data).
     max_truncated_ratio: float = Field(0.1, ge=0, le=1)
-    preprocessing_num_workers: Optional[int] = Field(None, ge=1)  # processes for tokenization (datasets.map)
+    # Processes for tokenization on the driver (datasets.map); unset: every core for a source of 20k records or more.
+    preprocessing_num_workers: Optional[int] = Field(None, ge=1)
+    # Where tokenization runs: driver (its cores), cluster (Ray tasks on every node of the cluster the run joins;
+    # data/on_ray.py), auto (the cluster when the driver is already connected to one of several nodes and a source
+    # has 20k records or more).
+    tokenize_on: Literal["auto", "driver", "cluster"] = "auto"
     overwrite_cache: bool = False  # tokenize again even if the same data was tokenized before
     cache_dir: Optional[str] = None  # tokenized data; default: <output.output_dir>/.cache/data
     loader_workers: int = Field(0, ge=0)

@@ -29,6 +29,7 @@ from scaletrain.data import encode
 from scaletrain.data.encoders import encoder_for
 from scaletrain.data.labels import Labels, resolve_labels
 from scaletrain.data.lengths import example_lengths, list_lengths
+from scaletrain.data.on_ray import on_cluster, tokenize_on_ray
 from scaletrain.data.sources import (
     Loaded,
     Source,
@@ -183,16 +184,18 @@ class Speed:
     """Records tokenized, seconds and processes over a preparation's sources: the note's rows/s and per core."""
 
     def __init__(self):
-        self.rows, self.seconds, self.processes = 0, 0.0, 1
+        self.rows, self.seconds, self.processes, self.nodes = 0, 0.0, 1, 0
 
-    def add(self, rows: int, seconds: float, processes: int) -> None:
+    def add(self, rows: int, seconds: float, processes: int, nodes: int = 0) -> None:
         self.rows, self.seconds = self.rows + rows, self.seconds + seconds
-        self.processes = max(self.processes, processes)
+        self.processes, self.nodes = max(self.processes, processes), max(self.nodes, nodes)
 
     def __str__(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
-        return (f"{rate:,.0f} records/s with {self.processes} process(es), {rate / self.processes:,.0f} per core; "
-                f"data.preprocessing_num_workers sets them")
+        where = (f"Ray tasks on {self.nodes} node(s), {self.processes} CPUs" if self.nodes else
+                 f"{self.processes} process(es)")
+        how = "data.tokenize_on sets where" if self.nodes else "data.preprocessing_num_workers sets them"
+        return f"{rate:,.0f} records/s with {where}, {rate / self.processes:,.0f} per core; {how}"
 
 
 PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
@@ -260,16 +263,13 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     d = cfg.data
     ds = raw.ds
     fn = encoder_for(ds, src, cfg, tokenizer, template, labels)
-    workers = tokenize_processes(d.preprocessing_num_workers, len(ds))
-    if workers:
-        from scaletrain import envvars
-
-        # The fast tokenizer's own thread pool must not be live across the fork of datasets' worker processes.
-        envvars.apply_defaults({envvars.TOKENIZERS_PARALLELISM: "false"})
     t0 = time.perf_counter()
-    out = ds.map(fn, batched=True, batch_size=1000, num_proc=workers, remove_columns=ds.column_names,
-                 cache_file_name=os.path.join(workdir, f"tokenized-{uuid.uuid4().hex}.arrow"), desc=None)
-    speed.add(len(ds), time.perf_counter() - t0, workers or 1)
+    if on_cluster(d.tokenize_on, len(ds), PARALLEL_ROWS):
+        out, nodes, cpus = tokenize_on_ray(ds, fn, workdir)
+        speed.add(len(ds), time.perf_counter() - t0, cpus, len(nodes))
+    else:
+        out = _mapped(ds, fn, d, workdir)
+        speed.add(len(ds), time.perf_counter() - t0, tokenize_processes(d.preprocessing_num_workers, len(ds)) or 1)
     reasons = out["_skip"]
     bad: dict[str, list[int]] = {why: list(rows) for why, rows in raw.bad.items()}  # lines that are not records
     for i, why in enumerate(reasons):
@@ -299,6 +299,18 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
                       remove_columns=out.column_names, keep_in_memory=True, desc=None)
     said += [cut] if (cut := _cut(src, out, d)) else []
     return out.remove_columns(["_skip", "_full"]), bad, said
+
+
+def _mapped(ds, fn, d, workdir: str):
+    """The encoder over the records on the driver's cores, into an Arrow file in ``workdir``."""
+    workers = tokenize_processes(d.preprocessing_num_workers, len(ds))
+    if workers:
+        from scaletrain import envvars
+
+        # The fast tokenizer's own thread pool must not be live across the fork of datasets' worker processes.
+        envvars.apply_defaults({envvars.TOKENIZERS_PARALLELISM: "false"})
+    return ds.map(fn, batched=True, batch_size=1000, num_proc=workers, remove_columns=ds.column_names,
+                  cache_file_name=os.path.join(workdir, f"tokenized-{uuid.uuid4().hex}.arrow"), desc=None)
 
 
 def _cut(src: Source, out, d) -> str | None:
@@ -389,7 +401,7 @@ def _materialized(split):
 def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source]) -> str:
     d = cfg.data
     keys = d.model_dump(exclude={"preprocessing_num_workers", "overwrite_cache", "cache_dir", "loader_workers",
-                                 "record_examples", "train_file", "eval_file", "dataset_dir"})
+                                 "record_examples", "tokenize_on", "train_file", "eval_file", "dataset_dir"})
     h = hashlib.sha256()
     h.update(json.dumps({"version": CACHE_VERSION, "data": keys, "task": cfg.model.task, "stage": cfg.train.stage,
                          "num_labels": cfg.model.num_labels, "seed": cfg.train.seed, "template": template,

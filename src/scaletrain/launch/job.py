@@ -84,6 +84,8 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
         check_remote_output(cfg.output.output_dir, cfg.output.run_name, cfg.storage)
     elif resume_dir is None:
         check_output_dir(cfg.output.output_dir, cfg.output.run_name)  # before the data cache is written there
+    if cfg.data.tokenize_on == "cluster" and hasattr(launcher, "connect"):  # Ray tasks tokenize: join it first
+        launcher.connect()
     pre = preflight(cfg)
     cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
     clock.mark("prepared")

@@ -33,12 +33,19 @@ class RayLauncher:
     def __init__(self, cfg: Config, redact: Redactor):
         self.cfg, self.redact = cfg, redact
         self._session: contextlib.ExitStack | None = None
+        self._notes: list[str] = []
 
-    def plan(self, platform: Platform) -> ClusterPlan:
-        notes = prepare_ray_driver()
+    def connect(self) -> list[str]:
+        """Start or join Ray now (``plan`` does otherwise: data.tokenize_on=cluster tokenizes on it first); the
+        driver's notes of the first call."""
         if self._session is None:
+            self._notes = prepare_ray_driver()
             self._session = contextlib.ExitStack()
             self.resources = self._session.enter_context(ray_session(self.cfg.scaling.address))
+        return self._notes
+
+    def plan(self, platform: Platform) -> ClusterPlan:
+        notes = self.connect()
         self.vendor = platform.vendor
         plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor, node_resources())
         return replace(plan, notes=(*notes, *plan.notes))

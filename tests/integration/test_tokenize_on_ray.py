@@ -1,0 +1,32 @@
+"""Tokenization over a Ray cluster (#46 item 2): on a simulated 2-node cluster, Ray tasks on both nodes encode a
+large source into a cache byte-identical to the driver's own, skipped records and all."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaletrain.data.prepare import PARALLEL_ROWS
+from tests.conftest import run_own_group
+
+pytestmark = pytest.mark.ray
+
+
+def test_ray_tasks_on_two_nodes_write_the_cache_the_driver_writes(tmp_path):
+    rows = [{"instruction": f"Count to {i % 9 + 1}.", "input": "", "output": " ".join(map(str, range(i % 9 + 1)))}
+            for i in range(PARALLEL_ROWS + 5000)]
+    for i in (7, 15_001):  # two records with no reply, in different shards: skipped and counted either way
+        rows[i]["output"] = ""
+    data = tmp_path / "big.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    proc = run_own_group([sys.executable, str(Path(__file__).with_name("tokenize_run.py")), str(data),
+                          str(tmp_path)], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    ray, driver = result["ray"], result["driver"]
+    assert "Ray tasks on 2 node(s), 2 CPUs" in ray["note"], ray["note"]
+    assert "process(es)" in driver["note"] and "Ray" not in driver["note"]
+    assert ray["files"] == driver["files"] and ray["files"]  # the same bytes
+    assert ray["skipped"] == driver["skipped"] and sum(driver["skipped"].values()) == 2
+    assert ray["train"] == driver["train"] > PARALLEL_ROWS

@@ -98,7 +98,7 @@ def _encode(table, fn):
 
     from scaletrain import envvars
 
-    envvars.apply({envvars.TOKENIZERS_PARALLELISM: "false"})  # one CPU a task: the tokenizer's threads would oversubscribe
+    envvars.apply({envvars.TOKENIZERS_PARALLELISM: "false"})  # one CPU a task: its threads would oversubscribe
     datasets.disable_progress_bars()
     ds = datasets.Dataset(table)
     out = ds.map(fn, batched=True, batch_size=1000, remove_columns=ds.column_names, keep_in_memory=True, desc=None)

@@ -16,7 +16,7 @@ def list_lengths(ds, column: str):
     import pyarrow.compute as pc
 
     parts = [pc.list_value_length(batch[column]).to_numpy(zero_copy_only=False)
-             for batch in ds.with_format("arrow").iter(batch_size=LENGTH_BATCH)]
+             for batch in ds.select_columns([column]).with_format("arrow").iter(batch_size=LENGTH_BATCH)]
     return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
 
 

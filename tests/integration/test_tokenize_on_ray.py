@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.data.prepare import PARALLEL_ROWS
+from scaletrain.data.spread import PARALLEL_ROWS
 from tests.conftest import run_own_group
 
 pytestmark = pytest.mark.ray

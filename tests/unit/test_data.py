@@ -235,7 +235,7 @@ def test_lengths_are_read_from_arrow_without_token_lists():
 def test_tokenization_processes_default_to_every_core_for_a_large_source_only(monkeypatch):
     import os
 
-    from scaletrain.data.prepare import PARALLEL_ROWS, tokenize_processes
+    from scaletrain.data.spread import PARALLEL_ROWS, tokenize_processes
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert tokenize_processes(None, PARALLEL_ROWS) == 8

@@ -19,7 +19,6 @@ import re
 import shutil
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -29,7 +28,6 @@ from scaletrain.data import encode
 from scaletrain.data.encoders import encoder_for
 from scaletrain.data.labels import Labels, resolve_labels
 from scaletrain.data.lengths import example_lengths, list_lengths
-from scaletrain.data.on_ray import on_cluster, tokenize_on_ray
 from scaletrain.data.sources import (
     Loaded,
     Source,
@@ -39,6 +37,7 @@ from scaletrain.data.sources import (
     load,
     sources,
 )
+from scaletrain.data.spread import Speed, encoded
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
 from scaletrain.data.turns import CONVERSATION, one_per_turn, per_turn_cost, supervision_note
 from scaletrain.errors import ConfigError, DataError
@@ -168,36 +167,6 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     return PreparedData(train, evals, pad, str(entry / "train"), str(entry / "eval"), False, skipped, notes, labels)
 
 
-PARALLEL_ROWS = 20_000  # a source this large is tokenized by a process per core unless told otherwise
-
-
-def tokenize_processes(configured: int | None, rows: int) -> int | None:
-    """Processes for one source's tokenization (None: this one): data.preprocessing_num_workers, else every core of
-    the driver for a large source (a process costs about a second to start: a small one stays in this process)."""
-    if configured is not None:
-        return configured if configured > 1 and rows >= 1000 else None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores if cores > 1 and rows >= PARALLEL_ROWS else None
-
-
-class Speed:
-    """Records tokenized, seconds and processes over a preparation's sources: the note's rows/s and per core."""
-
-    def __init__(self):
-        self.rows, self.seconds, self.processes, self.nodes = 0, 0.0, 1, 0
-
-    def add(self, rows: int, seconds: float, processes: int, nodes: int = 0) -> None:
-        self.rows, self.seconds = self.rows + rows, self.seconds + seconds
-        self.processes, self.nodes = max(self.processes, processes), max(self.nodes, nodes)
-
-    def __str__(self) -> str:
-        rate = self.rows / self.seconds if self.seconds > 0 else 0.0
-        where = (f"Ray tasks on {self.nodes} node(s), {self.processes} CPUs" if self.nodes else
-                 f"{self.processes} process(es)")
-        how = "data.tokenize_on sets where" if self.nodes else "data.preprocessing_num_workers sets them"
-        return f"{rate:,.0f} records/s with {where}, {rate / self.processes:,.0f} per core; {how}"
-
-
 PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
 
 
@@ -263,13 +232,7 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     d = cfg.data
     ds = raw.ds
     fn = encoder_for(ds, src, cfg, tokenizer, template, labels)
-    t0 = time.perf_counter()
-    if on_cluster(d.tokenize_on, len(ds), PARALLEL_ROWS):
-        out, nodes, cpus = tokenize_on_ray(ds, fn, workdir)
-        speed.add(len(ds), time.perf_counter() - t0, cpus, len(nodes))
-    else:
-        out = _mapped(ds, fn, d, workdir)
-        speed.add(len(ds), time.perf_counter() - t0, tokenize_processes(d.preprocessing_num_workers, len(ds)) or 1)
+    out = encoded(ds, fn, d, workdir, speed)
     reasons = out["_skip"]
     bad: dict[str, list[int]] = {why: list(rows) for why, rows in raw.bad.items()}  # lines that are not records
     for i, why in enumerate(reasons):
@@ -299,18 +262,6 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
                       remove_columns=out.column_names, keep_in_memory=True, desc=None)
     said += [cut] if (cut := _cut(src, out, d)) else []
     return out.remove_columns(["_skip", "_full"]), bad, said
-
-
-def _mapped(ds, fn, d, workdir: str):
-    """The encoder over the records on the driver's cores, into an Arrow file in ``workdir``."""
-    workers = tokenize_processes(d.preprocessing_num_workers, len(ds))
-    if workers:
-        from scaletrain import envvars
-
-        # The fast tokenizer's own thread pool must not be live across the fork of datasets' worker processes.
-        envvars.apply_defaults({envvars.TOKENIZERS_PARALLELISM: "false"})
-    return ds.map(fn, batched=True, batch_size=1000, num_proc=workers, remove_columns=ds.column_names,
-                  cache_file_name=os.path.join(workdir, f"tokenized-{uuid.uuid4().hex}.arrow"), desc=None)
 
 
 def _cut(src: Source, out, d) -> str | None:

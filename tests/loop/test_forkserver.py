@@ -162,6 +162,11 @@ def test_fork_mismatch_names_import_time_variables_only():
     assert forkserver.fork_mismatch({k: v for k, v in worker.items() if k != "RAY_AUTH_MODE"}, base).startswith(
         "RAY_AUTH_MODE")
     assert forkserver.fork_mismatch({**worker, "LD_PRELOAD": "/lib/x.so"}, base).startswith("LD_PRELOAD")
+    # what the server's imports set (torch's inductor cache directory), inherited by a forked driver's workers
+    imported = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_u"}
+    assert forkserver.fork_mismatch({**worker, **imported}, base, imported) is None
+    assert forkserver.fork_mismatch({**worker, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}, base, imported).startswith(
+        "TORCHINDUCTOR_CACHE_DIR")
 
 
 def test_apply_threads_sets_torch_threads_from_omp_num_threads():

@@ -43,11 +43,18 @@ PRELOAD = ("torch", "transformers", "peft", "scaletrain.worker.loop", "scaletrai
 READY = "ready"
 MODULE = "scaletrain.launch.warm.forkserver"  # what `python -m` runs: the server, or a caller Ray started
 
-def fork_mismatch(requested: dict[str, str], server: dict[str, str]) -> str | None:
-    """Why a worker with environment ``requested`` cannot be forked from a server started with ``server``."""
+def fork_mismatch(requested: dict[str, str], server: dict[str, str],
+                  set_by_imports: dict[str, str] | None = None) -> str | None:
+    """Why a worker with environment ``requested`` cannot be forked from a server started with ``server``.
+
+    A variable the server's own imports set (``set_by_imports``: torch's TORCHINDUCTOR_CACHE_DIR) matches when the
+    caller holds the same value: a process that inherited it from a forked one (a forked driver's Ray workers) is
+    the process that the same imports would make."""
+    set_by_imports = set_by_imports or {}
     for name in sorted(set(requested) | set(server)):
         if (name.startswith(envvars.FORK_MATCHED_PREFIXES) and name not in envvars.FORK_UNMATCHED
-                and not name.startswith(envvars.FORK_UNMATCHED_PREFIXES) and requested.get(name) != server.get(name)):
+                and not name.startswith(envvars.FORK_UNMATCHED_PREFIXES) and requested.get(name) != server.get(name)
+                and not (name in set_by_imports and requested.get(name) == set_by_imports[name])):
             return f"{name} differs from the fork server's"  # never the values: they may be secrets
     return None
 
@@ -289,7 +296,7 @@ class ForkServer:
         """Why a fork would not be the process the caller would have started, or None."""
         if request.get("python") != [sys.executable, sys.prefix]:
             return "the caller runs another Python (interpreter or environment)"
-        if why := fork_mismatch(request["env"], self.base_env):
+        if why := fork_mismatch(request["env"], self.base_env, self.imported_env):
             return why
         stale = _stale(self.files)
         return f"{stale} changed since the fork server imported it" if stale else None

@@ -104,7 +104,8 @@ def test_plan_answers_for_an_8b_model_in_seconds_from_its_config(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert full.returncode != 0
     lines = full.stdout.splitlines()
-    assert lines and max(map(len, lines)) <= 80, full.stdout  # readable in an 80-column terminal or log
+    # readable in an 80-column terminal or log (but for the model's path, as long as the folder it is in)
+    assert lines and max(len(ln) for ln in lines if str(d) not in ln) <= 80, full.stdout
     head = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["devices"])
     assert lines[head].split() == ["devices", "peak", "GiB", "largest", "part", "fits", "step", "s", "speedup",
                                    "effic."]

@@ -22,7 +22,9 @@ demo: install
 	$(BIN)/scaletrain train examples/classify.yaml scaling.num_workers=2
 
 # -rs: every skipped test says why at the end of the run; --durations=10: the slowest ten; the time at the end.
-PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
+# -n 2 --dist loadgroup: two pytest workers; the tests that start Ray clusters keep to one of them (tests/conftest.py),
+# and much of a test's time is spent waiting (process start-up, rendezvous, Ray's actors), so the two cores overlap.
+PYTEST = $(BIN)/python -m pytest -q -rs --durations=10 -n 2 --dist loadgroup
 timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 
 test: install

@@ -198,3 +198,14 @@ def save_tiny_qwen3_moe(d: Path, dtype=None) -> Path:
     (model.to(dtype) if dtype is not None else model).save_pretrained(d)
     tiny_llama_tokenizer().save_pretrained(d)
     return d
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n 2`` (make test): the tests that start or join a Ray cluster run one after another on one
+    worker, so a ``ray.init()`` never finds another test's ``ray start --head`` cluster (it looks for a running one
+    first) and the shared local Ray starts once; the other tests (the in-process and pure tiers, torchrun and object
+    storage without Ray) run on the other worker meanwhile."""
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))

@@ -1,4 +1,5 @@
 import logging
+import os
 
 import psutil
 import pytest
@@ -30,3 +31,13 @@ def no_orphans(ray_local):
             return
         time.sleep(0.5)
     raise AssertionError(f"{len(left)} RayTrainWorker process(es) still running")
+
+
+@pytest.fixture(autouse=True)
+def one_worker_for_ray(request):
+    """Under pytest -n 2 the Ray tests keep to one worker (tests/conftest.py); with a grouping that does not hold (an
+    xdist or pytest that drops the group suffix, another --dist) two Ray instances would run side by side."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and request.node.get_closest_marker("ray") \
+            and not request.node.nodeid.endswith("@cluster"):
+        pytest.fail(f"{request.node.nodeid} is not in the xdist group 'cluster': run with --dist loadgroup and "
+                    "pytest < 9.2 (pyproject.toml)")

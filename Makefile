@@ -22,13 +22,16 @@ demo: install
 	$(BIN)/scaletrain train examples/classify.yaml scaling.num_workers=2
 
 # -rs: every skipped test says why at the end of the run; --durations=10: the slowest ten; the time at the end.
-# -n 2 --dist loadgroup: two pytest workers; the tests that start Ray clusters keep to one of them (tests/conftest.py),
-# and much of a test's time is spent waiting (process start-up, rendezvous, Ray's actors), so the two cores overlap.
-PYTEST = $(BIN)/python -m pytest -q -rs --durations=10 -n 2 --dist loadgroup
+PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
+# make test: two pytest workers (-n 2 --dist loadgroup). The Ray tests keep to one of them (tests/conftest.py) and
+# spend much of their time waiting (worker start-up, rendezvous, Ray's actors: even on two workers the 2 cores were
+# busy 41% of the time), so the other tiers run beside them: 4148 s against 4868 s one after another. The quick
+# tiers are CPU-bound and keep one worker (make test-fast took 245 s on two against ~200 s on one).
+PARALLEL = -n 2 --dist loadgroup
 timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 
 test: install
-	@$(call timed,$(PYTEST) tests,make test)
+	@$(call timed,$(PYTEST) $(PARALLEL) tests,make test)
 
 # The tiers (tests/README.md): pure functions (seconds); + the in-process loop without its slow CLI subprocesses
 # (under 3 minutes); the whole loop tier (its own budget); all.

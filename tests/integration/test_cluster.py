@@ -16,23 +16,35 @@ import yaml
 pytestmark = pytest.mark.ray
 
 DASHBOARD = "http://127.0.0.1:8265"
+# Where the warm cluster keeps its state (scaletrain's state file and fork-server log, Ray's temp dir and its
+# ray_current_cluster): TMPDIR, a folder of this test's own. Under pytest -n 2 another test's run goes on meanwhile:
+# with the machine's /tmp it would join this cluster (its driver forked by this fork server) and die at `down`.
+_PRIVATE: dict[str, str] = {}
 
 
 def _cli(*args, cwd=None, timeout=300):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(_PRIVATE)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `scaletrain` for the jobs
     return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
 
 
 @pytest.fixture
-def warm_cluster():
+def warm_cluster(monkeypatch):
+    import shutil
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="stc-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    monkeypatch.setitem(_PRIVATE, "TMPDIR", private)
+    monkeypatch.setattr(tempfile, "tempdir", private)  # forkserver_log() read in this process
     _cli("down")
     up = _cli("up", "--num-cpus", "2")
     assert up.returncode == 0, up.stderr
     yield up
     down = _cli("down")
     assert "stopped the local Ray cluster at " in down.stderr + down.stdout
+    shutil.rmtree(private, ignore_errors=True)
 
 
 def _project(tmp_path: Path, demo_dir: Path, name: str, **train) -> Path:

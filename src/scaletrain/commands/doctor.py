@@ -137,7 +137,8 @@ def _data_check(cfg) -> tuple[bool, str, list[str]]:
         return False, str(e), []
     data = pre.data
     skipped = sum(data.skipped.values())
-    detail = f"{len(data.train)} train / {len(data.eval)} eval examples"
+    train = f"a stream of {len(data.stream.shards)} shard(s)" if data.stream else f"{len(data.train)} train"
+    detail = f"{train} / {len(data.eval)} eval examples"
     if data.labels is not None and data.labels.names:
         detail += f"; classes {', '.join(data.labels.names)}"
     warnings = [n.removeprefix("data: ") for n in data.notes if "warning:" in n]

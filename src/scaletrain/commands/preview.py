@@ -31,6 +31,12 @@ def examples(cfg, n: int, split: str = "train"):
         raise ConfigError("scaletrain preview shows causal-LM examples (their trained tokens); this config has "
                           f"model.task={cfg.model.task}")
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    if cfg.data.streaming and split == "train":  # the stream's first records, as the driver checks them
+        from scaletrain.data.stream import SAMPLE, prepare_stream
+
+        data = prepare_stream(cfg, tokenizer)
+        return tokenizer, [data.train[i] for i in range(min(n, len(data.train)))], (
+            f"the first {SAMPLE} records of the stream's first shard ({data.stream.shards[0]})")
     cached = cached_entry(cfg, tokenizer)
     if cached is not None:
         import datasets

@@ -89,6 +89,11 @@ class DataConfig(_Section):
     # packed row's members) to <run>/examples/: which data a loss spike saw, and proof that a resumed run, at any
     # world size, trained each example of the epoch once (worker/seen.py).
     record_examples: bool = False
+    # Read the training records from their shards while training (JSON Lines or Parquet: a file, a folder or a
+    # glob, local or s3://), tokenized on the fly, with no prepare step and no copy on disk (data/stream.py);
+    # needs train.max_steps. buffer_size: the shuffle buffer's records (LLaMA-Factory's names for both).
+    streaming: bool = False
+    buffer_size: int = Field(16384, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -134,6 +139,30 @@ class DataConfig(_Section):
                              "data.multi_turn=per_turn; keep one of them")
         if self.mask_history and self.multi_turn != "last":
             self.multi_turn = "last"  # the same setting under LLaMA-Factory's name
+        return self
+
+    @model_validator(mode="after")
+    def _streaming(self) -> "DataConfig":
+        if not self.streaming:
+            return self
+        given = self.model_fields_set
+        refused = {"packing": self.packing and "packing plans need every example's length first",
+                   "balance_ranks": "balance_ranks" in given and self.balance_ranks and (
+                       "length balancing sorts a window of the whole set"),
+                   "eval_ratio": "eval_ratio" in given and self.eval_ratio > 0 and (
+                       "a hold-out needs the whole set; give data.eval_file"),
+                   "multi_turn": self.multi_turn == "per_turn" and "per_turn makes several examples of a record"}
+        for key, why in refused.items():
+            if why:
+                raise ValueError(f"data.streaming=true with data.{key}={getattr(self, key)}: {why}; remove "
+                                 f"data.{key} or data.streaming")
+        if self.dataset and len(self.dataset) > 1:
+            raise ValueError(f"data.streaming=true reads one source, and data.dataset names {len(self.dataset)} "
+                             f"({', '.join(self.dataset)}); stream one (a folder or glob of its shards)")
+        if self.balance_ranks:  # not given: what streaming cannot do (said at start)
+            self.balance_ranks = False
+        if self.eval_ratio:
+            self.eval_ratio = 0.0
         return self
 
     @model_validator(mode="after")

@@ -311,6 +311,13 @@ class Config(_Section):
         if self.train.stage in PREFERENCE_STAGES and self.data.packing:
             raise ValueError(f"data.packing with train.stage={self.train.stage} is not yet supported (preference "
                              f"examples go through padded forwards); remove data.packing")
+        if self.data.streaming and (self.model.task != "causal-lm" or self.train.stage != "sft"):
+            raise ValueError(f"data.streaming=true trains a causal LM's supervised fine-tuning (model.task=causal-lm, "
+                             f"train.stage=sft); with model.task={self.model.task}, train.stage={self.train.stage} "
+                             f"prepare the data (remove data.streaming)")
+        if self.data.streaming and self.train.max_steps <= 0:
+            raise ValueError("data.streaming=true needs train.max_steps (a stream has no length to count epochs "
+                             "from); set it")
         chaos = self.fault_tolerance.chaos
         if chaos is not None:
             if not self.checkpoint.save_steps:

@@ -61,6 +61,7 @@ class PreparedData:
     skipped: dict = field(default_factory=dict)  # reason -> count
     notes: list = field(default_factory=list)  # what to tell the user (skips, cache hits)
     labels: Labels | None = None  # classification: the classes found in the training data
+    stream: object = None  # data.streaming: the StreamSource the workers read (train: the driver's sample of it)
 
     def resolve(self, cfg: Config) -> Config:
         """The config with what the data decided: ``model.num_labels`` and ``data.label_names``."""
@@ -75,7 +76,13 @@ class PreparedData:
         record of where they are and what was skipped."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        if not self.eval_path:  # a stream without data.eval_file: its empty eval split
+            _materialized(self.eval).save_to_disk(str(out_dir / "eval"), num_shards=1)
+            self.eval_path = str(out_dir / "eval")
+        if self.stream is not None:
+            (out_dir / "stream.json").write_text(json.dumps(self.stream.to_spec(), indent=1))
         (out_dir / "source.json").write_text(json.dumps({"train": self.train_path, "eval": self.eval_path,
+                                                         "streaming": self.stream is not None,
                                                          "train_examples": len(self.train),
                                                          "eval_examples": len(self.eval),
                                                          "skipped": self.skipped, "cached": self.cached}, indent=1))

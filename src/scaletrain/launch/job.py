@@ -89,7 +89,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     pre = preflight(cfg)
     cfg, tokenizer, data = pre.cfg, pre.tokenizer, pre.data  # cfg: num_labels and label names from the data
     clock.mark("prepared")
-    phases(f"data and model checked: {len(data.train)} train / {len(data.eval)} eval examples")
+    phases(f"data and model checked: {_train_count(data)} train / {len(data.eval)} eval examples")
     check_sinks(cfg.monitor)
     notes = launch_notes + resumed_from + check_names(effective_env(cfg.comm.profile, cfg.comm.env))
     plan = launcher.plan(platform)  # the Ray launcher starts or joins Ray here: all input is checked by now
@@ -119,7 +119,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     output_dir = str(local_output_dir(cfg.output.output_dir, cfg.storage))
     if said := tracker_note(cfg.monitor, run_dir, output_dir):
         notes.append(said)
-    _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], len(data.train), len(data.eval), events,
+    _announce(cfg, spec, plan, [*data.notes, *notes, *plan.notes], _train_count(data), len(data.eval), events,
               resumed=resume_dir is not None)
     trackers = start_trackers(cfg.monitor, run_dir, output_dir, Path(config_path).stem, resolved, events, console,
                               cfg.model.task)
@@ -269,7 +269,7 @@ def _write_report(run_dir: Path) -> None:
         console.print(f"[yellow]report not written[/]: {type(e).__name__}: {escape(str(e))}", soft_wrap=True)
 
 
-def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int, n_eval: int, events,
+def _announce(cfg: Config, spec: JobSpec, plan, notes: list[str], n_train: int | str, n_eval: int, events,
               resumed: bool) -> None:
     for note in notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
@@ -297,14 +297,20 @@ def build_spec(pre: Preflight, run_dir: Path, backend: str, store: Store | None 
     cfg, data, n = pre.cfg, pre.data, pre.cfg.scaling.data_parallel
     train_path, eval_path = data.save(RunDir(run_dir).data)
     if store is not None:
-        splits = {"train": train_path, "eval": eval_path}
+        splits = {name: path for name, path in (("train", train_path), ("eval", eval_path)) if path}
         for split, path in splits.items():
             upload_tree(Path(path), store.child(RunDir.DATA, split))
-        train_path, eval_path = (f"{RunDir.DATA}/{split}" for split in splits)
+        train_path, eval_path = (f"{RunDir.DATA}/{split}" if split in splits else "" for split in ("train", "eval"))
     return JobSpec(config=cfg.model_dump(mode="json"), run_dir=str(run_dir), train_path=train_path,
                    eval_path=eval_path, pad_token_id=data.pad_token_id, vocab_size=pre.vocab.size, backend=backend,
-                   total_steps=total_steps(len(data.train), cfg, n), learning_rate=scaled_learning_rate(cfg.train, n),
-                   memory_shape=pre.memory_shape(), store=store.uri if store else None)
+                   total_steps=cfg.train.max_steps if data.stream else total_steps(len(data.train), cfg, n),
+                   learning_rate=scaled_learning_rate(cfg.train, n), memory_shape=pre.memory_shape(),
+                   store=store.uri if store else None, stream=data.stream.to_spec() if data.stream else None)
+
+
+def _train_count(data) -> str | int:
+    """The train examples, or what a stream has (its shards: it is not counted before training)."""
+    return f"streamed ({len(data.stream.shards)} shards)" if data.stream else len(data.train)
 
 
 def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from scaletrain.config.batch import left_out_note, total_steps
 from scaletrain.config.schema import Config
 from scaletrain.data import PreparedData, prepare_data
+from scaletrain.data.stream import prepare_stream
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import Shape
 from scaletrain.memory.plan import fit_notes, shape_for
@@ -75,7 +76,7 @@ def preflight(cfg: Config) -> Preflight:
         raise ConfigError(f"scaling.context_parallel={s.context_parallel}: {why}; set scaling.context_parallel: 1")
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
-    data = prepare_data(cfg, tokenizer)
+    data = prepare_stream(cfg, tokenizer) if cfg.data.streaming else prepare_data(cfg, tokenizer)
     cfg = data.resolve(cfg)
     if lora_note:
         data.notes.append(f"model: {lora_note}")
@@ -89,9 +90,10 @@ def preflight(cfg: Config) -> Preflight:
         data.notes.append(f"model: the classification head of {cfg.model.name_or_path} has {saved} label(s) and "
                           f"this run {cfg.model.num_labels}: it is re-initialised at the new size (the rest of "
                           f"the model is loaded)")
-    total_steps(len(data.train), cfg, cfg.scaling.data_parallel)  # too little data for one global batch
-    if left := left_out_note(len(data.train), cfg.train, cfg.scaling.data_parallel,
-                             "packed rows" if cfg.data.packing else "examples"):
+    if data.stream is None:
+        total_steps(len(data.train), cfg, cfg.scaling.data_parallel)  # too little data for one global batch
+    if data.stream is None and (left := left_out_note(len(data.train), cfg.train, cfg.scaling.data_parallel,
+                                                      "packed rows" if cfg.data.packing else "examples")):
         data.notes.append(left)
     try:
         shape, error = shape_for(cfg, vocab), ""

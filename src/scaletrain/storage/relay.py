@@ -179,14 +179,14 @@ def worker_view(spec, relay, rank: int) -> Iterator:
     local = node / f"rank-{rank}"
     local.mkdir(parents=True, exist_ok=True)
     RunDir(local).stop.unlink(missing_ok=True)  # a stop of an earlier session is done
-    for split in dict.fromkeys((spec.train_path, spec.eval_path)):  # data/train, data/eval: the splits only
+    for split in dict.fromkeys(p for p in (spec.train_path, spec.eval_path) if p):  # data/train, data/eval only
         (node / split).parent.mkdir(parents=True, exist_ok=True)
         download_tree(store.child(split), node / split)
     import ray
 
     forwarder = Forwarder(local, lambda items: ray.get(relay.push.remote(items))).start()
     try:
-        yield replace(spec, run_dir=str(local), train_path=str(node / spec.train_path),
+        yield replace(spec, run_dir=str(local), train_path=str(node / spec.train_path) if spec.train_path else "",
                       eval_path=str(node / spec.eval_path))
     finally:
         forwarder.close()

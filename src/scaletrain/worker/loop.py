@@ -39,6 +39,7 @@ from scaletrain.worker.seen import ExampleRecord, start_attempt
 from scaletrain.worker.spec import JobSpec
 from scaletrain.worker.step import target_tokens, train_step
 from scaletrain.worker.step_check import StepCheck, due, non_finite_loss, writes_at
+from scaletrain.worker.streamed import StreamData
 from scaletrain.worker.trainer import Trainer, build_trainer
 
 log = logging.getLogger(WORKER_LOGGER)  # the per-rank log file (metrics/logs.py)
@@ -93,7 +94,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbe
         mark(spec.run_dir, "model_ready")  # built and restored: training can start
     events("placement", placement(ctx))
     events("workers up", t.describe())
-    data = Data(t)
+    data = StreamData(t) if t.spec.stream else Data(t)
     metrics = Meter(t, system)
     clock = Clock()
     if not train_until_done(t, data, metrics, events, clock):
@@ -222,6 +223,8 @@ def _tokens(t: Trainer, window: list[dict]) -> int | None:
 def finish(t: Trainer, data: Data, metrics: Meter, events, clock: Clock) -> dict:
     """The final evaluation, ``final/`` and (rank 0) ``summary.json``."""
     train_time = clock.train_s()
+    if isinstance(data, StreamData):
+        log.info(data.summary())
     if t.ctx.is_main:
         mark(t.spec.run_dir, "train_end")  # the goodput account's finish: the final eval, save and teardown
     t.checkpointer.flush()  # an async save still being written

@@ -25,6 +25,8 @@ class JobSpec:
     # The run's URI when it lives on object storage (storage/): the workers' checkpoints and final model go there,
     # their other files to the driver through Ray (storage/relay.py); run_dir is then their own on their node.
     store: str | None = None
+    # data.streaming: the shards the workers read (data/stream.py StreamSource.to_spec); train_path is then "".
+    stream: dict | None = None
 
     @property
     def vocab(self) -> Vocab:

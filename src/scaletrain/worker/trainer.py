@@ -51,6 +51,7 @@ class TrainState:
     step: int = 0  # optimizer steps done
     epoch: int = 0
     micro_batches_in_epoch: int = 0  # data position inside `epoch`
+    stream: dict | None = None  # data.streaming: the stream's position instead (data/stream.py Position)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -58,6 +59,7 @@ class TrainState:
     def load_state_dict(self, state: dict) -> None:
         self.step, self.epoch = state["step"], state["epoch"]
         self.micro_batches_in_epoch = state["micro_batches_in_epoch"]
+        self.stream = state.get("stream")
 
     def reaccumulate(self, saved_accum: int, accum: int) -> None:
         """The data position saved with another accumulation (another world size), in this one's micro-batches:

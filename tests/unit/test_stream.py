@@ -162,3 +162,31 @@ def test_a_stream_turns_off_what_it_cannot_do_when_not_asked_for():
     assert (cfg.data.balance_ranks, cfg.data.eval_ratio) == (False, 0.0)
     again = Config.model_validate(cfg.model_dump(mode="json"))  # the worker's copy validates too
     assert again.data == cfg.data
+
+
+def test_bad_lines_in_a_stream_are_skips_until_they_pass_max_bad_ratio_then_one_line_naming_the_first(tmp_path):
+    from types import SimpleNamespace
+
+    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.worker import streamed
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    good = [json.dumps(r) for r in _records(300)]
+    good[7] = "{not json"
+    (folder / "a.jsonl").write_text("\n".join(good) + "\n")
+    cfg = Config.model_validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                                 "data": {"train_file": str(folder), "template": "alpaca", "streaming": True,
+                                          "max_bad_ratio": 0.01}, "train": {"max_steps": 5}})
+    src = st.list_shards(str(folder), "auto", "data.train_file")
+    data = object.__new__(streamed.StreamData)
+    data.t = SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(world_rank=1), spec=SimpleNamespace(pad_token_id=0))
+    data.src, data.seen, data.skipped, data.first_bad = src, 0, {}, None
+    data.encode = st.StreamEncoder(src, cfg, load_tokenizer("builtin:tiny-llama"), _records(2))
+    stream = st.ShardStream(src, 0, 1)  # in file order
+    rows = data._examples([next(stream) for _ in range(250)])
+    assert len(rows) == 249 and data.first_bad.startswith(f"{src.shards[0]} line 8: not a JSON line")
+    bad = [(rid, b"[1]") for rid, _ in (next(stream) for _ in range(3))]  # 4 of 253: over 1%
+    with pytest.raises(DataError, match=r"data.train_file=.*: 4 of the 253 records rank 1 read cannot be trained on "
+                                        r"\(more than data.max_bad_ratio=0.01\); the first is .*a.jsonl line 8"):
+        data._examples(bad)

@@ -264,3 +264,70 @@ def test_a_refusal_names_the_built_in_of_the_tokenizers_own_format(tmp_path):
     with pytest.raises(DataError, match=r"Only one exchange is supported; fix those records, or use "
                                          r"data.template=qwen \(the built-in of this template's own turn format"):
         _prepared(tmp_path, tok, ROWS)
+
+
+GPT_OSS = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "gpt_oss_120b.jinja").read_text()
+GPT_OSS_SPECIAL = {"eos_token": "<|return|>", "pad_token": "<|endoftext|>"}
+FINAL = "<|start|>assistant<|channel|>final<|message|>"
+GPT_OSS_CHATS = {
+    # harmony ends the last turn with <|return|> and earlier ones with <|end|>: each turn ends at its own
+    "multi_turn": ([{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Opposite of hot?"}, {"role": "assistant", "content": "Cold."},
+                    {"role": "user", "content": "Of fast?"}, {"role": "assistant", "content": "Slow."},
+                    {"role": "user", "content": "Of up?"}, {"role": "assistant", "content": "Down."}],
+                   None, ["<|channel|>final<|message|>Cold.<|end|>", "<|channel|>final<|message|>Slow.<|end|>",
+                          "<|channel|>final<|message|>Down.<|return|>"]),
+    # reasoning as <think> in the reply and as reasoning_content: the template's `thinking` (its analysis channel),
+    # written for the last turn only (harmony drops the history's chain of thought)
+    "reasoning": ([{"role": "user", "content": "2+2?"},
+                   {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4."},
+                   {"role": "user", "content": "Times 3?"},
+                   {"role": "assistant", "content": "12.", "reasoning_content": "4 x 3."}],
+                  None, ["<|channel|>final<|message|>4.<|end|>",
+                         "<|channel|>analysis<|message|>4 x 3.<|end|>" + FINAL + "12.<|return|>"]),
+    # two calls, each its own message as harmony writes them (to=functions.NAME ... <|call|>), their results in
+    # functions.NAME turns, then the answer with its reasoning
+    "tools": ([{"role": "user", "content": "Weather in Paris and Rome?"}, _call("Paris"),
+               {"role": "tool", "content": '{"temp_c": 21}'}, _call("Rome"),
+               {"role": "tool", "content": '{"temp_c": 25}'},
+               {"role": "assistant", "content": "<think>Both known.</think>Paris 21 C, Rome 25 C."}],
+              [WEATHER],
+              [' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>',
+               ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}<|call|>',
+               "<|channel|>analysis<|message|>Both known.<|end|>" + FINAL + "Paris 21 C, Rome 25 C.<|return|>"]),
+}
+
+
+@pytest.mark.parametrize("case", list(GPT_OSS_CHATS))
+def test_gpt_oss_harmony_trains_each_turn_as_its_template_writes_it(case, tok):
+    """gpt-oss's own template (data.template: auto with its tokenizer): ids equal apply_chat_template's, each
+    assistant turn's labels are what the model writes after <|start|>assistant (channels, calls, the end token of
+    its place), never a token of a user, system or tool turn."""
+    from scaletrain.data.encode import with_reasoning
+
+    chat, tools, expected = GPT_OSS_CHATS[case]
+    chat = with_reasoning(chat, GPT_OSS)
+    (text,), (spans,) = render([chat], GPT_OSS, GPT_OSS_SPECIAL, "gpt_oss", [tools])
+    assert text == tok.apply_chat_template(chat, tools=tools, chat_template=GPT_OSS, tokenize=False,
+                                           **GPT_OSS_SPECIAL)
+    assert [text[a:b] for a, b in spans] == expected
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    labelled = tok.decode([t for t, m in zip(enc["input_ids"], assistant_mask(enc["offset_mapping"], spans)) if m])
+    for m in chat:
+        if m["role"] != "assistant":
+            assert m["content"] not in labelled
+    if case == "reasoning":
+        assert "Add them." not in text  # the history's reasoning: harmony drops it
+
+
+def test_a_turn_end_the_last_turn_does_not_show_is_refused_not_trained_into_the_next_turn(tok, monkeypatch):
+    """Without the history's own end of turn (<|end|>), the first turn would run on into the next user turn: the
+    span check refuses it in one line instead of training a prompt."""
+    from scaletrain.data import spans as sp
+    from scaletrain.errors import DataError
+
+    real = sp.turn_marks
+    monkeypatch.setattr(sp, "turn_marks", lambda t, s: (lambda h, e, _: (h, e, e))(*real(t, s)))
+    chat = GPT_OSS_CHATS["multi_turn"][0]
+    with pytest.raises(DataError, match="ends an assistant turn in a way its last turn does not show.*per_turn"):
+        render([chat], GPT_OSS, GPT_OSS_SPECIAL, "gpt_oss")

@@ -137,11 +137,30 @@ def with_reasoning(messages: list[dict], template: str) -> list[dict]:
     """The messages as ``template`` can write them: a template that reads ``reasoning_content`` (Qwen3's,
     DeepSeek-R1's) gets the field and decides where reasoning is kept; any other gets it inside the reply as
     ``<think>...</think>`` (the convention those models write), so no reasoning in the data is dropped unseen."""
+    if THINKING in template:  # gpt-oss's harmony template: the reasoning goes to its analysis channel
+        return [_thinking(m) if m.get("role") == "assistant" else m for m in messages]
     if REASONING in template or not any(REASONING in m for m in messages):
         return messages
     return [{**{k: v for k, v in m.items() if k != REASONING},
              "content": f"<think>\n{m[REASONING].strip()}\n</think>\n\n{m.get('content') or ''}"}
             if REASONING in m else m for m in messages]
+
+
+THINKING = "message.thinking"  # how gpt-oss's template reads an assistant turn's reasoning (its `thinking` field)
+
+
+def _thinking(m: dict) -> dict:
+    """An assistant turn with its reasoning in ``thinking``: from ``reasoning_content``, or from ``<think>`` in the
+    reply (the reply then without it)."""
+    content, reasoning = m.get("content") or "", m.get(REASONING)
+    if not (isinstance(reasoning, str) and reasoning.strip()) and "</think>" in content:
+        reasoning = content.split("</think>")[0].split("<think>")[-1].strip("\n")
+        content = content.split("</think>")[-1].lstrip("\n")
+    out = {k: v for k, v in m.items() if k != REASONING}
+    out["content"] = content
+    if isinstance(reasoning, str) and reasoning.strip():
+        out["thinking"] = reasoning
+    return out
 
 
 def template_variables(tokenizer, enable_thinking: bool | None = None) -> dict[str, Any]:

@@ -35,16 +35,18 @@ def assistant_spans(chat: list[dict], text: str, template: str, special_tokens: 
 _PROBE = "\u2402\u2403"
 
 
-def turn_marks(template: str, special_tokens: dict) -> tuple[tuple[str, ...], str]:
+def turn_marks(template: str, special_tokens: dict) -> tuple[tuple[str, ...], str, str]:
     """What the template writes around an assistant reply: the heads a reply follows, longest first (the generation
     prompt after a user turn, ``<|im_start|>assistant\\n<think>\\n``, and its line-ending prefixes, ``<|im_start|>
-    assistant\\n``: a reply is what the model writes after it), and the end of a turn (``<|im_end|>``,
-    ``<|eot_id|>``, ``<end_of_turn>``: the text after a probe reply up to its first line break, else EOS)."""
+    assistant\\n``: a reply is what the model writes after it), the end of the last turn (``<|im_end|>``,
+    ``<|eot_id|>``, ``<end_of_turn>``: the text after a probe reply up to its first line break, else EOS) and the
+    end of a turn in the history where the template writes another one (gpt-oss's harmony format ends the last
+    turn with ``<|return|>`` and earlier ones with ``<|end|>``; else the same)."""
     return _turn_marks(template, tuple(sorted(special_tokens.items())))
 
 
-@functools.lru_cache(maxsize=16)  # three probe renders per template, not per conversation
-def _turn_marks(template: str, special: tuple) -> tuple[tuple[str, ...], str]:
+@functools.lru_cache(maxsize=16)  # four probe renders per template, not per conversation
+def _turn_marks(template: str, special: tuple) -> tuple[tuple[str, ...], str, str]:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     special_tokens = dict(special)
@@ -58,7 +60,13 @@ def _turn_marks(template: str, special: tuple) -> tuple[tuple[str, ...], str]:
     (text,), _ = render_jinja_template([[*user, {"role": "assistant", "content": _PROBE}]], chat_template=template,
                                        **special_tokens)
     after = text[text.rindex(_PROBE) + len(_PROBE):] if _PROBE in text else ""
-    return heads, after.strip().split("\n")[0] or special_tokens.get("eos_token", "")
+    end = after.strip().split("\n")[0] or special_tokens.get("eos_token", "")
+    # The same reply followed by a generation prompt is a turn of the history: what it ends with before the prompt.
+    (more,), _ = render_jinja_template([[*user, {"role": "assistant", "content": _PROBE}]], chat_template=template,
+                                       add_generation_prompt=True, **special_tokens)
+    after = more[more.rindex(_PROBE) + len(_PROBE):] if _PROBE in more else ""
+    after = after[:-len(head)] if head and after.endswith(head) else ""
+    return heads, end, after.strip().split("\n")[0] or end
 
 
 def _reply_start(text: str, start: int, heads: tuple[str, ...], end: str) -> int:
@@ -83,13 +91,14 @@ def located_spans(chat: list[dict], text: str, template: str, special_tokens: di
     A difference that crosses into another turn cannot be isolated: an error."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    heads, end = turn_marks(template, special_tokens)
+    heads, end, end_before = turn_marks(template, special_tokens)
     spans = []
     for i, message in enumerate(chat):
         if message["role"] != "assistant":
             continue
         probe = {**message, "content": _PROBE}
         probe.pop("reasoning_content", None)
+        probe.pop("thinking", None)
         (other,), _ = render_jinja_template([[*chat[:i], probe, *chat[i + 1:]]], tools=tools, chat_template=template,
                                            **special_tokens)
         start = 0
@@ -100,11 +109,36 @@ def located_spans(chat: list[dict], text: str, template: str, special_tokens: di
             tail += 1
         stop = len(text) - tail
         if start == len(text) == len(other):
+            if message.get("tool_calls"):  # its calls are written, and would not be trained: never silently
+                raise DataError("data.template: the chat template writes an assistant turn's tool calls without its "
+                                "reply, so the turn cannot be located for the loss; use data.multi_turn=per_turn (each "
+                                "turn trained as the conversation's last)")
             continue  # the template does not write this turn's reply
         if end and end in text[start:stop]:
             raise DataError("data.template: the chat template writes an assistant turn's reply into other turns too, "
                             "so the turn cannot be isolated for the loss; use data.mask_history=true (the last "
                             "turn only) or a built-in template")
-        close = text.find(end, stop) if end else -1
-        spans.append((_reply_start(text, start, heads, end), close + len(end) if close >= 0 else stop))
+        ends = [(text.find(e, stop), e) for e in dict.fromkeys((end, end_before)) if e]
+        close, mark = min(((at, e) for at, e in ends if at >= 0), default=(-1, ""))
+        span = (_reply_start(text, start, heads, end), close + len(mark) if close >= 0 else stop)
+        if i + 1 < len(chat) and span[1] > _written_at(chat, i + 1, text, template, special_tokens, tools):
+            raise DataError("data.template: the chat template ends an assistant turn in a way its last turn does not "
+                            "show, so the turn's end cannot be found (it would train the next turn's text); use "
+                            "data.multi_turn=per_turn (each turn trained as the conversation's last) or a built-in "
+                            "template")
+        spans.append(span)
     return spans
+
+
+def _written_at(chat: list[dict], j: int, text: str, template: str, special_tokens: dict, tools) -> int:
+    """Where message ``j`` begins to differ when its content is a probe: no span of an earlier turn may reach it."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    if not isinstance(chat[j].get("content"), str) or not chat[j]["content"]:
+        return len(text)
+    (other,), _ = render_jinja_template([[*chat[:j], {**chat[j], "content": _PROBE}, *chat[j + 1:]]], tools=tools,
+                                       chat_template=template, **special_tokens)
+    at = 0
+    while at < min(len(text), len(other)) and text[at] == other[at]:
+        at += 1
+    return at

@@ -331,3 +331,79 @@ def test_a_turn_end_the_last_turn_does_not_show_is_refused_not_trained_into_the_
     chat = GPT_OSS_CHATS["multi_turn"][0]
     with pytest.raises(DataError, match="ends an assistant turn in a way its last turn does not show.*per_turn"):
         render([chat], GPT_OSS, GPT_OSS_SPECIAL, "gpt_oss")
+
+
+TOOL_SCHEMAS = [WEATHER, {"type": "function", "function": {
+    "name": "search", "description": "Search the docs.", "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "description": "What to find."},
+        "kind": {"type": "string", "enum": ["api", "guide"], "default": "api"},
+        "limit": {"type": "integer", "default": 5},
+        "exact": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "scores": {"type": "array", "items": {"type": "number"}, "nullable": True},
+        "filters": {"type": "array", "items": {"type": "object"}},
+        "since": {"type": ["string", "null"]},
+        "note": {"type": "string", "nullable": True},
+        "extra": {"type": "object"}},
+        "required": ["query"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time."}}]
+BUILTIN_GPT_OSS_CHATS = {
+    **{k: (c, t) for k, (c, t, _) in GPT_OSS_CHATS.items()},
+    "developer_and_tools": ([{"role": "developer", "content": "Answer in French."},
+                             {"role": "user", "content": "Find the guide."},
+                             {"role": "assistant", "content": "", "tool_calls": [
+                                 {"type": "function", "function": {"name": "search",
+                                                                   "arguments": {"query": "guide", "kind": "guide"}}}]},
+                             {"role": "tool", "content": "found"},
+                             {"role": "assistant", "content": "Trouvé."}], TOOL_SCHEMAS),
+    # a call with reasoning and no later answer: harmony keeps its analysis
+    "call_last": ([{"role": "user", "content": "Time?"},
+                   {"role": "assistant", "content": "", "reasoning_content": "Ask the clock.",
+                    "tool_calls": [{"type": "function", "function": {"name": "now", "arguments": {}}}]}],
+                  TOOL_SCHEMAS),
+}
+
+
+@pytest.mark.parametrize("case", list(BUILTIN_GPT_OSS_CHATS))
+def test_the_gpt_oss_builtin_equals_gpt_oss_own_template_and_marks_what_is_trained(case, tok):
+    """data.template: gpt_oss against gpt-oss-120b's own template: the same text and ids (the system message's date
+    and reasoning effort, the developer message, the tools' TypeScript declarations, channels, calls), and its
+    generation marks train exactly what the turns located in the real template's render are."""
+    from scaletrain.data.encode import with_reasoning
+    from scaletrain.data.templates import BUILTIN_TEMPLATES, builtin_for
+
+    builtin = BUILTIN_TEMPLATES["gpt_oss"]
+    assert builtin_for(GPT_OSS) == "gpt_oss"  # a refusal under the model's template names this built-in
+    chat, tools = BUILTIN_GPT_OSS_CHATS[case]
+    (real,), (real_spans,) = render([with_reasoning(chat, GPT_OSS)], GPT_OSS, GPT_OSS_SPECIAL, "gpt_oss", [tools])
+    (text,), (spans,) = render([with_reasoning(chat, builtin)], builtin, GPT_OSS_SPECIAL, "gpt_oss", [tools])
+    assert text == real
+    assert tok(text, add_special_tokens=False)["input_ids"] == tok.apply_chat_template(
+        with_reasoning(chat, GPT_OSS), tools=tools, chat_template=GPT_OSS, tokenize=True, return_dict=True,
+        **GPT_OSS_SPECIAL)["input_ids"]
+    assert [text[a:b] for a, b in spans] == [real[a:b] for a, b in real_spans]
+    if case == "developer_and_tools":
+        assert "kind?: \"api\" | \"guide\", // default: api,\nlimit?: number, // default: 5," in text
+        assert "type now = () => any;" in text and "# Instructions\n\nAnswer in French." in text
+    if case == "call_last":
+        assert [text[a:b] for a, b in spans] == [
+            "<|channel|>analysis<|message|>Ask the clock.<|end|><|start|>assistant to=functions.now<|channel|>"
+            "commentary json<|message|>{}<|call|>"]
+
+
+@pytest.mark.parametrize("chat,why", [
+    ([{"role": "user", "content": "Both?"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "now", "arguments": {}}},
+        {"type": "function", "function": {"name": "now", "arguments": {}}}]}], "one tool call per assistant message"),
+    ([{"role": "user", "content": "Hi"}, {"role": "system", "content": "Late."},
+      {"role": "assistant", "content": "Yo"}], "a system message after the first"),
+    ([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"}, {"role": "assistant", "content": "Yo"}],
+     "a tool result without an assistant call"),
+])
+def test_the_gpt_oss_builtin_refuses_what_the_models_template_would_drop(tok, chat, why):
+    """The model's own template keeps the first call of a message and skips a later system message without a word;
+    the built-in refuses such a record (a counted skip, in the template's words) rather than train less than given."""
+    from scaletrain.data.templates import BUILTIN_TEMPLATES, render_records
+
+    (out,) = render_records([chat], BUILTIN_TEMPLATES["gpt_oss"], GPT_OSS_SPECIAL, [TOOL_SCHEMAS])
+    assert isinstance(out, str) and why in out

@@ -113,6 +113,9 @@ def test_each_templates_assistant_parts_are_the_labels(tmp_path, tok):
         "mistral": ['[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call00001"}]</s>',
                     '[TOOL_CALLS] [{"name": "get_time", "arguments": {"city": "Paris"}, "id": "call00002"}]</s>',
                     " 21 C, and it is 14:05.</s>"],
+        "gpt_oss": [' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>',
+                    ' to=functions.get_time<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>',
+                    "<|channel|>final<|message|>21 C, and it is 14:05.<|return|>"],
     }
     for name in TOOL_TEMPLATES:
         path = tmp_path / f"{name}.jsonl"

@@ -116,8 +116,10 @@ LF_OWN_TEMPLATE = {
                      "writes an empty one after the last query, as enable_thinking=false does at inference",
     "qwen3_5": "Qwen3.5's own template",
     "deepseek3": "DeepSeek-V3's own template",
-    "gpt": "gpt-oss's own harmony template (analysis/final channels, tool calls)",
-    "gpt_oss": "gpt-oss's own harmony template (analysis/final channels, tool calls)",
+    "gpt": "gpt-oss's own harmony template (analysis/final channels, tool calls; the built-in gpt_oss writes the "
+             "same for a tokenizer without it)",
+    "gpt_oss": "gpt-oss's own harmony template (analysis/final channels, tool calls; the built-in gpt_oss writes "
+                 "the same for a tokenizer without it)",
     "llama4": "Llama 4's own template",
     "mistral_small": "Mistral Small's own template (its [SYSTEM_PROMPT] and tool-call format)",
     "glm4": "GLM-4's own template",

@@ -19,6 +19,8 @@ tests/fixtures/chat_templates, whose SOURCES.md names where each comes from), wi
   gemma-3-it's own template writes it (gemma-2-it's raises "System role not supported"; LLaMA-Factory folds it so).
 - ``deepseek_r1``: DeepSeek-R1 and its distills; the last turn's reasoning trained, earlier turns' dropped (as
   the model's own template writes the history).
+- ``gpt_oss``: gpt-oss's harmony format (channels, the developer message, TypeScript tool declarations, one call
+  per message; the reasoning of the last turn kept, as the model's template keeps it).
 - ``alpaca``: Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca, README "prompt"). ``vicuna``: FastChat's
   vicuna_v1.1.
 """
@@ -237,6 +239,94 @@ _DEEPSEEK_R1 = (
 )
 
 
+# gpt-oss's harmony format (tested token for token against gpt-oss-120b's released template): the system message
+# with the model identity, knowledge cutoff, today's date and the reasoning effort (`model_identity`,
+# `reasoning_effort` as the model's template takes them); a first system or developer message and the tools (a
+# TypeScript namespace) in the developer message; a reply in the `final` channel, ended by <|return|> as the last
+# turn and <|end|> in the history; the reasoning (`thinking`) in the `analysis` channel, written for the last turn
+# and for a call with no later answer, as harmony keeps it; a call as its own message to=functions.NAME, its result
+# from functions.NAME. What is trained: everything after <|start|>assistant of each turn. Where the model's template
+# would write a turn differently or drop part of it silently (a second call in one message, a later system message,
+# a parameter schema with oneOf or nested properties), this one refuses the record instead.
+_GPT_OSS_TYPE = (
+    "{%- macro ts(p) -%}"
+    "{%- if p.oneOf or (p.type == 'object' and p.properties) -%}"
+    "{{- raise_exception('gpt_oss: a tool parameter with oneOf or nested properties; use the model\\'s own template "
+    "(data.template: auto)') }}"
+    "{%- elif p.type == 'array' -%}"
+    "{%- if 'items' in p -%}"
+    "{%- set t = {'string': 'string', 'number': 'number', 'integer': 'number', 'boolean': 'boolean'}"
+    ".get(p['items']['type']) -%}"
+    "{%- if t -%}{{- t + '[]' }}{%- else -%}{%- set inner = ts(p['items']) -%}"
+    "{{- 'any[]' if inner == 'object | object' or inner | length > 50 else inner + '[]' }}{%- endif -%}"
+    "{%- else -%}{{- 'any[]' }}{%- endif -%}{{- ' | null' if p.nullable else '' }}"
+    "{%- elif p.type is defined and p.type is iterable and p.type is not string and p.type is not mapping "
+    "and p.type[0] is defined -%}{{- p.type | join(' | ') }}"
+    "{%- elif p.type == 'string' -%}"
+    "{{- ('\"' + p.enum | join('\" | \"') + '\"') if p.enum else 'string' + (' | null' if p.nullable else '') }}"
+    "{%- elif p.type in ('number', 'integer') -%}{{- 'number' }}"
+    "{%- elif p.type == 'boolean' -%}{{- 'boolean' }}"
+    "{%- elif p.type == 'object' -%}{{- 'object' }}"
+    "{%- else -%}{{- 'any' }}{%- endif -%}"
+    "{%- endmacro -%}"
+)
+_GPT_OSS = _GPT_OSS_TYPE + (
+    "{{- '<|start|>system<|message|>' + (model_identity if model_identity is defined else "
+    "'You are ChatGPT, a large language model trained by OpenAI.') + '\\nKnowledge cutoff: 2024-06\\nCurrent date: '"
+    " + strftime_now('%Y-%m-%d') + '\\n\\nReasoning: ' + (reasoning_effort if reasoning_effort is defined else "
+    "'medium') + '\\n\\n# Valid channels: analysis, commentary, final. Channel must be included for every message.' }}"
+    "{%- if tools %}{{- '\\nCalls to these tools must go to the commentary channel: \\'functions\\'.' }}{%- endif %}"
+    "{{- '<|end|>' }}"
+    "{%- set first = messages[0] if messages else {} %}"
+    "{%- set chat = messages[1:] if first.role in ('system', 'developer') else messages %}"
+    "{%- set instructions = first.content if first.role in ('system', 'developer') else '' %}"
+    "{%- if instructions or tools %}{{- '<|start|>developer<|message|>' }}"
+    "{%- if instructions %}{{- '# Instructions\\n\\n' + instructions + '\\n\\n' }}{%- endif %}"
+    "{%- if tools %}{{- '# Tools\\n\\n## functions\\n\\nnamespace functions {\\n\\n' }}"
+    "{%- for tool in tools %}{%- set f = tool.function %}"
+    "{{- '// ' + f.description + '\\ntype ' + f.name + ' = ' }}"
+    "{%- if f.parameters and f.parameters.properties %}{{- '(_: {\\n' }}"
+    "{%- for name, p in f.parameters.properties.items() %}"
+    "{%- if p.description %}{{- '// ' + p.description + '\\n' }}{%- endif %}"
+    "{{- name + ('' if name in (f.parameters.required or []) else '?') + ': ' + ts(p) }}"
+    "{%- if p.default is defined %}{{- ', // default: ' + (p.default if p.enum else p.default | tojson) }}"
+    "{%- endif %}{{- ',\\n' }}{%- endfor %}{{- '}) => any;\\n\\n' }}"
+    "{%- else %}{{- '() => any;\\n\\n' }}{%- endif %}{%- endfor %}{{- '} // namespace functions' }}{%- endif %}"
+    "{{- '<|end|>' }}{%- endif %}"
+    "{%- set ns = namespace(call=none) %}"
+    "{%- for message in chat %}"
+    "{%- if message.role == 'assistant' and 'tool_calls' in message %}"
+    "{%- if message.tool_calls | length != 1 %}"
+    "{{- raise_exception('gpt_oss: harmony writes one tool call per assistant message; give each call its own "
+    "message') }}{%- endif %}"
+    "{%- set later = namespace(answer=false) %}"
+    "{%- for f in chat[loop.index:] %}{%- if f.role == 'assistant' and 'tool_calls' not in f %}"
+    "{%- set later.answer = true %}{%- endif %}{%- endfor %}"
+    "{%- set call = message.tool_calls[0].function if message.tool_calls[0].function else message.tool_calls[0] %}"
+    "{%- set thought = '' if later.answer else (message.content or message.thinking or '') %}"
+    "{{- '<|start|>assistant' }}{%- generation %}"
+    "{%- if thought %}{{- '<|channel|>analysis<|message|>' + thought + '<|end|><|start|>assistant' }}{%- endif %}"
+    "{{- ' to=functions.' + call.name + '<|channel|>commentary json<|message|>' + call.arguments | tojson"
+    " + '<|call|>' }}{%- endgeneration %}{%- set ns.call = call.name %}"
+    "{%- elif message.role == 'assistant' %}{{- '<|start|>assistant' }}{%- generation %}"
+    "{%- if loop.last and not add_generation_prompt %}"
+    "{%- if 'thinking' in message %}"
+    "{{- '<|channel|>analysis<|message|>' + message.thinking + '<|end|><|start|>assistant' }}"
+    "{%- endif %}{{- '<|channel|>final<|message|>' + message.content + '<|return|>' }}"
+    "{%- else %}{{- '<|channel|>final<|message|>' + message.content + '<|end|>' }}{%- endif %}{%- endgeneration %}"
+    "{%- set ns.call = none %}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if ns.call is none %}{{- raise_exception('gpt_oss: a tool result without an assistant call before it') }}"
+    "{%- endif %}"
+    "{{- '<|start|>functions.' + ns.call + ' to=assistant<|channel|>commentary<|message|>' + message.content | tojson"
+    " + '<|end|>' }}"
+    "{%- elif message.role == 'user' %}{{- '<|start|>user<|message|>' + message.content + '<|end|>' }}"
+    "{%- else %}{{- raise_exception('gpt_oss: a ' + message.role + ' message after the first; harmony has one system "
+    "message') }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
+)
+
+
 BUILTIN_TEMPLATES: dict[str, str] = {
     "alpaca": (
         "{% for message in messages %}"
@@ -279,6 +369,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     "deepseek_r1": _DEEPSEEK_R1,
     "gemma": _GEMMA,
     "gemma3": _GEMMA,
+    "gpt_oss": _GPT_OSS,
     "vicuna": (
         "{% for message in messages %}"
         "{% if message['role'] == 'system' %}{{ message['content'] + ' ' }}"
@@ -288,4 +379,4 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     ),
 }
 # Built-ins that render tool declarations, calls and results in their model's own format.
-TOOL_TEMPLATES = ("qwen", "qwen3", "llama3.1", "mistral")
+TOOL_TEMPLATES = ("qwen", "qwen3", "llama3.1", "mistral", "gpt_oss")

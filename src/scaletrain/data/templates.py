@@ -178,7 +178,7 @@ def _render_batch(conversations: list[list[dict]], template: str, special_tokens
 
 # A template's turn markers -> the built-in of that family (its own format, with generation marks).
 FAMILY_MARKERS = (("<start_of_turn>", "gemma"), ("<|start_header_id|>", "llama3.1"), ("<|im_start|>", "qwen"),
-                  ("[INST]", "mistral"))
+                  ("[INST]", "mistral"), ("<|channel|>", "gpt_oss"))
 
 
 def builtin_for(source: str) -> str | None:

@@ -407,3 +407,25 @@ def test_the_gpt_oss_builtin_refuses_what_the_models_template_would_drop(tok, ch
 
     (out,) = render_records([chat], BUILTIN_TEMPLATES["gpt_oss"], GPT_OSS_SPECIAL, [TOOL_SCHEMAS])
     assert isinstance(out, str) and why in out
+
+
+QWEN3_HYBRID = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3_0_6b.jinja").read_text()
+
+
+@pytest.mark.parametrize("case", list(CHATS))
+def test_hybrid_qwen3s_template_trains_each_turn_and_the_qwen3_builtin_writes_the_same(case, tok):
+    """The first Qwen3 release (Qwen3-0.6B ... 235B, one hybrid template with enable_thinking; LLaMA-Factory's
+    `qwen3`): the same render of a training conversation as Thinking-2507's and the `qwen3` built-in's; its
+    generation prompt does not open <think>, so the last turn's labels begin with it (what the model writes)."""
+    from scaletrain.data.templates import BUILTIN_TEMPLATES
+
+    chat, tools, expected = CHATS[case]
+    (text,), (spans,) = render([chat], QWEN3_HYBRID, SPECIAL, "qwen3", [tools])
+    assert text == tok.apply_chat_template(chat, tools=tools, chat_template=QWEN3_HYBRID, tokenize=False, **SPECIAL)
+    assert text == render([chat], QWEN3, SPECIAL, "qwen3", [tools])[0][0]
+    assert text == render([chat], BUILTIN_TEMPLATES["qwen3"], SPECIAL, "qwen3", [tools])[0][0]
+    last = expected[-1] if expected[-1].startswith("<think>") else "<think>\n" + expected[-1]
+    assert [text[a:b] for a, b in spans] == [*expected[:-1], last]
+    prompt = tok.apply_chat_template(chat[:-1], tools=tools, chat_template=QWEN3_HYBRID, tokenize=False,
+                                     add_generation_prompt=True, enable_thinking=False, **SPECIAL)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # what enable_thinking=false means

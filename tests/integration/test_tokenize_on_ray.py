@@ -1,5 +1,6 @@
 """Tokenization over a Ray cluster (#46 item 2): on a simulated 2-node cluster, Ray tasks on both nodes encode a
-large source into a cache byte-identical to the driver's own, skipped records and all."""
+large source into a cache byte-identical to the driver's own, skipped records and all; a node killed while its
+task encodes takes the task with it, and Ray runs it again on the other node: the same cache."""
 
 import json
 import sys
@@ -30,3 +31,7 @@ def test_ray_tasks_on_two_nodes_write_the_cache_the_driver_writes(tmp_path):
     assert ray["files"] == driver["files"] and ray["files"]  # the same bytes
     assert ray["skipped"] == driver["skipped"] and sum(driver["skipped"].values()) == 2
     assert ray["train"] == driver["train"] > PARALLEL_ROWS
+    lost = result["lost"]
+    assert lost["busy"] and lost["killed_after_s"] < lost["done_after_s"]  # killed while both nodes encoded
+    assert "Ray tasks on 1 node(s)" in lost["note"], lost["note"]  # every shard came back from the head node
+    assert lost["files"] == driver["files"] and lost["skipped"] == driver["skipped"]

@@ -1,9 +1,13 @@
 """Run by test_tokenize_on_ray.py in its own process: a simulated 2-node Ray cluster (1 CPU each) tokenizes a
-source with Ray tasks (data.tokenize_on: auto, the driver connected to it) and the driver alone does it again."""
+source with Ray tasks (data.tokenize_on: auto, the driver connected to it); then again on a fresh 2-node cluster
+whose second node is killed while its task runs (the task is redone on the head node); and the driver alone does
+it again."""
 
 import hashlib
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 from two_nodes import two_node_cluster
@@ -30,7 +34,26 @@ def prepared(where: str):
             "skipped": p.skipped, "train": len(p.train)}
 
 
+def kill_the_second_node_while_it_encodes(cluster, killed: dict) -> None:
+    import ray
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and ray.available_resources().get("CPU", 0) > 0:
+        time.sleep(0.05)  # until both nodes' CPUs run a shard's task
+    killed["busy"] = ray.available_resources().get("CPU", 0) == 0
+    cluster.remove_node(cluster.list_all_nodes()[1], allow_graceful=False)
+    killed["at"] = time.monotonic()
+
+
 with two_node_cluster():
     on_ray = prepared("auto")
+with two_node_cluster() as cluster:
+    killed: dict = {}
+    watcher = threading.Thread(target=kill_the_second_node_while_it_encodes, args=(cluster, killed))
+    watcher.start()
+    started = time.monotonic()
+    lost = prepared("cluster")
+    watcher.join()
+    lost.update(busy=killed["busy"], killed_after_s=killed["at"] - started, done_after_s=time.monotonic() - started)
 driver = prepared("driver")
-print("RESULT " + json.dumps({"ray": on_ray, "driver": driver}))
+print("RESULT " + json.dumps({"ray": on_ray, "lost": lost, "driver": driver}))

@@ -105,10 +105,21 @@ def test_capacity_is_checked_before_anything_is_spawned(classify_cfg, tmp_path):
 
 
 def _ours_running() -> list:
+    """This test process's torchrun agents and workers still running (its descendants only: under make test's two
+    pytest workers the other one runs torchrun jobs of its own)."""
     import psutil
 
-    return [p for p in psutil.process_iter(["cmdline"])
-            if any("scaletrain.launch.torchrun_" in part for part in p.info["cmdline"] or [])]
+    return [p for p in psutil.Process().children(recursive=True)
+            if any("scaletrain.launch.torchrun_" in part for part in _cmdline(p))]
+
+
+def _cmdline(p) -> list:
+    import psutil
+
+    try:
+        return p.cmdline()
+    except psutil.Error:  # it ended meanwhile
+        return []
 
 
 def test_bad_data_stops_the_early_agent_and_touches_nothing(classify_cfg, tmp_path):

@@ -80,6 +80,12 @@ def test_a_resume_needs_the_same_shards(tmp_path):
     (tmp_path / "shards" / "part-09.jsonl").write_text(json.dumps(_records(1)[0]) + "\n")
     with pytest.raises(DataError, match="the shards differ from the ones the checkpoint"):
         _stream(tmp_path, position=state)
+    (tmp_path / "shards" / "part-09.jsonl").unlink()
+    _stream(tmp_path, position=state)  # the same files again
+    with (tmp_path / "shards" / "part-01.jsonl").open("a") as f:  # a shard written to since
+        f.write(json.dumps(_records(1)[0]) + "\n")
+    with pytest.raises(DataError, match="or one changed size"):
+        _stream(tmp_path, position=state)
 
 
 def test_parquet_shards_stream_the_same_records(tmp_path):
@@ -147,6 +153,7 @@ def test_the_stream_trains_the_tokens_a_prepared_run_trains(tmp_path):
     ({"eval_ratio": 0.1}, {"max_steps": 5}, "with data.eval_ratio=0.1: a hold-out needs the whole set; give "
                                             "data.eval_file"),
     ({"multi_turn": "per_turn"}, {"max_steps": 5}, "with data.multi_turn=per_turn"),
+    ({"max_samples": 100}, {"max_steps": 5}, "with data.max_samples=100: a cap of the file counts its records"),
     ({}, {"max_steps": 5, "stage": "dpo"}, "data.streaming=true trains a causal LM's supervised fine-tuning"),
 ])
 def test_what_a_stream_cannot_do_is_one_line_at_load(data, train, message):

@@ -151,7 +151,9 @@ class DataConfig(_Section):
                        "length balancing sorts a window of the whole set"),
                    "eval_ratio": "eval_ratio" in given and self.eval_ratio > 0 and (
                        "a hold-out needs the whole set; give data.eval_file"),
-                   "multi_turn": self.multi_turn == "per_turn" and "per_turn makes several examples of a record"}
+                   "multi_turn": self.multi_turn == "per_turn" and "per_turn makes several examples of a record",
+                   "max_samples": self.max_samples is not None and (
+                       "a cap of the file counts its records; train.max_steps sets how much of the stream trains")}
         for key, why in refused.items():
             if why:
                 raise ValueError(f"data.streaming=true with data.{key}={getattr(self, key)}: {why}; remove "

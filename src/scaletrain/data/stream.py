@@ -39,6 +39,7 @@ class StreamSource:
     options: dict = field(default_factory=dict)  # fsspec storage options (an S3 endpoint)
     formatting: str = "alpaca"  # how the records are written, and where their fields are (data/formats.py)
     columns: dict = field(default_factory=dict)
+    sizes: tuple[int, ...] = ()  # the shards' bytes when listed: a resume needs the same files, unchanged
 
     def source(self):
         """The ``Source`` the encoders take (data/sources.py)."""
@@ -48,15 +49,16 @@ class StreamSource:
         return Source("stream", self.root, self.key, self.formatting, Columns(**self.columns), "auto")
 
     def to_spec(self) -> dict:
-        return {**asdict(self), "shards": list(self.shards)}
+        return {**asdict(self), "shards": list(self.shards), "sizes": list(self.sizes)}
 
     @classmethod
     def from_spec(cls, spec: dict) -> StreamSource:
-        return cls(**{**spec, "shards": tuple(spec["shards"])})
+        return cls(**{**spec, "shards": tuple(spec["shards"]), "sizes": tuple(spec.get("sizes", ()))})
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha256("\n".join(self.shards).encode()).hexdigest()[:16]
+        listed = [f"{name} {size}" for name, size in zip(self.shards, self.sizes or [0] * len(self.shards))]
+        return hashlib.sha256("\n".join(listed).encode()).hexdigest()[:16]
 
     def name(self, rid: int) -> str:
         """A record id as the file and line (or row) an error names."""
@@ -91,17 +93,18 @@ def list_shards(root: str, fmt: str, key: str, endpoint_url: str | None = None, 
     path = root.split("://", 1)[1] if scheme else root
     try:
         if any(c in path for c in "*?["):
-            found = fs.glob(path)
+            found = fs.glob(path, detail=True)
         elif fs.isdir(path):
-            found = fs.find(path)
+            found = fs.find(path, detail=True)
         elif fs.exists(path):
-            found = [path]
+            found = {path: fs.info(path)}
         else:
-            found = []
+            found = {}
     except Exception as e:  # noqa: BLE001 - every backend raises its own; the line keeps its words
         raise DataError(f"{key}={root}: cannot list the shards ({type(e).__name__}: {e}); check the path, "
                         f"storage.endpoint_url and the credentials") from None
-    shards = sorted(p for p in found if _format_of(p, fmt) and not p.rsplit("/", 1)[-1].startswith("."))
+    shards = sorted(p for p, info in found.items() if info.get("type") != "directory" and _format_of(p, fmt)
+                    and not p.rsplit("/", 1)[-1].startswith("."))
     if not shards:
         raise DataError(f"{key}={root}: no JSON Lines or Parquet shard found there; data.streaming reads .jsonl "
                         f"(.json lines) and .parquet files, one or a folder or a glob of them")
@@ -112,7 +115,7 @@ def list_shards(root: str, fmt: str, key: str, endpoint_url: str | None = None, 
     if len(shards) >= 1 << (64 - ROW_BITS - 1):
         raise DataError(f"{key}={root}: {len(shards)} shards; at most {1 << (64 - ROW_BITS - 1)} can be streamed")
     return StreamSource(key, root, tuple(scheme + p for p in shards), kinds.pop(), options, formatting,
-                        columns or {})
+                        columns or {}, tuple(int(found[p].get("size") or 0) for p in shards))
 
 
 def read_shard(src: StreamSource, shard: int, start: int = 0) -> Iterator[tuple[int, object]]:
@@ -224,8 +227,8 @@ class ShardStream:
         pos = Position(**{**state, "buffer": list(state["buffer"])})
         if pos.shards != self.src.fingerprint:
             raise DataError(f"{self.src.key}={self.src.root}: the shards differ from the ones the checkpoint's "
-                            f"stream position counts in ({len(self.src.shards)} now); a resume needs the same files "
-                            f"(add new data in a new run)")
+                            f"stream position counts in ({len(self.src.shards)} now, or one changed size); a resume "
+                            f"needs the same files, unchanged (add new data in a new run)")
         self.pos = pos
         version, internal, gauss = pos.rng
         self.rng.setstate((version, tuple(internal), gauss))

@@ -11,6 +11,11 @@ faster than before's cold, worker RSS of the 200k split within 10% of the 20k on
 tests/fixtures/chat_templates; data.template: auto, every assistant turn trained): records/s per core with one
 process and with every core (the default for a large source), alternating, and the driver's peak RSS growth
 (target >= 300 records/s per core, issue #46).
+
+``--stream`` measures data.streaming (data/stream.py): the same conversations in 8 JSON Lines shards, read by one
+rank of 1 and of 2 (every rank reads the stream and keeps its every N-th record): records/s read, parsed and
+tokenized by the rank, alternating; then a resume's restore of a mid-epoch position (its time, the shards read
+again, the position's size in the checkpoint).
 """
 
 from __future__ import annotations
@@ -131,6 +136,68 @@ print(json.dumps({"s": took, "rss_growth_mb": (peak[0] - before) / 1e6, "note": 
 """
 
 
+def conversations(path: Path, rows: int, shards: int = 1) -> None:
+    """Multi-turn conversations (1-3 turns) in ``shards`` JSON Lines files (``path`` itself when one)."""
+    rng = random.Random(0)
+    files = [open(path if shards == 1 else path / f"part-{s:03d}.jsonl", "w") for s in range(shards)]  # noqa: SIM115
+    for i in range(rows):
+        turns = []
+        for _ in range(rng.randint(1, 3)):
+            turns += [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 30)))},
+                      {"role": "assistant",
+                       "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))}]
+        files[i % shards].write(json.dumps({"messages": turns}) + "\n")
+    for f in files:
+        f.close()
+
+
+def stream(rows: int, rounds: int) -> None:
+    import dataclasses
+
+    from scaletrain.config import validate
+    from scaletrain.data import stream as st
+    from scaletrain.tokenizer import load_tokenizer
+
+    root = Path(__file__).resolve().parents[1]
+    work = Path(tempfile.mkdtemp(prefix="scaletrain-stream-"))
+    shards = work / "shards"
+    shards.mkdir()
+    conversations(shards, rows, shards=8)
+    tok = load_tokenizer("builtin:tiny-llama")
+    tok.chat_template = (root / "tests" / "fixtures" / "chat_templates" / "qwen2_5_instruct.jinja").read_text()
+    cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                    "data": {"train_file": str(shards), "formatting": "messages", "max_length": 512,
+                             "streaming": True}, "train": {"max_steps": 10}})
+    src = st.list_shards(str(shards), "auto", "data.train_file", None, "messages",
+                         dataclasses.asdict(st.streamed_source(cfg).columns))
+    sample = [json.loads(line) for line in (shards / "part-000.jsonl").read_text().splitlines()[:64]]
+    encode = st.StreamEncoder(src, cfg, tok, sample)
+    n = min(rows, 20_000)
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    for r in range(rounds):
+        for world in ((1, 2) if r % 2 == 0 else (2, 1)):
+            s = st.ShardStream(src, 0, cfg.data.buffer_size)
+            t0, kept = time.perf_counter(), 0
+            for _ in range(n // (world * 8)):  # micro-batches of 8 records per rank
+                mine = [next(s) for _ in range(world * 8)][::world]
+                encode([st.parse(src, rid, raw) for rid, raw in mine])
+                kept += len(mine)
+            rates[world].append(kept / (time.perf_counter() - t0))
+    print(f"{rows} conversations in 8 shards, Qwen2.5's template, buffer {cfg.data.buffer_size}, medians of {rounds}")
+    for world, rs in rates.items():
+        print(f"  one rank of {world}: {statistics.median(rs):,.0f} records/s read, parsed and tokenized")
+    s = st.ShardStream(src, 0, cfg.data.buffer_size)
+    for _ in range(rows // 2):
+        next(s)
+    state = json.loads(json.dumps(s.state()))
+    t0 = time.perf_counter()
+    again = st.ShardStream(src, 0, cfg.data.buffer_size, state)
+    took = time.perf_counter() - t0
+    assert [next(again)[0] for _ in range(1000)] == [next(s)[0] for _ in range(1000)]
+    print(f"  restore at record {rows // 2}: {took:.2f} s, {len({i >> st.ROW_BITS for i in state['buffer']})} of 8 "
+          f"shards read again for the buffer's records, position {len(json.dumps(state)) / 1024:.0f} KiB")
+
+
 def chat(rows: int, rounds: int) -> None:
     import os
 
@@ -138,15 +205,7 @@ def chat(rows: int, rounds: int) -> None:
     template = root / "tests" / "fixtures" / "chat_templates" / "qwen2_5_instruct.jinja"
     work = Path(tempfile.mkdtemp(prefix="scaletrain-chatprep-"))
     data = work / "chat.jsonl"
-    rng = random.Random(0)
-    with open(data, "w") as f:
-        for _ in range(rows):
-            turns = []
-            for _ in range(rng.randint(1, 3)):
-                turns += [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 30)))},
-                          {"role": "assistant",
-                           "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))}]
-            f.write(json.dumps({"messages": turns}) + "\n")
+    conversations(data, rows)
     cores = len(os.sched_getaffinity(0))
     results: dict[int, list[dict]] = {1: [], 0: []}
     for r in range(rounds):
@@ -169,9 +228,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=512)
     ap.add_argument("--chat", action="store_true", help="records/s per core through a real chat template")
+    ap.add_argument("--stream", action="store_true", help="data.streaming: a rank's records/s and a resume's restore")
     args = ap.parse_args()
     if args.chat:
         return chat(args.rows, args.rounds)
+    if args.stream:
+        return stream(args.rows, args.rounds)
     from scaletrain.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-bert")  # MiniLM's tokenizer (the fast one)

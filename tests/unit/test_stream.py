@@ -144,6 +144,12 @@ def test_the_stream_trains_the_tokens_a_prepared_run_trains(tmp_path):
     assert pairs([r["input_ids"] for r in rows], [r["labels"] for r in rows]) == pairs(prepared["input_ids"],
                                                                                        prepared["labels"])
     assert len(rows) == 12 and any(-100 in r["labels"] for r in rows)
+    text_cfg = Config.model_validate({**base, "data": {**base["data"], "streaming": True, "formatting": "text"},
+                                      "train": {"max_steps": 3}})
+    text = st.StreamEncoder(pre.stream, text_cfg, tokenizer, [{"text": "a b"}], st.streamed_source(text_cfg))
+    rows, reasons = text([{"other": 1}, {"text": "c d"}])  # no "text" in the first: a skip, not a KeyError
+    assert len(rows) == 1 and reasons[0] and not reasons[1]
+    assert text([{"other": 1}])[0] == []
 
 
 @pytest.mark.parametrize("data,train,message", [

@@ -263,13 +263,14 @@ class StreamEncoder:
         template = resolve_template(cfg.data.template, tokenizer)
         self.fn = encoder_for(datasets.Dataset.from_list(sample), source or src.source(), cfg, tokenizer, template,
                               None)
+        self.columns = list(dict.fromkeys(k for r in sample for k in r))  # a column no record of a batch has: None
 
     def __call__(self, records: list[dict]) -> tuple[list[dict], list[str]]:
         """The examples (input_ids, labels) of the records that train, and the skip reason of each record ('' when
         it trains)."""
         if not records:
             return [], []
-        keys = list(dict.fromkeys(k for r in records for k in r))
+        keys = list(dict.fromkeys([*self.columns, *(k for r in records for k in r)]))
         out = self.fn({k: [r.get(k) for r in records] for k in keys})
         reasons = [why or "" for why in out["_skip"]]
         rows = [{"input_ids": out["input_ids"][i], "labels": out["labels"][i]}

@@ -35,7 +35,7 @@ from scaletrain.worker.parallel import all_gather_floats
 from scaletrain.worker.preference import objective_for
 from scaletrain.worker.resize import resize_note
 from scaletrain.worker.sampler import ResumableSampler
-from scaletrain.worker.seen import ExampleRecord, start_attempt
+from scaletrain.worker.seen import open_record
 from scaletrain.worker.spec import JobSpec
 from scaletrain.worker.step import target_tokens, train_step
 from scaletrain.worker.step_check import StepCheck, due, non_finite_loss, writes_at
@@ -118,14 +118,7 @@ class Data:
         lengths = self.train["length"] if balance else None
         self.sampler = ResumableSampler(len(self.train), t.ctx.dp_size, t.ctx.dp_rank, tr.seed, lengths,
                                         tr.per_device_train_batch_size, tr.gradient_accumulation_steps)
-        self.record = None  # a context-parallel group's ranks share their examples: its first rank writes them
-        if d.record_examples:
-            if t.ctx.is_main:
-                start_attempt(t.run_dir.examples, t.progress.step + 1)
-            if dist.is_initialized():
-                dist.barrier()
-            if t.ctx.cp_rank == 0:
-                self.record = ExampleRecord(t.run_dir.examples, t.progress.step + 1, t.ctx.dp_rank)
+        self.record = open_record(t.run_dir.examples, t.progress.step + 1, t.ctx) if d.record_examples else None
         self._order: tuple[int, list[int]] | None = None  # (epoch, this rank's order of it)
 
     def record_step(self, step: int, micro_batches: int) -> None:

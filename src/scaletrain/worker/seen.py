@@ -26,6 +26,18 @@ def start_attempt(folder: Path, first_step: int) -> None:
         old.unlink()
 
 
+def open_record(folder: Path, first_step: int, ctx) -> ExampleRecord | None:
+    """This rank's record from ``first_step`` on (a collective: every rank calls it). A context-parallel group's
+    ranks share their examples, so its first rank writes them; the others get None."""
+    import torch.distributed as dist
+
+    if ctx.is_main:
+        start_attempt(folder, first_step)
+    if dist.is_initialized():
+        dist.barrier()
+    return ExampleRecord(folder, first_step, ctx.dp_rank) if ctx.cp_rank == 0 else None
+
+
 class ExampleRecord:
     """One rank's file of this attempt (``start_attempt`` has run)."""
 

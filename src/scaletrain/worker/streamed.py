@@ -11,7 +11,7 @@ from scaletrain.data import IGNORE_INDEX, Collator, load_split
 from scaletrain.data.stream import SAMPLE, ShardStream, StreamEncoder, StreamSource, parse
 from scaletrain.errors import DataError
 from scaletrain.metrics.logs import WORKER_LOGGER
-from scaletrain.worker.seen import ExampleRecord, start_attempt
+from scaletrain.worker.seen import open_record
 
 if TYPE_CHECKING:
     from scaletrain.worker.trainer import Trainer
@@ -24,8 +24,6 @@ class StreamData:
     """The loop's ``Data`` for a stream: the same ``batches``, ``record_step``, ``eval`` and ``collate``."""
 
     def __init__(self, t: Trainer):
-        import torch.distributed as dist
-
         from scaletrain.tokenizer import load_tokenizer
 
         self.t = t
@@ -39,14 +37,7 @@ class StreamData:
         self.encode = StreamEncoder(self.src, t.cfg, tokenizer, sample)
         self.seen, self.skipped, self.first_bad = 0, {}, None
         self.ids: list[int] = []  # this rank's records of the current step
-        self.record = None
-        if d.record_examples:
-            if t.ctx.is_main:
-                start_attempt(t.run_dir.examples, t.progress.step + 1)
-            if dist.is_initialized():
-                dist.barrier()
-            if t.ctx.cp_rank == 0:
-                self.record = ExampleRecord(t.run_dir.examples, t.progress.step + 1, t.ctx.dp_rank)
+        self.record = open_record(t.run_dir.examples, t.progress.step + 1, t.ctx) if d.record_examples else None
 
     def batches(self):
         """Micro-batches without end (the stream's epochs follow one another): each takes the stream's next

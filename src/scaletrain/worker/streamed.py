@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from scaletrain.data import IGNORE_INDEX, Collator, load_split
-from scaletrain.data.stream import SAMPLE, ShardStream, StreamEncoder, StreamSource, parse
+from scaletrain.data.stream import SAMPLE, ShardStream, StreamEncoder, StreamSource, first_records, parse
 from scaletrain.errors import DataError
 from scaletrain.metrics.logs import WORKER_LOGGER
 from scaletrain.worker.seen import open_record
@@ -33,8 +33,8 @@ class StreamData:
         self.src = StreamSource.from_spec(t.spec.stream)
         self.stream = ShardStream(self.src, t.cfg.train.seed, d.buffer_size, t.progress.stream)
         tokenizer = load_tokenizer(t.cfg.model.name_or_path)
-        sample = [r for r in (parse(self.src, rid, raw) for rid, raw in _peek(self.src)) if isinstance(r, dict)]
-        self.encode = StreamEncoder(self.src, t.cfg, tokenizer, sample)
+        # the encoder's column check on the records the driver checked before any worker started
+        self.encode = StreamEncoder(self.src, t.cfg, tokenizer, first_records(self.src, SAMPLE)[0])
         self.seen, self.skipped, self.first_bad = 0, {}, None
         self.ids: list[int] = []  # this rank's records of the current step
         self.record = open_record(t.run_dir.examples, t.progress.step + 1, t.ctx) if d.record_examples else None
@@ -89,13 +89,3 @@ class StreamData:
         bad = sum(self.skipped.values())
         return (f"stream: {self.seen} records read by this rank, {bad} skipped"
                 + (f" ({', '.join(f'{n} {why}' for why, n in self.skipped.items())})" if bad else ""))
-
-
-def _peek(src: StreamSource):
-    """The first records of the first shard: the encoder's column check (the driver ran it already)."""
-    from scaletrain.data.stream import read_shard
-
-    for i, (row, raw) in enumerate(read_shard(src, 0)):
-        if i >= SAMPLE:
-            return
-        yield row, raw

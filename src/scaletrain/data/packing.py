@@ -11,7 +11,11 @@ record of the examples trained reads (``worker/seen.py``).
 
 The plan is made from the examples' lengths alone (an Arrow pass, ``data/lengths.py``) and the rows are built
 with Arrow and numpy a batch of rows at a time, written to an Arrow file: no token id becomes a Python object, so
-the driver's memory does not grow with the set (issue #46: 10M rows of 500 tokens are over 100 GB as lists).
+the driver's memory does not grow with the set (issue #46: 10M rows of 500 tokens are over 100 GB as lists). The
+split's Arrow files are memory-mapped (``datasets``), and the rows take examples from all over them: every page
+read (and the 64 KiB the kernel maps around it) would stay in the driver's resident set until the pass ends (~1.9
+GB of a 2M-row cache). The pages of those mappings are handed back (``release``) whenever they pass
+``MAPPED_BUDGET``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from scaletrain.data.encode import IGNORE_INDEX
 
 WINDOW = 1000  # examples sorted together: larger packs tighter, smaller keeps the order closer to the shuffle
 TOKENS_PER_BATCH = 1 << 20  # packed rows built and written at a time: ~40 bytes a token while built
+TAKE = 1024  # examples copied out of the mapped split at a time: ~320 MB of its pages mapped (measured, 2M rows)
+# Bytes of the split's file pages kept resident before they are released. Releasing costs time (the pages read
+# next fault in again: packing 2M rows took 73 s releasing every TAKE examples against 48 s never), so a split
+# smaller than this is never released, and a larger one holds about this much (issue #46: the driver's RSS).
+MAPPED_BUDGET = 768 << 20
 
 
 def plan(lengths, max_length: int, seed: int):
@@ -67,6 +76,8 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
     members, counts = plan(list_lengths(split, "input_ids"), max_length, seed)
     row_ends = np.cumsum(counts, dtype=np.int64)
     source = split.select_columns(["input_ids", "labels"]).with_format("arrow")
+    spans = mapped_spans(f["filename"] for f in split.cache_files)  # while ``split`` lives, as it does here
+    budget = _Budget(MAPPED_BUDGET)
     fd, path = tempfile.mkstemp(prefix="packed-", suffix=".arrow",
                                 dir=workdir or tempfile.mkdtemp(prefix="scaletrain-pack-"))
     os.close(fd)
@@ -76,7 +87,7 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
         for first in range(0, len(counts), step):
             last = min(first + step, len(counts))
             lo, hi = (int(row_ends[first - 1]) if first else 0), int(row_ends[last - 1])
-            batch = _rows(source, members[lo:hi], counts[first:last])
+            batch = _rows(source, members[lo:hi], counts[first:last], spans, budget)
             if writer is None:
                 writer = pa.ipc.new_stream(sink, batch.schema)
             writer.write_batch(batch)
@@ -89,13 +100,12 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
     return datasets.Dataset.from_file(path)
 
 
-def _rows(source, members, counts):
+def _rows(source, members, counts, spans, budget):
     """One Arrow batch of packed rows: the members' token lists concatenated (``members`` in row order)."""
     import numpy as np
     import pyarrow as pa
 
-    taken = source[members.tolist()]
-    ids, labels = (taken.column(c).combine_chunks() for c in ("input_ids", "labels"))
+    ids, labels = _gather(source, members, spans, budget)
     lengths = np.asarray(ids.value_lengths(), dtype=np.int64)
     starts = np.zeros(len(lengths), dtype=np.int64)  # each member's first token in the flat row values
     np.cumsum(lengths[:-1], out=starts[1:])
@@ -116,3 +126,69 @@ def _rows(source, members, counts):
                             "labels": listed(pa.array(flat_labels, labels.type.value_type)),
                             "position_ids": listed(positions), "examples": pa.array(counts, pa.int32()),
                             "example_ids": listed(members, member_offsets)})
+
+
+
+def _gather(source, members, spans, budget):
+    """The members' input_ids and labels, copied out of the memory-mapped split ``TAKE`` examples at a time; when
+    this process holds more than ``budget`` bytes of file pages beyond what it held when packing began
+    (``budget.base``), the split's pages are released."""
+    import pyarrow as pa
+
+    ids, labels = [], []
+    for at in range(0, len(members), TAKE):
+        taken = source[members[at:at + TAKE].tolist()]
+        ids.append(taken.column("input_ids").combine_chunks())
+        labels.append(taken.column("labels").combine_chunks())
+        if spans and resident_file_bytes() - budget.base > budget.limit:
+            release(spans)
+    return pa.concat_arrays(ids), pa.concat_arrays(labels)
+
+
+class _Budget:
+    """The file pages packing may keep resident: ``limit`` bytes above ``base``, this process's at the start."""
+
+    def __init__(self, limit: int):
+        self.limit, self.base = limit, resident_file_bytes()
+
+
+def resident_file_bytes() -> int:
+    """This process's resident file-backed pages (``RssFile`` of /proc/self/status; 0 where there is none)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile")), 0)
+    except OSError:
+        return 0
+
+MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+
+
+def mapped_spans(files) -> list[tuple[int, int]]:
+    """The address ranges of this process's read-only memory maps of ``files``, as /proc/self/maps lists them (Linux;
+    elsewhere none). Valid while the object that mapped them (a ``datasets.Dataset``) is alive: read them again
+    after it may have been dropped."""
+    wanted = {os.path.realpath(f) for f in files}
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = [line for line in maps.read().splitlines() if any(w in line for w in wanted)]
+    except OSError:
+        return []
+    fields = [line.split(maxsplit=5) for line in lines]
+    return [tuple(int(x, 16) for x in r[0].split("-")) for r in fields
+            if len(r) >= 6 and r[1].startswith("r") and "w" not in r[1] and r[5] in wanted]
+
+
+def release(spans) -> int:
+    """Drop this process's resident pages in ``spans`` (from ``mapped_spans``): ``madvise(MADV_DONTNEED)``. The
+    mapping stays valid and a later read faults the page back in from the page cache, so nothing the process holds
+    changes; only what it keeps resident does. Written here because neither ``datasets`` nor pyarrow exposes the
+    mapping they make (pyarrow's ``MemoryMappedFile`` has no madvise). Returns the bytes of the ranges released."""
+    if not spans:
+        return 0
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them (no ldconfig run)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for start, end in spans:
+        libc.madvise(start, end - start, MADV_DONTNEED)
+    return sum(end - start for start, end in spans)

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from scaletrain.worker.final import file_of_each
 
-pytestmark = pytest.mark.loop
+pytestmark = [pytest.mark.loop, pytest.mark.slow]  # two spawned gloo processes (~10 s each)
 
 
 def _tiny():

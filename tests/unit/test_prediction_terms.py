@@ -82,6 +82,17 @@ def test_published_measurements_within_the_target_and_the_ones_that_are_not_said
     # not reached: the seed's 8 GPUs (published 81% efficiency, predicted 98%): the loss that grows with n is not
     # in what the source states; reported, not fitted
     assert not rows[(seed, 8)]["within"] and rows[(seed, 8)]["published_efficiency"] == pytest.approx(0.81, abs=0.01)
+    assert "slowest rank" in rows[(seed, 8)]["why"] and rows[(seed, 2)]["straggler_cv_to_match"] is None
+    # the diagnostic beside the missed point: the straggler spread that would close it, checked by predicting with it
+    from dataclasses import replace
+
+    from scaletrain.scaling.predict import step
+    from scaletrain.scaling.published import inputs_for
+
+    cv = rows[(seed, 8)]["straggler_cv_to_match"]
+    assert 0.1 < cv < 0.2
+    alt = replace(inputs_for(PUBLISHED[0]), straggler_cv=cv)
+    assert 8 * step(alt, 1)["step_time_s"] / step(alt, 8)["step_time_s"] == pytest.approx(27.2 / 4.2, rel=1e-6)
     mlperf = rows[("MLPerf v5.0 Llama-2-70B LoRA MI300X", 32)]
     assert mlperf["predicted"] is None and "time to train" in mlperf["why"]
     assert mlperf["published"] == pytest.approx(29.25 / 10.91)
@@ -106,6 +117,8 @@ def test_predict_check_published_and_plan_name_the_largest_loss(tmp_path, capsys
     out = capsys.readouterr().out
     assert "seed Llama-3-8B LoRA ZeRO-3 MI300X       8   6.48x   7.85x  +21.2%   NO" in out
     assert "(none)" in out and "not compared: MLPerf publishes time to train" in " ".join(out.split())
+    assert "outside the target, seed Llama-3-8B LoRA ZeRO-3 MI300X at 8 GPUs" in " ".join(out.split())
+    assert "(--straggler-cv 0.15)" in " ".join(out.split())
     assert all(len(line) <= 80 for line in out.splitlines())
     assert main(["predict", "--check-published", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 6

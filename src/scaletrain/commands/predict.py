@@ -258,6 +258,14 @@ def print_published() -> int:
             print(f"{r['row']:<37} {r['gpus']:>4} {r['published']:>6.2f}x {r['predicted']:>6.2f}x "
                   f"{r['error']:>+7.1%} {'yes' if r['within'] else 'NO':>4} "
                   f"{LOSS_NAMES.get(r['largest_loss'], '-'):>8}")
+    for r in rows:
+        if r["within"] is False:
+            cv = r["straggler_cv_to_match"]
+            print(textwrap.fill(f"- outside the target, {r['row']} at {r['gpus']} GPUs: {r['why']}"
+                                + (f"; the wait that would close the gap is a per-micro-batch compute spread of "
+                                   f"{cv:.0%} across ranks (--straggler-cv {cv:.2f}), a spread a run measures"
+                                   if cv is not None else ""),
+                                80, subsequent_indent="  ", break_long_words=False))
     for row in PUBLISHED:
         print(textwrap.fill(f"- {row.name}: {row.source}; {row.setup}"
                             + (f"; assumed: {row.assumed}" if row.assumed else "")

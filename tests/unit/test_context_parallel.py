@@ -67,11 +67,31 @@ def test_config_refuses_what_context_parallelism_cannot_do():
     assert ok.scaling.data_parallel == 2
     with pytest.raises(ValidationError, match="context_parallel=3 does not divide scaling.num_workers=4"):
         Config.model_validate(_cfg(context_parallel=3))
-    with pytest.raises(ValidationError, match="elastic"):
-        Config.model_validate(_cfg(context_parallel=2, num_workers=[2, 4], launcher="ray"))
+    with pytest.raises(ValidationError, match=r"num_workers=\[3, 4\] with scaling.context_parallel=2: an elastic run "
+                                              r"resizes by whole groups of 2 .* e.g. \[2, 4\]"):
+        Config.model_validate(_cfg(context_parallel=2, num_workers=[3, 4], launcher="ray"))
     with pytest.raises(ValidationError, match="train.stage=kto it is not supported yet"):
         Config.model_validate({**_cfg(context_parallel=2), "train": {"stage": "kto"}})
     Config.model_validate({**_cfg(context_parallel=2), "train": {"stage": "dpo"}})  # pairs: both sides on a group
+
+
+def test_an_elastic_range_with_context_parallelism_keeps_the_global_batch_over_data_parallel_ranks():
+    from pydantic import ValidationError
+
+    from scaletrain.config.batch import for_world_size
+    from scaletrain.config.schema import Config
+
+    cfg = Config.model_validate({**_cfg(context_parallel=2, num_workers=[2, 8], launcher="ray"),
+                                 "train": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 3}})
+    assert cfg.scaling.elastic and cfg.scaling.data_parallel == 4  # the run's global batch: 12 sequences
+    for world, accum in ((8, 3), (6, 4), (4, 6), (2, 12)):  # 4, 3, 2, 1 data-parallel ranks
+        at = for_world_size(cfg, world)
+        assert at.train.gradient_accumulation_steps == accum and at.scaling.data_parallel == world // 2
+    with pytest.raises(ValueError, match="in groups of 2 context-parallel ranks"):
+        for_world_size(cfg, 5)
+    with pytest.raises(ValidationError, match=r"cannot be split over 3 worker\(s\).*data-parallel ranks"):
+        Config.model_validate({**_cfg(context_parallel=2, num_workers=[6, 8], launcher="ray"),
+                               "train": {"per_device_train_batch_size": 1}})  # 3 data-parallel ranks of 4
 
 
 def test_the_global_batch_counts_data_parallel_ranks_only():

@@ -240,3 +240,41 @@ def test_the_lean_trainer_leaves_out_the_helper_actors_scaletrain_does_not_use()
     assert _lean_trainer(Trainer, embedded=False)()._create_default_callbacks() == [other, cleaner]  # a cluster
     assert _lean_trainer(Trainer, embedded=True)({"train": 0})._create_default_callbacks() == [other, datasets_cb,
                                                                                                cleaner]
+
+
+def test_an_elastic_run_with_context_parallelism_resizes_by_whole_groups():
+    """Ray's elastic policy picks any count the free resources allow; with CP 2, 3 free CPUs must give 2 workers (a
+    3-rank group cannot form the data x context mesh), 5 give 4, and the range's top caps it."""
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
+
+    from scaletrain.launch.ray_launcher import _lean_trainer
+    from scaletrain.launch.ray_policy import WholeGroupsPolicy
+
+    config = ScalingConfig(num_workers=(2, 6), resources_per_worker={"CPU": 1})
+    policy = WholeGroupsPolicy(config, 2)
+    plain = ElasticScalingPolicy(config)
+    for free, whole in (({"a": {"CPU": 3.0}}, 2), ({"a": {"CPU": 2.0}, "b": {"CPU": 3.0}}, 4),
+                        ({"a": {"CPU": 9.0}}, 6), ({"a": {"CPU": 1.0}}, 0)):
+        assert policy._count_possible_workers(free) == whole
+    assert plain._count_possible_workers({"a": {"CPU": 3.0}}) == 3  # what Ray alone would start
+
+    seen = {}
+
+    class Trainer:  # DataParallelTrainer's hooks the subclass touches
+        datasets = None
+        scaling_config = config
+
+        def _create_default_callbacks(self):
+            return []
+
+        def _initialize_and_run_controller(self, **kwargs):
+            seen.update(kwargs)
+            return "result"
+
+    assert _lean_trainer(Trainer, embedded=True, group=2)()._initialize_and_run_controller(
+        scaling_policy=plain, failure_policy="f") == "result"
+    assert isinstance(seen["scaling_policy"], WholeGroupsPolicy) and seen["scaling_policy"].group == 2
+    assert seen["failure_policy"] == "f"
+    _lean_trainer(Trainer, embedded=True)()._initialize_and_run_controller(scaling_policy=plain)
+    assert seen["scaling_policy"] is plain  # no CP: Ray's own policy

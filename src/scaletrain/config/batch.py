@@ -58,22 +58,27 @@ def cannot_keep(global_batch: int, batch: int, accum: int, workers: int, sizes: 
             f"count that divides {global_batch // batch}")
 
 
-def unsplittable_sizes(batch: int, accum: int, min_workers: int, max_workers: int) -> list[int]:
-    """The elastic sizes in [min, max) that cannot keep the global batch of ``max_workers`` exactly."""
-    gb = batch * accum * max_workers
-    return [n for n in range(min_workers, max_workers) if accumulation_for(gb, batch, n) is None]
+def unsplittable_sizes(batch: int, accum: int, min_workers: int, max_workers: int, group: int = 1) -> list[int]:
+    """The elastic sizes in [min, max) that cannot keep the global batch of ``max_workers`` exactly. With context
+    parallelism (``group`` ranks share each sequence) only whole groups are sizes, and a size's data-parallel ranks
+    (size / group) split the batch."""
+    gb = batch * accum * (max_workers // group)
+    return [n for n in range(min_workers, max_workers, group) if accumulation_for(gb, batch, n // group) is None]
 
 
 def for_world_size(cfg: Config, world_size: int) -> Config:
     """The config a worker of an elastic run trains with on ``world_size`` workers: the global batch of
-    ``scaling.max_workers`` workers, through gradient_accumulation_steps."""
+    ``scaling.max_workers`` workers, through gradient_accumulation_steps (over the data-parallel ranks: the workers
+    over the context-parallel degree)."""
     s, t = cfg.scaling, cfg.train
     if world_size == s.max_workers:
         return cfg
-    gb = global_batch(t, s.max_workers)
-    accum = accumulation_for(gb, t.per_device_train_batch_size, world_size, exact=s.elastic_batch == "exact")
-    if accum is None:  # checked at load: only a world size outside the range gets here
-        raise ValueError(f"{world_size} workers cannot keep the global batch {gb}")
+    cp = s.context_parallel
+    gb = global_batch(t, s.max_workers // cp)
+    accum = accumulation_for(gb, t.per_device_train_batch_size, world_size // cp, exact=s.elastic_batch == "exact")
+    if accum is None or world_size % cp:  # checked at load: only a world size outside the range gets here
+        raise ValueError(f"{world_size} workers cannot keep the global batch {gb}"
+                         + (f" in groups of {cp} context-parallel ranks" if world_size % cp else ""))
     return cfg.model_copy(update={"train": t.model_copy(update={"gradient_accumulation_steps": accum}),
                                   "scaling": s.model_copy(update={"num_workers": world_size})})
 

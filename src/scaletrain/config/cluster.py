@@ -95,10 +95,12 @@ class ScalingConfig(_Section):
             raise ValueError(f"scaling.context_parallel={cp} does not divide scaling.num_workers={self.num_workers}: "
                              f"each sequence is split over {cp} ranks, so the workers come in groups of {cp}; use "
                              f"a num_workers that is a multiple of {cp}")
-        if cp > 1 and self.elastic:
-            raise ValueError(f"scaling.context_parallel={cp} with an elastic scaling.num_workers=[{self.min_workers}, "
-                             f"{self.num_workers}] is not supported yet (a resize must keep whole groups of {cp}); "
-                             f"set a fixed num_workers")
+        if cp > 1 and self.elastic and self.min_workers % cp:
+            low = max(cp, self.min_workers - self.min_workers % cp)
+            raise ValueError(f"scaling.num_workers=[{self.min_workers}, {self.num_workers}] with scaling."
+                             f"context_parallel={cp}: an elastic run resizes by whole groups of {cp} ranks, so both "
+                             f"ends of the range are multiples of {cp}; e.g. [{low}, "
+                             f"{self.num_workers}]")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"scaling.node_rank={self.node_rank} is out of range for scaling.nnodes={self.nnodes}; "
                              f"use 0..{self.nnodes - 1}")

@@ -288,10 +288,13 @@ class Config(_Section):
         s, t = self.scaling, self.train
         if s.elastic and s.elastic_batch == "exact":
             b, a = t.per_device_train_batch_size, t.gradient_accumulation_steps
-            bad = batch.unsplittable_sizes(b, a, s.min_workers, s.max_workers)
+            cp = s.context_parallel
+            bad = batch.unsplittable_sizes(b, a, s.min_workers, s.max_workers, cp)
             if bad:
+                what = batch.cannot_keep(batch.global_batch(t, s.max_workers // cp), b, a, s.max_workers // cp,
+                                         [n // cp for n in bad])
                 raise ValueError(f"scaling.num_workers=[{s.min_workers}, {s.max_workers}] with elastic_batch=exact: "
-                                 f"{batch.cannot_keep(batch.global_batch(t, s.max_workers), b, a, s.max_workers, bad)}"
+                                 f"{what}{' (data-parallel ranks: workers / context_parallel)' if cp > 1 else ''}"
                                  f", or set scaling.elastic_batch=nearest")
         shard = self.train.fsdp_shard_size
         if shard and self.scaling.num_workers % shard:

@@ -271,7 +271,8 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    trainer = _lean_trainer(TorchTrainer, embedded=_EMBEDDED[0])(
+    group = scaling.context_parallel if scaling.elastic else 1
+    trainer = _lean_trainer(TorchTrainer, embedded=_EMBEDDED[0], group=group)(
         train_loop_per_worker=_with_private_env,
         train_loop_config={"entry": entry, "config": entry_config, "private": entry_config.pop("private", None)},
         torch_config=TorchConfig(backend=plan.backend, timeout_s=timeout_s),
@@ -306,24 +307,38 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
         raise outcome["error"]
 
 
-def _lean_trainer(trainer_cls, embedded: bool):
+def _lean_trainer(trainer_cls, embedded: bool, group: int = 1):
     """Ray Train V2 starts a helper actor (a Python process, ~0.2 GiB) for each of its default callbacks; two do
     nothing for scaletrain: the Ray Datasets manager (scaletrain passes no Ray Dataset: each worker reads its own
     shard) and, on the embedded Ray that dies with this driver, the detached placement-group cleaner (it frees the
     workers' reservation if the controller dies while the cluster lives on). Ray has no switch for them, so this
     subclass leaves them out of the default list (benchmarks/RESULTS.md "cold start"); on a Ray whose private
-    classes moved it changes nothing."""
+    classes moved it changes nothing. With ``group`` > 1 (an elastic run with context parallelism) its scaling
+    policy resizes by whole groups (``ray_policy.py``); on a Ray without that private class it is refused."""
+    if group > 1:
+        try:
+            from scaletrain.launch.ray_policy import WholeGroupsPolicy
+        except ImportError as e:
+            raise LaunchError(f"scaling.context_parallel={group} with an elastic scaling.num_workers needs Ray "
+                              f"Train's ElasticScalingPolicy, which this Ray does not have ({e}); set a fixed "
+                              f"scaling.num_workers") from None
     try:
         from ray.train.v2._internal.callbacks import DatasetsCallback
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     except ImportError:
-        return trainer_cls
-    unused = (DatasetsCallback, PlacementGroupCleanerCallback) if embedded else (DatasetsCallback,)
+        DatasetsCallback = PlacementGroupCleanerCallback = None
+    unused = tuple(c for c in ((DatasetsCallback, PlacementGroupCleanerCallback) if embedded else (DatasetsCallback,))
+                   if c is not None)
 
     class LeanTrainer(trainer_cls):
         def _create_default_callbacks(self):
             callbacks = super()._create_default_callbacks()
             return [cb for cb in callbacks if not isinstance(cb, unused)] if not self.datasets else callbacks
+
+        def _initialize_and_run_controller(self, **kwargs):
+            if group > 1:  # Ray made its elastic policy from the ScalingConfig; the same, by whole groups
+                kwargs["scaling_policy"] = WholeGroupsPolicy(self.scaling_config, group)
+            return super()._initialize_and_run_controller(**kwargs)
 
     return LeanTrainer
 

@@ -128,7 +128,6 @@ def _rows(source, members, counts, spans, budget):
                             "example_ids": listed(members, member_offsets)})
 
 
-
 def _gather(source, members, spans, budget):
     """The members' input_ids and labels, copied out of the memory-mapped split ``TAKE`` examples at a time; when
     this process holds more than ``budget`` bytes of file pages beyond what it held when packing began
@@ -159,6 +158,7 @@ def resident_file_bytes() -> int:
             return next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile")), 0)
     except OSError:
         return 0
+
 
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 

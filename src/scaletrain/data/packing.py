@@ -69,6 +69,7 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
 
     import datasets
     import numpy as np
+    import psutil
     import pyarrow as pa
 
     from scaletrain.data.lengths import list_lengths
@@ -77,7 +78,7 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
     row_ends = np.cumsum(counts, dtype=np.int64)
     source = split.select_columns(["input_ids", "labels"]).with_format("arrow")
     spans = mapped_spans(f["filename"] for f in split.cache_files)  # while ``split`` lives, as it does here
-    budget = _Budget(MAPPED_BUDGET)
+    ceiling = psutil.Process().memory_info().shared + MAPPED_BUDGET
     fd, path = tempfile.mkstemp(prefix="packed-", suffix=".arrow",
                                 dir=workdir or tempfile.mkdtemp(prefix="scaletrain-pack-"))
     os.close(fd)
@@ -87,7 +88,7 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
         for first in range(0, len(counts), step):
             last = min(first + step, len(counts))
             lo, hi = (int(row_ends[first - 1]) if first else 0), int(row_ends[last - 1])
-            batch = _rows(source, members[lo:hi], counts[first:last], spans, budget)
+            batch = _rows(source, members[lo:hi], counts[first:last], spans, ceiling)
             if writer is None:
                 writer = pa.ipc.new_stream(sink, batch.schema)
             writer.write_batch(batch)
@@ -100,12 +101,12 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
     return datasets.Dataset.from_file(path)
 
 
-def _rows(source, members, counts, spans, budget):
+def _rows(source, members, counts, spans, ceiling):
     """One Arrow batch of packed rows: the members' token lists concatenated (``members`` in row order)."""
     import numpy as np
     import pyarrow as pa
 
-    ids, labels = _gather(source, members, spans, budget)
+    ids, labels = _gather(source, members, spans, ceiling)
     lengths = np.asarray(ids.value_lengths(), dtype=np.int64)
     starts = np.zeros(len(lengths), dtype=np.int64)  # each member's first token in the flat row values
     np.cumsum(lengths[:-1], out=starts[1:])
@@ -128,54 +129,44 @@ def _rows(source, members, counts, spans, budget):
                             "example_ids": listed(members, member_offsets)})
 
 
-def _gather(source, members, spans, budget):
+def _gather(source, members, spans, ceiling):
     """The members' input_ids and labels, copied out of the memory-mapped split ``TAKE`` examples at a time; when
-    this process holds more than ``budget`` bytes of file pages beyond what it held when packing began
-    (``budget.base``), the split's pages are released."""
+    this process's resident shared pages (file-backed: psutil's ``shared``) pass ``ceiling``, the split's pages are
+    released."""
+    import psutil
     import pyarrow as pa
 
+    proc = psutil.Process()
     ids, labels = [], []
     for at in range(0, len(members), TAKE):
         taken = source[members[at:at + TAKE].tolist()]
         ids.append(taken.column("input_ids").combine_chunks())
         labels.append(taken.column("labels").combine_chunks())
-        if spans and resident_file_bytes() - budget.base > budget.limit:
+        if spans and proc.memory_info().shared > ceiling:
             release(spans)
     return pa.concat_arrays(ids), pa.concat_arrays(labels)
-
-
-class _Budget:
-    """The file pages packing may keep resident: ``limit`` bytes above ``base``, this process's at the start."""
-
-    def __init__(self, limit: int):
-        self.limit, self.base = limit, resident_file_bytes()
-
-
-def resident_file_bytes() -> int:
-    """This process's resident file-backed pages (``RssFile`` of /proc/self/status; 0 where there is none)."""
-    try:
-        with open("/proc/self/status") as status:
-            return next((int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile")), 0)
-    except OSError:
-        return 0
 
 
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
 
 def mapped_spans(files) -> list[tuple[int, int]]:
-    """The address ranges of this process's read-only memory maps of ``files``, as /proc/self/maps lists them (Linux;
-    elsewhere none). Valid while the object that mapped them (a ``datasets.Dataset``) is alive: read them again
-    after it may have been dropped."""
+    """The address ranges of this process's read-only memory maps of ``files`` (psutil's ``memory_maps``; Linux only,
+    where ``release`` can act: elsewhere none). Valid while the object that mapped them (a ``datasets.Dataset``) is
+    alive: read them again after it may have been dropped."""
+    import sys
+
+    import psutil
+
+    if not sys.platform.startswith("linux"):
+        return []
     wanted = {os.path.realpath(f) for f in files}
     try:
-        with open("/proc/self/maps") as maps:
-            lines = [line for line in maps.read().splitlines() if any(w in line for w in wanted)]
-    except OSError:
+        maps = psutil.Process().memory_maps(grouped=False)
+    except psutil.Error:
         return []
-    fields = [line.split(maxsplit=5) for line in lines]
-    return [tuple(int(x, 16) for x in r[0].split("-")) for r in fields
-            if len(r) >= 6 and r[1].startswith("r") and "w" not in r[1] and r[5] in wanted]
+    return [tuple(int(x, 16) for x in m.addr.split("-")) for m in maps
+            if m.path in wanted and m.perms.startswith("r") and "w" not in m.perms]
 
 
 def release(spans) -> int:

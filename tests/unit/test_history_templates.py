@@ -429,3 +429,31 @@ def test_hybrid_qwen3s_template_trains_each_turn_and_the_qwen3_builtin_writes_th
     prompt = tok.apply_chat_template(chat[:-1], tools=tools, chat_template=QWEN3_HYBRID, tokenize=False,
                                      add_generation_prompt=True, enable_thinking=False, **SPECIAL)
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # what enable_thinking=false means
+
+
+QWEN3_INSTRUCT = (Path(__file__).parents[1] / "fixtures" / "chat_templates" /
+                  "qwen3_4b_instruct_2507.jinja").read_text()
+
+
+@pytest.mark.parametrize("case", list(CHATS))
+def test_qwen3_instruct_2507s_template_and_the_qwen3_nothink_builtin_train_the_same_tokens(case, tok):
+    """Qwen3-Instruct-2507 (LLaMA-Factory's qwen3_nothink): its own template, through data.template: auto, and the
+    qwen3_nothink built-in render the same text and train the same parts of it (the last turn from its <think>
+    block on, as the model writes it after a generation prompt that opens none); the built-in's generation prompt is
+    the model's own; a refusal under this template names qwen3_nothink, not the thinking built-in."""
+    from scaletrain.data.templates import BUILTIN_TEMPLATES, builtin_for
+
+    chat, tools, expected = CHATS[case]
+    own_text, own_spans = (x[0] for x in render([chat], QWEN3_INSTRUCT, SPECIAL, "tokenizer", [tools]))
+    ours_text, ours_spans = (x[0] for x in render([chat], BUILTIN_TEMPLATES["qwen3_nothink"], SPECIAL,
+                                                  "qwen3_nothink", [tools]))
+    assert own_text == ours_text == tok.apply_chat_template(chat, tools=tools, chat_template=QWEN3_INSTRUCT,
+                                                            tokenize=False, **SPECIAL)
+    last = expected[-1] if expected[-1].startswith("<think>") else "<think>\n" + expected[-1]
+    assert [own_text[a:b] for a, b in own_spans] == [ours_text[a:b] for a, b in ours_spans] == [*expected[:-1], last]
+    prompt = tok.apply_chat_template(chat[:-1], tools=tools, chat_template=QWEN3_INSTRUCT, tokenize=False,
+                                     add_generation_prompt=True, **SPECIAL)
+    assert prompt.endswith("<|im_start|>assistant\n") and prompt == tok.apply_chat_template(
+        chat[:-1], tools=tools, chat_template=BUILTIN_TEMPLATES["qwen3_nothink"], tokenize=False,
+        add_generation_prompt=True, **SPECIAL)
+    assert builtin_for(QWEN3_INSTRUCT) == "qwen3_nothink" and builtin_for(QWEN3) == builtin_for(QWEN3_HYBRID) == "qwen3"

@@ -16,6 +16,7 @@ from scaletrain.tokenizer import load_tokenizer
 REAL = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 # built-in -> the model template it reproduces
 MODEL = {"qwen": "qwen2_5_instruct.jinja", "qwen2": "qwen2_instruct.jinja", "qwen3": "qwen3_4b_thinking_2507.jinja",
+         "qwen3_nothink": "qwen3_4b_instruct_2507.jinja",
          "llama3": "llama3_instruct.jinja",
          "llama3.1": "llama3_1_instruct.jinja", "mistral": "mistral_7b_instruct_v0_3.jinja",
          "mistral_v1": "mistral_7b_instruct_v0_1.jinja", "gemma": "gemma_2_it.jinja", "gemma3": "gemma3_it.jinja"}
@@ -107,6 +108,10 @@ def test_each_templates_assistant_parts_are_the_labels(tmp_path, tok):
         "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
                   '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
                   "<think>\n\n</think>\n\n21 C, and it is 14:05.<|im_end|>"],  # its empty block: the last turn
+        "qwen3_nothink": [  # the same parts: Instruct-2507's template writes a training conversation as Thinking's
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+            '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+            "<think>\n\n</think>\n\n21 C, and it is 14:05.<|im_end|>"],
         "llama3.1": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
                      '{"name": "get_time", "parameters": {"city": "Paris"}}<|eot_id|>',
                      "21 C, and it is 14:05.<|eot_id|>"],
@@ -193,7 +198,7 @@ def test_a_glaive_toolcall_dataset_trains_with_its_tools_in_the_models_format(tm
 def test_tool_data_under_a_template_without_a_tool_format_is_one_error(tmp_path, tok):
     cfg = _lf_cfg(tmp_path, _lf_dir(tmp_path, [GLAIVE, GLAIVE], SHAREGPT_TOOLS), template="chatml")
     with pytest.raises(DataError, match=r"2 records declare or call tools .*data.template=chatml has no tool "
-                                        r"format; .*qwen, qwen3, llama3.1, mistral"):
+                                        r"format; .*qwen, qwen3, qwen3_nothink, llama3.1, mistral"):
         prepare_data(cfg, tok)
 
 

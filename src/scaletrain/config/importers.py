@@ -105,15 +105,21 @@ TEMPLATES = {"alpaca": "alpaca", "qwen": "qwen", "chatml": "chatml", "llama3": "
              "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma3", "vicuna": "vicuna",
              # LF's deepseekr1 trains the last turn's reasoning (R1's own template drops every turn's): the built-in
              # does the same
-             "deepseekr1": "deepseek_r1"}
+             "deepseekr1": "deepseek_r1",
+             # Qwen3-Instruct-2507's own template; a hybrid Qwen3's renders a training conversation the same way
+             "qwen3_nothink": "qwen3_nothink"}
+# Where a built-in writes a conversation differently from LLaMA-Factory's template of the same name: why.
+TEMPLATE_NOTES = {
+    "qwen3_nothink": "the built-in qwen3_nothink is Qwen3-Instruct-2507's own template: the last assistant turn "
+                     "keeps the empty <think>\\n\\n</think>\\n\\n block that template writes (and trains it), where "
+                     "LLaMA-Factory's writes none",
+}
 # LLaMA-Factory's templates of the models of 2025-26, each with why the model's own chat template (data.template:
 # auto) is the right choice: it is what the model was trained with, and scaletrain locates every assistant turn in
 # the one render of the whole conversation (data.multi_turn: spans), also where the history is written differently.
 LF_OWN_TEMPLATE = {
     "qwen3": "Qwen3's own template (thinking: <think> blocks; the reasoning of turns before the last user query is "
              "dropped, as the model was trained)",
-    "qwen3_nothink": "the model's own template: Qwen3-2507 Instruct's writes no <think> blocks; a hybrid Qwen3's "
-                     "writes an empty one after the last query, as enable_thinking=false does at inference",
     "qwen3_5": "Qwen3.5's own template",
     "deepseek3": "DeepSeek-V3's own template",
     "gpt": "gpt-oss's own harmony template (analysis/final channels, tool calls; the built-in gpt_oss writes the "
@@ -222,7 +228,7 @@ def _names(key, value, lf, put, rows) -> None:
 
 def _template(key, value, lf, put, rows) -> None:
     if value in TEMPLATES:
-        put(key, "data", "template", TEMPLATES[value])
+        put(key, "data", "template", TEMPLATES[value], TEMPLATE_NOTES.get(value, ""))
     elif value in LF_OWN_TEMPLATE:
         put(key, "data", "template", "auto", f"LLaMA-Factory's {value!r} -> the tokenizer's own chat template: "
                                              f"{LF_OWN_TEMPLATE[value]}")

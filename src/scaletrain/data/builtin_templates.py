@@ -7,7 +7,8 @@ tests/fixtures/chat_templates, whose SOURCES.md names where each comes from), wi
   system prompt, ``<tool_call>`` blocks, results as ``<tool_response>`` in a user turn).
 - ``qwen2``: Qwen2-Instruct (ChatML, default system "You are a helpful assistant."; no tool format).
 - ``qwen3``: Qwen3's thinking format (Qwen3-4B-Thinking-2507): reasoning written for the turns after the last user
-  query and dropped before it, tools as Qwen2.5 writes them.
+  query and dropped before it, tools as Qwen2.5 writes them. ``qwen3_nothink``: Qwen3-Instruct-2507 (the same, but
+  its generation prompt opens no ``<think>`` block).
 - ``chatml``: bare ChatML (``<|im_start|>{role}\\n{content}<|im_end|>\\n``), no default system prompt.
 - ``llama3``: Meta-Llama-3-Instruct. ``llama3.1``: Llama-3.1-Instruct (its "Cutting Knowledge Date" header, tools
   in the first user message, one JSON call per message, results in ``ipython`` turns).
@@ -195,6 +196,12 @@ _QWEN3 = (
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
 )
+# Qwen3's non-thinking format (Qwen3-Instruct-2507, LLaMA-Factory's qwen3_nothink): its released template is
+# Thinking-2507's but for the generation prompt, which opens no <think> block. The history rule is the same: the last
+# assistant turn of a conversation is written with a <think> block, empty where it has no reasoning, as the model's
+# own template writes it, so that block is trained too.
+_QWEN3_THINK_PROMPT = "'<|im_start|>assistant\\n<think>\\n'"
+_QWEN3_NOTHINK = _QWEN3.replace(_QWEN3_THINK_PROMPT, "'<|im_start|>assistant\\n'")
 
 # Gemma 2 and 3: a system prompt and a blank line open the first user turn (Gemma 3's own template writes it so;
 # Gemma 2's refuses a system role, and LLaMA-Factory folds it the same way); "model" is the reply's role.
@@ -349,6 +356,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     "qwen": _chatml(QWEN_SYSTEM, tools=True),
     "qwen2": _chatml(QWEN2_SYSTEM, tools=False),
     "qwen3": _QWEN3,
+    "qwen3_nothink": _QWEN3_NOTHINK,
     "llama3": (
         "{{ bos_token }}{% for message in messages %}"
         "{% if message['role'] == 'assistant' %}" + _LLAMA_REPLY + "{% else %}" + _LLAMA_TURN + "{% endif %}"
@@ -379,4 +387,4 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     ),
 }
 # Built-ins that render tool declarations, calls and results in their model's own format.
-TOOL_TEMPLATES = ("qwen", "qwen3", "llama3.1", "mistral", "gpt_oss")
+TOOL_TEMPLATES = ("qwen", "qwen3", "qwen3_nothink", "llama3.1", "mistral", "gpt_oss")

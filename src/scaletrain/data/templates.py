@@ -184,7 +184,10 @@ FAMILY_MARKERS = (("<start_of_turn>", "gemma"), ("<|start_header_id|>", "llama3.
 def builtin_for(source: str) -> str | None:
     """The built-in that writes the same turn format as ``source`` (a tokenizer's own template), if one does."""
     if "<|im_start|>" in source and "<think>" in source:  # ChatML with Qwen3's thinking blocks
-        return "qwen3"
+        # Thinking-2507's generation prompt opens <think>, the hybrid's has the enable_thinking switch;
+        # Instruct-2507's does neither
+        thinks = "assistant\\n<think>\\n' }}" in source or "enable_thinking" in source
+        return "qwen3" if thinks else "qwen3_nothink"
     return next((name for marker, name in FAMILY_MARKERS if marker in source), None)
 
 

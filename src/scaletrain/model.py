@@ -42,7 +42,9 @@ def _tiny_config(name: str, vocab: Vocab):
 
 def preload(lora: bool = False) -> None:
     """Import transformers' model machinery now (~2 s on a small machine), e.g. while waiting for a job spec;
-    peft too for LoRA (~60 MB of modules: kept out of a worker's measured training memory)."""
+    peft too for LoRA (~60 MB of modules), and HF datasets, which reads a worker's split (~40 MiB of modules and
+    pyarrow's pools): kept out of a worker's measured training memory."""
+    import datasets  # noqa: F401 - data/collate.py's load_split
     import torch.distributed.checkpoint.state_dict  # noqa: F401 - checkpoints and final/
     import transformers.modeling_utils  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification  # noqa: F401

@@ -81,6 +81,16 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def _assert_adam_close(ours: torch.Tensor, theirs: torch.Tensor, key: str, lr: float = 1e-3) -> None:
+    """Weights 10 Adam steps apart from a float-order difference: Adam divides each element's update by the root of
+    its own squared gradients, so an element whose gradients stay near zero moves a visible fraction of lr on a
+    rounding difference (measured: one element of o_proj's 8192 by 1.2e-5, every other within 1.3e-6). All
+    within a tenth of lr, and no more than one in a thousand beyond 1e-5."""
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=lr / 10, msg=key)
+    off = ((ours - theirs).abs() > 1e-5 + 1e-5 * theirs.abs()).sum().item()
+    assert off <= max(1, theirs.numel() // 1000), (key, off, theirs.numel())
+
+
 @pytest.mark.parametrize("finetuning,packing,method,accumulation", [("full", True, "ulysses", 1),
                                                                    ("lora", False, "ring", 2)])
 def test_context_parallel_two_trains_as_one(tmp_path, tiny_llama, finetuning, packing, method, accumulation):
@@ -98,7 +108,7 @@ def test_context_parallel_two_trains_as_one(tmp_path, tiny_llama, finetuning, pa
     ours, theirs = _weights(two), _weights(one)
     assert set(ours) == set(theirs) and ours
     for key in ours:
-        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5, msg=key)  # Adam: ~3e-6 after 10 steps
+        _assert_adam_close(ours[key], theirs[key], key)
     log = (two / "logs" / "main.log").read_text()
     assert f"context parallel 2 x data parallel 1 ({method}" in log
 
@@ -114,7 +124,9 @@ def test_dpo_with_context_parallel_trains_as_one(tmp_path, tiny_llama):
     assert [len(c) for c in curves] == [10, 10]
     for a, b in zip(*curves):
         for key in ("train/loss", "rewards/chosen", "rewards/margins", "logps/rejected"):
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+            # the log-probabilities reach -172, where one fp32 ulp is 1.5e-5 (measured: logps/rejected 1 ulp
+            # apart); a reward is beta (0.1) x a difference of two, a margin a difference of two rewards: ~3e-6
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-5), key
     evals = [[r for r in rs if r["kind"] == "eval"][-1] for rs in records]
     assert evals[1]["eval/pairs"] == evals[0]["eval/pairs"] > 0  # each pair counted once over the group
     assert evals[1]["eval/loss"] == pytest.approx(evals[0]["eval/loss"], rel=1e-5)

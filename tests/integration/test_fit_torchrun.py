@@ -1,7 +1,7 @@
 """Fitting big models, on 1-2 CPU workers under torchrun (what the worker loop does does not depend on the
 launcher, and a torchrun job starts in ~18 s against ~30 s for a Ray one; these run beside the Ray tests under
-make test's two pytest workers): the memory levers keep the run's curve, and the plan's memory estimate is within
-15% of the peak each run measured (summary.json records both)."""
+make test's two pytest workers): the memory levers keep the run's curve, the plan's memory estimate is within
+15% of the peak each run measured (summary.json records both), and a bf16 checkpoint keeps the precision policy."""
 
 import functools
 import json
@@ -49,3 +49,41 @@ def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak(tmp_path,
     assert len(summary["memory/peak_bytes_per_rank"]) == workers
     assert summary["memory/peak_bytes"] > 200 * 2**20  # ~80M parameters: a real peak, not noise
     assert 0.85 <= ratio <= 1.15, (name, ratio, summary["memory/peak_bytes"], summary["memory/predicted"])
+
+
+def test_a_bf16_checkpoint_on_two_fsdp_workers_keeps_the_policy_and_the_plans_bytes(tmp_path):
+    """The precision policy under FSDP2 on 2 workers, full and LoRA, from a checkpoint saved in bf16, with the CPU
+    bf16 opt-in (model.torch_dtype=bfloat16: FSDP2's MixedPrecisionPolicy over gloo): the dtypes held, the bytes
+    each rank held against the plan's, and final/'s dtype."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scaletrain.tokenizer import tiny_llama_tokenizer
+
+    ckpt = tmp_path / "llama-bf16"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False)
+                     ).to(torch.bfloat16).save_pretrained(ckpt)
+    tiny_llama_tokenizer().save_pretrained(ckpt)
+    for tuning in ("full", "lora"):
+        run = _run(tmp_path, f"bf16-{tuning}", model=str(ckpt), strategy="fsdp", bf16=True, steps=3,
+                   finetuning_type=tuning, torch_dtype="bfloat16", launcher="torchrun")
+        summary = json.loads((run / "summary.json").read_text())
+        assert (summary["precision/compute"], summary["precision/trainable_params"],
+                summary["precision/mixed_by"]) == ("bf16", "fp32", "fsdp mixed precision"), summary
+        assert len(train_losses(run)) == 3 and all(x == x for x in train_losses(run))  # finite, every step
+        predicted = summary["memory/predicted"]
+        for held in summary["memory/param_bytes_per_rank"]:
+            assert held == pytest.approx(predicted["parameters"], rel=0.02), (tuning, held, predicted)
+        for held in summary["memory/optimizer_bytes_per_rank"]:
+            assert held == pytest.approx(predicted["optimizer"], rel=0.02), (tuning, held, predicted)
+        if tuning == "full":
+            from scaletrain.export import shards_of
+
+            shards = shards_of(run / "final")  # 2 FSDP ranks write final/ together: a file each at least
+            assert len(shards) >= 2
+            final = {k: v for name in shards for k, v in load_file(run / "final" / name).items()}
+            assert {v.dtype for v in final.values()} == {torch.bfloat16}  # the checkpoint's dtype
+            assert summary["precision/final"] == "bf16"

@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from scaletrain.launch.cluster_auth import ask_dashboard, ask_gcs
+from scaletrain.launch.warm.cluster import _kill_group
 from tests.integration.test_cluster import _project  # the same project folder (relative data path)
 
 pytestmark = pytest.mark.ray
@@ -74,12 +74,9 @@ def token_head(tmp_path_factory):
             assert proc.poll() is None and time.time() < deadline, (temp.parent / f"{temp.name}.log").read_text()
             time.sleep(0.5)
         yield head
-    finally:  # this head's process group only: `ray stop` would stop every Ray here, the suite's own included
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    finally:  # this head's process group only, as `down` stops its own: `ray stop` would stop every Ray here
+        _kill_group(proc.pid, grace_s=30)
+        proc.wait(timeout=30)
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
 

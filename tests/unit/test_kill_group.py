@@ -3,16 +3,14 @@
 leader `ray start --block`, gcs_server, the autoscaler's monitor: measured with Ray 2.60, up 25 s after SIGTERM).
 A fake group stands in for Ray's: a leader that ignores SIGTERM and a child named like the process."""
 
-import os
 import subprocess
 import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 
-from scaletrain.launch.warm.cluster import _kill_group
+from scaletrain.launch.warm.cluster import _kill_group, _live_members
 
 pytestmark = pytest.mark.loop  # it starts processes
 
@@ -48,14 +46,7 @@ def _group(tmp_path, name: str, exit_after: float):
 
 
 def _alive(pgid: int) -> list[str]:
-    out = []
-    for p in psutil.process_iter(["name", "status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(p.info["name"])
-        except (OSError, psutil.Error):
-            continue
-    return out
+    return [p.info["name"] for p in _live_members(pgid)]
 
 
 def test_the_raylet_ends_on_its_own_then_what_never_does_is_killed(tmp_path):

@@ -14,7 +14,7 @@ from scaletrain.metrics.alerts import DataWait, LowGpuUtil, MemoryGrowth, Stragg
 from scaletrain.metrics.gpu import AmdSmiReader, NvmlReader
 from scaletrain.metrics.monitor import JsonlFollower, PrometheusSink, RunMonitor, check_sinks
 from scaletrain.metrics.records import JsonlSink
-from scaletrain.metrics.sampler import SystemSampler
+from scaletrain.metrics.sampler import CpuShare, SystemSampler
 from scaletrain.report.logscan import scan_logs
 
 
@@ -173,6 +173,27 @@ def test_sampler_values_are_plausible(tmp_path):
     for r in recs:
         assert 0 <= r["system/cpu_pct"] <= 100 * os.cpu_count() and r["memory/rss_gib"] > 0
         assert not any(k.startswith("gpu/") for k in r)  # CPU worker: absent, not zero
+
+
+def test_a_records_cpu_share_is_its_own_windows_whatever_the_sampler_thread_reads(tmp_path):
+    """The meter's CPU share (a straggler's host cause) once came from psutil's cpu_percent(None), whose window
+    starts at the previous call by anyone: taken just after the sampler thread's, it read 0% for a busy rank
+    and named the host as a slow device's cause (CI, stop 56)."""
+    import time
+
+    sampler = SystemSampler(JsonlSink(tmp_path / "m.jsonl"), rank=0, device="cpu", interval_s=0.001).start()
+    share = CpuShare()
+    end = time.perf_counter() + 0.3
+    while time.perf_counter() < end:  # busy, as a slow device's rank is
+        pass
+    busy = share.pct()
+    share.start()
+    time.sleep(0.3)
+    idle = share.pct()
+    sampler.stop()
+    assert sampler.samples > 10  # the thread read psutil's share all along
+    assert busy > 25 and idle < 10, (busy, idle)
+    assert "system/cpu_pct" not in sampler.sample(cpu=False)  # the meter's reading leaves psutil's to the thread
 
 
 def test_nvml_reader_with_fake():
@@ -438,7 +459,7 @@ def test_the_system_sampler_on_a_full_disk_says_so_once_and_raises_in_no_thread(
     import threading
     import time
 
-    from scaletrain.metrics.sampler import SystemSampler
+    from scaletrain.metrics.sampler import CpuShare, SystemSampler
 
     class FullDisk:
         def write(self, record):

@@ -30,11 +30,14 @@ class SystemSampler:
         self._thread.start()
         return self
 
-    def sample(self) -> dict[str, float]:
-        # psutil's reading over a short window can overshoot; a process cannot use more than every core.
-        out = {"system/cpu_pct": min(self.proc.cpu_percent(None), 100.0 * (psutil.cpu_count() or 1)),
-               "memory/rss_gib": self.proc.memory_info().rss / GIB,
+    def sample(self, cpu: bool = True) -> dict[str, float]:
+        """The readings now; ``cpu=False`` leaves out the CPU share, which psutil measures since its previous
+        call: only this sampler's thread may take it, or a second caller's reading covers a window of a few
+        microseconds (0%) and shortens the thread's."""
+        out = {"memory/rss_gib": self.proc.memory_info().rss / GIB,
                "memory/host_used_pct": psutil.virtual_memory().percent}
+        if cpu:  # psutil's reading over a short window can overshoot; a process cannot use more than every core
+            out["system/cpu_pct"] = min(self.proc.cpu_percent(None), 100.0 * (psutil.cpu_count() or 1))
         if self.device.startswith("cuda"):
             import torch
 
@@ -65,6 +68,22 @@ class SystemSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+class CpuShare:
+    """A process's CPU use over a window of its own, in percent of one core: the CPU seconds of every thread
+    (``time.process_time``) over the wall seconds since ``start``. Unlike psutil's ``cpu_percent(None)`` it keeps
+    no state shared with another reader, so a sampler thread cannot shorten its window."""
+
+    def __init__(self):
+        self.start()
+
+    def start(self) -> None:
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+
+    def pct(self) -> float:
+        wall = time.perf_counter() - self.wall0
+        return 100.0 * (time.process_time() - self.cpu0) / wall if wall > 0 else 0.0
 
 
 class TreeMemory:

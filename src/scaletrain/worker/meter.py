@@ -11,7 +11,7 @@ from scaletrain.config.batch import global_batch
 from scaletrain.metrics.experts import router_health
 from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
 from scaletrain.metrics.records import JsonlSink
-from scaletrain.metrics.sampler import SystemSampler
+from scaletrain.metrics.sampler import CpuShare, SystemSampler
 from scaletrain.worker.breakdown import shares
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum
 from scaletrain.worker.step_check import due
@@ -47,10 +47,12 @@ class Meter:
         self.samples_total = self.tokens_total = 0.0
         self.last_wait = 0.0
         self.nodes = _nodes(self.ctx)  # each rank's host, for naming a straggler's node
+        self.cpu = CpuShare()  # the process's CPU share over each record's window: a straggler's host cause
         self._reset()
 
     def _reset(self):
         self.t0 = time.perf_counter()
+        self.cpu.start()
         self.loss = self.samples = self.tokens = self.positions = self.wait = self.ready = 0.0
         self.steps = 0
 
@@ -100,7 +102,7 @@ class Meter:
         loss, samples, tokens, positions, *pref = all_reduce_sum(
             [self.loss, self.samples, self.tokens, self.positions, *self.t.objective_sums, *router], self.ctx.device)
         pref, router_totals = pref[:len(pref) - len(router)], pref[len(pref) - len(router):]
-        system = self.sampler.sample()
+        system = {**self.sampler.sample(cpu=False), "system/cpu_pct": self.cpu.pct()}
         per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
                                       self.tokens, self.ready / self.steps, system["system/cpu_pct"]], self.ctx.device)
         rank_tokens = [r[3] for r in per_rank]

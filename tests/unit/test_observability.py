@@ -459,7 +459,7 @@ def test_the_system_sampler_on_a_full_disk_says_so_once_and_raises_in_no_thread(
     import threading
     import time
 
-    from scaletrain.metrics.sampler import CpuShare, SystemSampler
+    from scaletrain.metrics.sampler import SystemSampler
 
     class FullDisk:
         def write(self, record):

@@ -27,13 +27,14 @@ def _resume_cli(run_dir, *overrides):
 @pytest.fixture(scope="module")
 def cut_fsdp_run(tmp_path_factory, ray_local):
     """An uninterrupted 2-worker FSDP run and the same run cut at step 7 (rank 1 dies after step-6 was saved),
-    shared by the resumes below (each resumes its own copy)."""
+    shared by the resumes below (each resumes its own copy). Both under torchrun (a job starts in about half a Ray
+    one's time; what they save does not depend on the launcher): the resumes run on Ray."""
     import os
 
     from scaletrain.errors import TrainingError
 
     tmp_path = tmp_path_factory.mktemp("cut")
-    common = dict(strategy="fsdp", steps=12, batch=2, gradient_accumulation_steps=2, save_steps=6)
+    common = dict(strategy="fsdp", steps=12, batch=2, gradient_accumulation_steps=2, save_steps=6, launcher="torchrun")
     reference = train_losses(_run(tmp_path, "ref", **common))
     os.environ["SCALETRAIN_FAULTS"] = "exit:1:7"
     try:
@@ -56,8 +57,10 @@ def test_a_sharded_checkpoint_resumes_on_another_world_size_with_the_same_steps(
     assert [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")] == ["step-6"]
     assert sorted(p.name for p in (run / "checkpoints" / "step-6" / "state").glob("*.distcp")) == \
         ["__0_0.distcp", "__1_0.distcp"]  # a shard per rank
-    halves = ["scaling.resources_per_worker={'CPU': 0.5}"] if workers == 4 else []  # 4 workers on 2 cores
-    _resume_cli(run, f"scaling.num_workers={workers}", *halves)
+    # 4 workers on 2 cores: Ray's fractional CPUs (torchrun refuses more processes than cores); 1 under torchrun
+    on = ["scaling.launcher=ray", "scaling.resources_per_worker={'CPU': 0.5}"] if workers == 4 else \
+        ["scaling.launcher=torchrun"]
+    _resume_cli(run, f"scaling.num_workers={workers}", *on)
     log = (run / "logs" / "main.log").read_text()
     assert "resume: from step-6: step 6" in log and f"{workers} worker(s)" in log
     by_step = _losses_by_step(run)
@@ -79,7 +82,7 @@ def _losses_by_step(run):
 
 def test_async_save_writes_the_same_checkpoints_and_resumes_exactly(tmp_path, ray_local, no_orphans):
     common = dict(strategy="fsdp", steps=8, save_steps=4)
-    sync = _run(tmp_path, "sync", **common)
+    sync = _run(tmp_path, "sync", launcher="torchrun", **common)  # the reference: any launcher, the faster one
     run = _run(tmp_path, "async", async_save=True, tokenize_on="cluster", overwrite_cache=True, **common)
     # tokenized by Ray tasks (joined before the data is prepared), into the same data: the same losses below
     assert "Ray tasks on 1 node(s)" in (run / "logs" / "main.log").read_text()
@@ -106,7 +109,8 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     Every step's loss equals the fixed 2-worker run's: the same samples (each once), global batch and LR
     schedule. The elastic run's rank 0 is made 400 ms slower a step (a `slow` fault: the losses do not change) so
     that its 160 steps outlast the shrink and the grow-back, 12-35 s after the node returns (~step 30, at most ~90
-    on a slower machine, whose steps are slower too), by a wide margin; the fixed reference runs at full speed."""
+    on a slower machine, whose steps are slower too), by a wide margin; the fixed reference runs at full speed
+    (under torchrun: any launcher gives the same curve, test_torchrun.py)."""
     import os
     import sys
 
@@ -114,7 +118,7 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     # enough data and a gentle LR that the run learns rather than memorises: memorising 400 examples for 30
     # epochs amplifies float rounding (the order of a 2-term sum) into 1e-1 loss differences within 100 steps
     common = dict(steps=steps, batch=2, save_steps=5, rows=4000, learning_rate=5e-4)
-    fixed = _losses_by_step(_run(tmp_path, "fixed", workers=2, **{**common, "save_steps": 0}))
+    fixed = _losses_by_step(_run(tmp_path, "fixed", workers=2, launcher="torchrun", **{**common, "save_steps": 0}))
     cfg = {
         "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},
         "data": {"train_file": str(tmp_path / "sft-4000.jsonl"), "eval_ratio": 0.02, "max_length": 64,

@@ -63,10 +63,12 @@ def _when_step(run_dir: Path, step: int, action, timeout=240):
 
 @pytest.fixture(scope="module")
 def reference(demo_dir, tmp_path_factory, ray_local):
-    """An uninterrupted 2-worker run to compare final weights with (run once for the module)."""
+    """An uninterrupted 2-worker run to compare final weights with (run once for the module), under torchrun: the
+    same weights to the bit as on Ray (the loop does not depend on the launcher), from a job that starts in about
+    half a Ray one's time."""
     tmp_path = tmp_path_factory.mktemp("reference")
     cfg = _cfg(classify_dict(demo_dir, tmp_path), tmp_path, "ref", train={"max_steps": 24, "logging_steps": 1},
-               checkpoint={"save_steps": 4, "save_total_limit": 2})
+               checkpoint={"save_steps": 4, "save_total_limit": 2}, scaling={"launcher": "torchrun"})
     return _weights(_run(cfg, tmp_path).run_dir)
 
 

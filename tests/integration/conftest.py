@@ -24,15 +24,29 @@ def ray_local():
     ray.shutdown()
 
 
+# Set in the environment of a `ray_head` test's own head: its processes (and the Ray Train workers its raylet
+# starts, which inherit it) run beside the suite's Ray under make test, and are not the suite's orphans.
+OWN_HEAD = "SCALETRAIN_TEST_OWN_HEAD"
+
+
+def _own_head(p: psutil.Process) -> bool:
+    try:
+        return OWN_HEAD in p.environ()
+    except psutil.Error:  # it ended meanwhile, or is not ours to read
+        return False
+
+
 @pytest.fixture
 def no_orphans(ray_local):
-    """After the test, no Ray Train worker process of ours is left behind."""
+    """After the test, no Ray Train worker process of ours is left behind (a `ray_head` test's head, running on the
+    other pytest worker meanwhile, has its own)."""
     yield
     import time
 
     deadline = time.time() + 20
     while time.time() < deadline:
-        left = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+        left = [p for p in psutil.process_iter(["cmdline"])
+                if "RayTrainWorker" in " ".join(p.info["cmdline"] or []) and not _own_head(p)]
         if not left:
             return
         time.sleep(0.5)

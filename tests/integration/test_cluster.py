@@ -13,13 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.ray
+from tests.integration.conftest import OWN_HEAD
+
+# Its own head, apart from the suite's Ray: it runs beside the `ray` tests under make test (tests/README.md)
+pytestmark = pytest.mark.ray_head
 
 DASHBOARD = "http://127.0.0.1:8265"
 # Where the warm cluster keeps its state (scaletrain's state file and fork-server log, Ray's temp dir and its
 # ray_current_cluster): TMPDIR, a folder of this test's own. Under pytest -n 2 another test's run goes on meanwhile:
 # with the machine's /tmp it would join this cluster (its driver forked by this fork server) and die at `down`.
-_PRIVATE: dict[str, str] = {}
+# OWN_HEAD: the suite's orphan check (no_orphans) leaves this head's workers alone.
+_PRIVATE: dict[str, str] = {OWN_HEAD: "1"}
 
 
 def _cli(*args, cwd=None, timeout=300):

@@ -20,9 +20,11 @@ import yaml
 
 from scaletrain.launch.cluster_auth import ask_dashboard, ask_gcs
 from scaletrain.launch.warm.cluster import _kill_group
+from tests.integration.conftest import OWN_HEAD
 from tests.integration.test_cluster import _project  # the same project folder (relative data path)
 
-pytestmark = pytest.mark.ray
+# Its own head, apart from the suite's Ray: it runs beside the `ray` tests under make test (tests/README.md)
+pytestmark = pytest.mark.ray_head
 
 TOKEN = secrets.token_hex(32)
 RAY_VARIABLES = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -38,7 +40,8 @@ def _env(home: Path, **extra) -> dict:
     """This process's environment as a user's shell would have it: a home of its own, none of Ray's variables
     (the test session's own Ray set RAY_AUTH_MODE here), this venv's commands first on PATH."""
     env = {k: v for k, v in os.environ.items() if k not in RAY_VARIABLES}
-    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", **extra)
+    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+               **{OWN_HEAD: "1"}, **extra)  # the suite's orphan check (no_orphans) leaves this head's workers alone
     return env
 
 

@@ -134,27 +134,49 @@ def lora_run_dir(root: Path, lora_std: float):
     return base, run, adapted
 
 
-def run_own_group(args: list[str], timeout: float, **kwargs):
-    """``subprocess.run(args, capture_output=True, text=True)`` in a process group of its own, killed whole when the
-    timeout passes: a harness that starts a Ray cluster (raylets, GCS, training workers) leaves nothing running
-    behind for the tests after it, which would run slower for the rest of the suite. The timeout is a failure with
-    the output so far."""
-    import signal
-    import subprocess
+# Set in the environment of a Ray head a test starts apart from the suite's shared Ray (a `ray_head` test, a
+# simulated cluster): the head's processes, and the Ray Train workers its raylet starts, inherit it; the suite's
+# orphan check (no_orphans) leaves them alone while they run beside it under make test.
+OWN_HEAD = "SCALETRAIN_TEST_OWN_HEAD"
 
+
+def run_own_group(args: list[str], timeout: float, env: dict | None = None):
+    """``subprocess.run(args, capture_output=True, text=True)`` for a harness that starts a Ray cluster of its own
+    (raylets, GCS, training workers): in a session and a TMPDIR of its own, marked OWN_HEAD. Ray keeps its sessions
+    and the address file a ray.init() without an address looks for (ray_current_cluster) under TMPDIR, so no other
+    test's Ray joins this cluster, and it can run beside the shared Ray. What is left of its session when it ends,
+    or when the timeout passes (a failure with the output so far), is killed: nothing runs on behind it."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    env = {**(os.environ if env is None else env), "TMPDIR": private, OWN_HEAD: "1"}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **kwargs)
+                            env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_session(proc.pid)
         out, err = proc.communicate()
-        pytest.fail(f"{args[1] if len(args) > 1 else args[0]}: still running after {timeout:.0f} s; its process "
-                    f"group was killed\n{out[-2000:]}\n{err[-3000:]}")
+        pytest.fail(f"{args[1] if len(args) > 1 else args[0]}: still running after {timeout:.0f} s; its session "
+                    f"was killed\n{out[-2000:]}\n{err[-3000:]}")
+    finally:
+        _kill_session(proc.pid)
+        shutil.rmtree(private, ignore_errors=True)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (Ray's own start in process groups of their own, in the session)."""
+    import psutil
+
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                p.kill()
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
 
 
 def make_bucket(endpoint: str, name: str) -> str:

@@ -4,6 +4,8 @@ import os
 import psutil
 import pytest
 
+from tests.conftest import OWN_HEAD
+
 # Ray Train's controller polls its workers every 2 s by default, so a run's end (and a worker's failure) is seen
 # 1 s late on average: ~0.9 s of every one of the suite's ~60 Ray runs (measured, 4 runs each way). The suite
 # polls every 0.5 s; scaletrain keeps Ray's default, since the faster poll costs the controller ~0.9% of a core
@@ -24,11 +26,6 @@ def ray_local():
     ray.shutdown()
 
 
-# Set in the environment of a `ray_head` test's own head: its processes (and the Ray Train workers its raylet
-# starts, which inherit it) run beside the suite's Ray under make test, and are not the suite's orphans.
-OWN_HEAD = "SCALETRAIN_TEST_OWN_HEAD"
-
-
 def _own_head(p: psutil.Process) -> bool:
     try:
         return OWN_HEAD in p.environ()
@@ -38,8 +35,8 @@ def _own_head(p: psutil.Process) -> bool:
 
 @pytest.fixture
 def no_orphans(ray_local):
-    """After the test, no Ray Train worker process of ours is left behind (a `ray_head` test's head, running on the
-    other pytest worker meanwhile, has its own)."""
+    """After the test, no Ray Train worker process of ours is left behind (a head of a `ray_head` test or of a
+    simulated cluster, running on the other pytest worker meanwhile, has its own: OWN_HEAD)."""
     yield
     import time
 

@@ -22,7 +22,8 @@ from scaletrain.metrics.records import read_jsonl
 cfg = json.loads(Path(sys.argv[1]).read_text())
 run = Path(cfg["output"]["output_dir"]) / cfg["output"]["run_name"]
 groups = sys.argv[2:] == ["groups"]
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+# no dashboard: its port (8265) stays free for the warm cluster test_cluster.py may start meanwhile
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 node = cluster.add_node(num_cpus=1)
 if groups:
     cluster.add_node(num_cpus=1)

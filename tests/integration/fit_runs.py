@@ -40,3 +40,13 @@ def _run(tmp_path, name, model="builtin:tiny-llama", workers=2, steps=6, batch=2
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": name},
     })
     return run_job(cfg, tmp_path / f"{name}.yaml", show_progress=False).run_dir
+
+
+def _losses_by_step(run):
+    from scaletrain.metrics.records import read_jsonl
+
+    out = {}
+    for r in read_jsonl(run / "metrics.jsonl"):
+        if r["kind"] == "train":
+            out[r["step"]] = r["train/loss"]  # a step trained again after a restart: the last one counts
+    return out

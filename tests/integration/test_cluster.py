@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import OWN_HEAD
+from tests.conftest import OWN_HEAD
 
 # Its own head, apart from the suite's Ray: it runs beside the `ray` tests under make test (tests/README.md)
 pytestmark = pytest.mark.ray_head

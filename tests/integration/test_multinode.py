@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import make_bucket, run_own_group
 
-pytestmark = pytest.mark.ray
+# a simulated cluster in a harness of its own session and TMPDIR (run_own_group), apart from the suite's Ray
+pytestmark = pytest.mark.ray_head
 
 
 def test_strict_spread_over_two_nodes(classify_cfg, tmp_path, s3_server):

@@ -20,7 +20,7 @@ import yaml
 
 from scaletrain.launch.cluster_auth import ask_dashboard, ask_gcs
 from scaletrain.launch.warm.cluster import _kill_group
-from tests.integration.conftest import OWN_HEAD
+from tests.conftest import OWN_HEAD
 from tests.integration.test_cluster import _project  # the same project folder (relative data path)
 
 # Its own head, apart from the suite's Ray: it runs beside the `ray` tests under make test (tests/README.md)

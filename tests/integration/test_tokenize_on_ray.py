@@ -11,7 +11,8 @@ import pytest
 from scaletrain.data.spread import PARALLEL_ROWS
 from tests.conftest import run_own_group
 
-pytestmark = pytest.mark.ray
+# a simulated cluster in a harness of its own session and TMPDIR (run_own_group), apart from the suite's Ray
+pytestmark = pytest.mark.ray_head
 
 
 def test_ray_tasks_on_two_nodes_write_the_cache_the_driver_writes(tmp_path):

@@ -8,7 +8,8 @@ from ray.cluster_utils import Cluster
 
 @contextlib.contextmanager
 def two_node_cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # no dashboard: its port (8265) stays free for the warm cluster test_cluster.py may start meanwhile
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False)
     try:

@@ -5,6 +5,7 @@ logs, stop one mid-run, list), and `down` stops exactly what `up` started."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scaletrain.launch.submit import AGENT_PORT
 from tests.conftest import OWN_HEAD
 
 # Its own head, apart from the suite's Ray: it runs beside the `ray` tests under make test (tests/README.md)
@@ -43,9 +45,18 @@ def warm_cluster(monkeypatch):
     monkeypatch.setitem(_PRIVATE, "TMPDIR", private)
     monkeypatch.setattr(tempfile, "tempdir", private)  # forkserver_log() read in this process
     _cli("down")
+    # Ray's default port of the dashboard agent (which runs submitted jobs) held, as another Ray on the machine
+    # holds it (the suite's own Ray may run meanwhile): `up` starts its agent elsewhere, or no job would run
+    blocker = socket.socket()
+    try:
+        blocker.bind(("", AGENT_PORT))
+        blocker.listen()
+    except OSError:  # held already
+        pass
     up = _cli("up", "--num-cpus", "2")
     assert up.returncode == 0, up.stderr
     yield up
+    blocker.close()
     down = _cli("down")
     assert "stopped the local Ray cluster at " in down.stderr + down.stdout
     shutil.rmtree(private, ignore_errors=True)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scaletrain import envvars
+from scaletrain.comm.ports import free_port
 from scaletrain.errors import LaunchError
 
 GCS_PORT = 6380  # not Ray's default 6379: a user's own `ray start --head` keeps its port
@@ -119,9 +120,13 @@ def up(num_cpus: int | None, num_gpus: int | None) -> tuple[Cluster, bool]:
     from ray.util import get_node_ip_address
 
     node_ip = get_node_ip_address()
+    # The dashboard agent (which runs submitted jobs) on a free port, not Ray's fixed 52365: another Ray on this
+    # machine (a notebook's ray.init(), a second head) holds that one, and this head's agent would never come up
+    # (submit: "the head has no job agent"). The dashboard finds its agent's port through the GCS.
     cmd = [_ray_cli(), "start", "--head", f"--node-ip-address={node_ip}", f"--port={GCS_PORT}",
            f"--num-cpus={cpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-           f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats"]
+           f"--dashboard-port={DASHBOARD_PORT}", f"--dashboard-agent-listen-port={free_port()}",
+           "--disable-usage-stats"]
     if num_gpus is not None:
         cmd.append(f"--num-gpus={num_gpus}")
     # --block in a session of its own: `down` stops exactly these processes (`ray stop` would stop every Ray

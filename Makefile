@@ -23,11 +23,11 @@ demo: install
 
 # -rs: every skipped test says why at the end of the run; --durations=10: the slowest ten; the time at the end.
 PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
-# make test: two pytest workers (-n 2 --dist loadgroup). The Ray tests keep to one of them (tests/conftest.py) and
-# spend much of their time waiting (worker start-up, rendezvous, Ray's actors: even on two workers the 2 cores were
-# busy 41% of the time), so the other tiers run beside them. The Ray group is the longer one (2026-12-05: it ended at
-# 1917 s, the other worker at 1283 s): a test that needs no Ray runs under torchrun, outside it. The quick tiers
-# are CPU-bound and keep one worker (make test-fast took 245 s on two against ~200 s on one).
+# make test: two pytest workers (-n 2 --dist loadgroup). The tests on the suite's shared Ray keep to one of them
+# (tests/conftest.py); the rest, heads of their own (ray_head) included, run beside them. A test that needs no Ray
+# runs under torchrun. 2026-12-05: the Ray group ends at ~1010 s and both workers at ~1690 s, with the 2 cores 97%
+# busy: the suite is CPU-bound (three workers: 1680 s, 99% busy). The quick tiers are CPU-bound and keep one
+# worker (make test-fast took 245 s on two against ~200 s on one).
 PARALLEL = -n 2 --dist loadgroup
 timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 

@@ -76,3 +76,18 @@ def test_mid_run_evals_and_checkpoints_stay_out_of_step_time_and_throughput(clas
     assert all(steps < wall - 0.8 * pause for _, steps, wall, pause in checked), checked
     kinds = {r["kind"] for r in records}
     assert {"eval", "checkpoint"} <= kinds and all("train/grad_norm" in r for r in records if r["kind"] == "train")
+
+
+@pytest.mark.loop
+def test_a_training_ranks_cpu_share_is_read_over_its_records_window(classify_cfg, tmp_path):
+    """The share that names a straggler's host cause: a rank that trains is busy in every record, however often the
+    system sampler's thread reads psutil meanwhile (every 1 ms here: a reading taken just after it covered
+    microseconds and read 0%, CI stop 56)."""
+    classify_cfg["train"].update(max_steps=12, logging_steps=1)
+    classify_cfg["monitor"] = {"interval_s": 0.001}
+    _, _, spec = local_spec(classify_cfg, tmp_path / "run")
+    run_in_process(spec)
+    train = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    shares = [r["ranks/cpu_pct"][0] for r in train]
+    assert len(shares) == 12 and all(s > 20 for s in shares), shares
+    assert all(r["system/cpu_pct"] == r["ranks/cpu_pct"][0] for r in train)

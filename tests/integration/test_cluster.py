@@ -2,6 +2,7 @@
 two runs in a row join it (fresh workers each), jobs go through Ray's Job Submission API (submit, follow the
 logs, stop one mid-run, list), and `down` stops exactly what `up` started."""
 
+import contextlib
 import json
 import os
 import re
@@ -47,16 +48,13 @@ def warm_cluster(monkeypatch):
     _cli("down")
     # Ray's default port of the dashboard agent (which runs submitted jobs) held, as another Ray on the machine
     # holds it (the suite's own Ray may run meanwhile): `up` starts its agent elsewhere, or no job would run
-    blocker = socket.socket()
-    try:
-        blocker.bind(("", AGENT_PORT))
-        blocker.listen()
-    except OSError:  # held already
-        pass
-    up = _cli("up", "--num-cpus", "2")
-    assert up.returncode == 0, up.stderr
-    yield up
-    blocker.close()
+    with socket.socket() as blocker:
+        with contextlib.suppress(OSError):  # held already
+            blocker.bind(("", AGENT_PORT))
+            blocker.listen()
+        up = _cli("up", "--num-cpus", "2")
+        assert up.returncode == 0, up.stderr
+        yield up
     down = _cli("down")
     assert "stopped the local Ray cluster at " in down.stderr + down.stdout
     shutil.rmtree(private, ignore_errors=True)

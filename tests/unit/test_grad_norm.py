@@ -1,5 +1,5 @@
 """train/grad_norm: the norm clip_grad_norm_ computes (before clipping), logged; alerts on spikes and NaN/Inf;
-throughput measures training only (no dip after an eval or a checkpoint)."""
+throughput measures training only (no dip after an eval or a checkpoint); each rank's CPU share is its window's."""
 
 import copy
 import math

@@ -183,6 +183,7 @@ class AlertsConfig(_Section):
     gpu_util_min_pct: float = Field(10.0, ge=0, le=100)
     gpu_util_intervals: int = Field(3, ge=1)  # consecutive system samples below the minimum
     straggler_factor: float = Field(1.5, ge=0)  # a rank's step time above this x the median of ranks
+    straggler_records: int = Field(3, ge=1)  # for this many train records in a row (one slow step is noise)
     throughput_drop_pct: float = Field(50.0, ge=0, lt=100)  # samples/s below this % of its running median
     memory_growth_pct: float = Field(25.0, ge=0)  # RSS or device memory grew steadily by more than this %
     data_wait_pct: float = Field(30.0, ge=0, le=100)  # share of step time spent waiting for data

@@ -88,13 +88,15 @@ class Straggler(Rule):
     in synchronous training every rank's step time is the slowest one's, so step times cannot tell), named with
     its node, what the others wait, and the cause: its data (more tokens than the others: padding imbalance), its
     input pipeline (it waits for batches), its host (its process gets less CPU than the others': other processes
-    compete) or else its device (the same work takes it longer)."""
+    compete) or else its device (the same work takes it longer). A rank is a straggler once it has been late for
+    ``records`` train records in a row: one late step (a collector pause, a busy host for a moment) is noise."""
 
     name = "straggler"
 
-    def __init__(self, factor: float):
-        self.factor = factor
+    def __init__(self, factor: float, records: int = 3):
+        self.factor, self.records = factor, records
         self.episodes: dict[int, Episode] = {}
+        self.late: dict[int, int] = {}  # each rank's train records in a row above the threshold
 
     def observe(self, r: dict) -> list[Alert]:
         times = r.get("ranks/ready_s") or r.get("ranks/step_s")
@@ -103,8 +105,8 @@ class Straggler(Rule):
         median = statistics.median(times)
         out = []
         for rank, t in enumerate(times):
-            slow = median > 0 and t > self.factor * median
-            if self.episodes.setdefault(rank, Episode()).starts(slow):
+            self.late[rank] = self.late.get(rank, 0) + 1 if median > 0 and t > self.factor * median else 0
+            if self.episodes.setdefault(rank, Episode()).starts(self.late[rank] >= self.records):
                 nodes = r.get("ranks/node") or []
                 where = f" on node {nodes[rank]}" if rank < len(nodes) else ""
                 step_s = r.get("time/step_s") or 0.0
@@ -113,7 +115,8 @@ class Straggler(Rule):
                 what = "reaches the gradient sync after" if "ranks/ready_s" in r else "takes"
                 out.append(Alert(self.name, f"rank {rank}{where} is a straggler: it {what} {t:.3f} s vs the "
                                             f"median rank's {median:.3f} s ({t / median:.1f}x, threshold "
-                                            f"{self.factor:g}x){waited}{self._cause(r, rank)}",
+                                            f"{self.factor:g}x, {self.records} records in a row){waited}"
+                                            f"{self._cause(r, rank)}",
                                  step=r.get("step"), rank=rank))
         return out
 
@@ -327,7 +330,8 @@ class ExpertStarved(Rule):
 
 
 def build_rules(cfg: AlertsConfig) -> list[Rule]:
-    return [LowGpuUtil(cfg.gpu_util_min_pct, cfg.gpu_util_intervals), Straggler(cfg.straggler_factor),
+    return [LowGpuUtil(cfg.gpu_util_min_pct, cfg.gpu_util_intervals),
+            Straggler(cfg.straggler_factor, cfg.straggler_records),
             ThroughputDrop(cfg.throughput_drop_pct), MemoryGrowth(cfg.memory_growth_pct), DataWait(cfg.data_wait_pct),
             GradNormSpike(cfg.grad_norm_spike), PreferenceHealth(cfg.pref_accuracy_stuck, cfg.pref_margin_max),
             ExpertStarved(cfg.expert_starved_share, cfg.expert_starved_records)]

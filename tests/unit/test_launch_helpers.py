@@ -19,7 +19,8 @@ from scaletrain.errors import LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import training_error
 from scaletrain.launch.torchrun_launcher import TorchrunNode, failures_from_logs, read_spec, write_spec
-from scaletrain.worker.faults import Fault, parse_faults
+from scaletrain.worker import faults as faults_module
+from scaletrain.worker.faults import Fault, delay_s, maybe_fire, parse_faults
 from scaletrain.worker.spec import JobSpec
 
 
@@ -54,6 +55,22 @@ def test_spec_roundtrip_with_faults(tmp_path):
                    vocab_size=10, backend="gloo", total_steps=5, learning_rate=0.1, faults=parse_faults("exit:1:3:2"))
     assert read_spec(write_spec(spec, tmp_path / "launch.json")) == spec
     assert spec.faults == (Fault("exit", 1, 3, 2),)
+
+
+def test_slow_and_pause_lengthen_every_step_from_theirs_on_and_never_fire(tmp_path, monkeypatch):
+    """``slow`` (a busy device) and ``pause`` (asleep: no CPU spent) add their milliseconds to each step of their
+    rank from their step on; at their step nothing fires (no marker, no hang)."""
+    faults = parse_faults("slow:1:3:250,pause:0:2:400")
+    assert [delay_s(faults, 1, s) for s in (2, 3, 9)] == [0.0, 0.25, 0.25]
+    assert [delay_s(faults, 0, s, "pause") for s in (1, 2, 9)] == [0.0, 0.4, 0.4]
+    assert delay_s(faults, 0, 9) == 0.0 and delay_s(faults, 1, 9, "pause") == 0.0
+
+    def no_hang(_s):
+        raise AssertionError("a delay fault fired as a hang")
+
+    monkeypatch.setattr(faults_module.time, "sleep", no_hang)
+    assert maybe_fire(faults, str(tmp_path), 0, 2) is False and maybe_fire(faults, str(tmp_path), 1, 3) is False
+    assert not (tmp_path / "faults").exists()
 
 
 def test_torchrun_failures_are_grouped_across_ranks_and_worded_like_ray_ones(tmp_path):

@@ -3,8 +3,10 @@
 KIND is ``raise`` (an exception), ``exit`` (the process dies with SIGKILL, like an OOM kill), ``hang`` (the rank
 sleeps forever before its next collective), ``nan`` (that step's loss becomes NaN), ``ioerror`` (the rank's
 next checkpoint write fails midway with an I/O error), ``slow`` (a straggler: from STEP on, the rank's every step
-takes TIMES milliseconds longer, as a slow device's would: ``slow:1:5:300``) or ``ecc`` (an exception as a GPU
-whose uncorrectable ECC errors rose would raise it: the failure is reported as a likely hardware fault).
+takes TIMES milliseconds longer, as a slow device's would: ``slow:1:5:300``), ``pause`` (from STEP on, the rank
+sleeps TIMES milliseconds before each step: a run made longer at no CPU cost, for drills that need time, as the
+elastic test's shrink and grow-back) or ``ecc`` (an exception as a GPU whose uncorrectable ECC errors rose would
+raise it: the failure is reported as a likely hardware fault).
 A fault fires at the start of optimizer step STEP on rank RANK, at most TIMES times per run (counted in
 ``faults/`` of the run directory, so a restarted worker group does not fire it again unless TIMES allows).
 """
@@ -21,8 +23,9 @@ from pathlib import Path
 from scaletrain.errors import ConfigError
 
 log = logging.getLogger("scaletrain.faults")
-KINDS = ("raise", "exit", "hang", "nan", "ioerror", "slow", "ecc")
+KINDS = ("raise", "exit", "hang", "nan", "ioerror", "slow", "pause", "ecc")
 ARMED = ("nan", "ioerror")  # kinds that change what the step does rather than end it: maybe_fire(only=KIND)
+DELAYS = ("slow", "pause")  # kinds that lengthen every step from theirs on (delay_s), never fired
 
 
 class InjectedFault(RuntimeError):
@@ -59,9 +62,9 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
-def delay_s(faults: tuple[Fault, ...], rank: int, step: int) -> float:
-    """The extra seconds a ``slow`` fault adds to this rank's step (0: none)."""
-    return sum(f.times / 1000 for f in faults if f.kind == "slow" and f.rank == rank and step >= f.step)
+def delay_s(faults: tuple[Fault, ...], rank: int, step: int, kind: str = "slow") -> float:
+    """The extra seconds a ``slow`` (busy) or ``pause`` (asleep) fault adds to this rank's step (0: none)."""
+    return sum(f.times / 1000 for f in faults if f.kind == kind and f.rank == rank and step >= f.step)
 
 
 def chaos_faults(kills: int, mtbf_steps: float, seed: int, target: str, total_steps: int, world_size: int,
@@ -93,7 +96,7 @@ def maybe_fire(faults: tuple[Fault, ...], run_dir: str, rank: int, step: int, on
     """Fire the faults due now. ``only="nan"`` / ``"ioerror"`` handles that kind (returns True: poison this step's
     loss, fail the next checkpoint write); otherwise the other kinds, which raise, die or hang."""
     for f in faults:
-        if f.kind == "slow" or f.rank != rank or f.step != step or (f.kind in ARMED and f.kind != only) or (
+        if f.kind in DELAYS or f.rank != rank or f.step != step or (f.kind in ARMED and f.kind != only) or (
                 f.kind not in ARMED and only is not None):
             continue
         marker = Path(run_dir) / "faults" / f"{f.kind}-rank{rank}-step{step}"

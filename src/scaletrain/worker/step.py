@@ -121,6 +121,8 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
     started = time.perf_counter()
     if slow := delay_s(t.spec.faults, t.ctx.world_rank, step):  # fault injection: a straggler's slow device
         _busy(slow)
+    if pause := delay_s(t.spec.faults, t.ctx.world_rank, step, "pause"):  # fault injection: a longer run
+        time.sleep(pause)
     token_mean = t.cfg.model.task == "causal-lm" and t.cfg.train.stage == "sft"
     if t.ctx.cp_size > 1:  # this rank's share of every sequence (labels shifted before the split)
         window = [shard(t, b) for b in window]

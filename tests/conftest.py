@@ -138,6 +138,8 @@ def lora_run_dir(root: Path, lora_std: float):
 # simulated cluster): the head's processes, and the Ray Train workers its raylet starts, inherit it; the suite's
 # orphan check (no_orphans) leaves them alone while they run beside it under make test.
 OWN_HEAD = "SCALETRAIN_TEST_OWN_HEAD"
+# =1: the suite's shared Ray starts its workers the plain way, not forked pre-imported (tests/integration/conftest.py)
+PLAIN_WORKERS = "SCALETRAIN_TEST_PLAIN_WORKERS"
 
 
 def run_own_group(args: list[str], timeout: float, env: dict | None = None):

@@ -1,10 +1,16 @@
 import logging
 import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import OWN_HEAD
+from tests.conftest import OWN_HEAD, PLAIN_WORKERS
 
 # Ray Train's controller polls its workers every 2 s by default, so a run's end (and a worker's failure) is seen
 # 1 s late on average: ~0.9 s of every one of the suite's ~60 Ray runs (measured, 4 runs each way). The suite
@@ -14,16 +20,65 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """One local Ray instance shared by every integration test (start-up costs ~20 s here)."""
-    import os
-
+def ray_local(tmp_path_factory):
+    """One local Ray instance shared by every integration test (start-up costs ~20 s here), its workers forked
+    pre-imported (_fork_server)."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    server, runtime_env = _fork_server(tmp_path_factory.mktemp("forkserver"))
     import ray
 
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
+             **({"runtime_env": runtime_env} if runtime_env else {}))
     yield ray
     ray.shutdown()
+    if server is not None:
+        os.killpg(server.pid, signal.SIGKILL)  # the server and any child it forked: a session of their own
+        _say_plain_starts(Path(runtime_env["py_executable"].split()[-1]).with_name("server.log"))
+
+
+def _say_plain_starts(log: Path) -> None:
+    """A warning in the session's summary when some of the shared Ray's processes were not forked (each such
+    process costs the suite seconds of imports), with the server's reasons: a regression shows, it does not hide."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    plain = sorted({ln for ln in lines if ln.startswith("exec:")})
+    if plain:
+        forked = sum(ln.startswith("forked ") for ln in lines)
+        warnings.warn(f"the shared Ray's fork server forked {forked} process(es) and started "
+                      f"{sum(ln.startswith('exec:') for ln in lines)} plain ({'; '.join(plain)[:500]})", stacklevel=2)
+
+
+def _fork_server(tmp: Path) -> tuple[subprocess.Popen | None, dict | None]:
+    """The fork server `scaletrain up` starts beside its head (launch/warm/forkserver.py), started here beside the
+    shared Ray: every process of a job on it (Ray Train's controller and workers) is forked from one that has
+    imported torch, transformers and the worker loop, as on the warm cluster, instead of importing them again
+    (~4-5 CPU-seconds a process on this machine; test_train_ray.py alone: 115 -> 68 CPU-seconds, measured). The
+    worker loop is the same code either way; the `ray_head` tests' clusters start their workers the plain way,
+    and test_cluster.py checks that the warm cluster forks. PLAIN_WORKERS=1 turns it off. A worker whose
+    environment differs from the server's (a test's monkeypatched variable) starts plain: the server's log says
+    why."""
+    from scaletrain import envvars
+    from scaletrain.launch.warm import forkserver
+
+    if os.environ.get(PLAIN_WORKERS) == "1":
+        return None, None
+    sock = str(tmp / "server.sock")
+    # Ray 2.60 starts a local instance with token authentication, and its workers see RAY_AUTH_MODE=token: the
+    # server imports under that too (the token itself is read when Ray connects, after the fork)
+    env = {**envvars.WORKER_ENV_DEFAULTS, **os.environ, envvars.RAY_AUTH_MODE: "token"}
+    with open(tmp / "server.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", forkserver.MODULE, "--serve", sock], env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    deadline = time.time() + 120
+    while not forkserver.answers(sock):
+        if server.poll() is not None or time.time() > deadline:
+            warnings.warn(f"the fork server did not come up (see {tmp / 'server.log'}): Ray workers start plain",
+                          stacklevel=2)
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+            return None, None
+        time.sleep(0.2)
+    return server, {"py_executable": forkserver.command(sock), "env_vars": dict(envvars.WORKER_ENV_DEFAULTS)}
 
 
 def _own_head(p: psutil.Process) -> bool:

@@ -39,12 +39,16 @@ def steps_done() -> int:
 
 
 def trained_on_one() -> bool:
-    """A step trained by the shrunk group: the node is added back only then. Added as soon as the resize line is
-    written (while the 1-worker group is still restoring), Ray may replace that group with a 2-worker one before it
-    trains a step, and the run (rightly) records no 1-worker phase."""
+    """The shrunk group has trained a step past a checkpoint of its own: the node is added back only then. Added
+    sooner (while the 1-worker group restores, or before its first checkpoint), Ray may replace that group with a
+    2-worker one that resumes from the 2-worker checkpoint and trains its steps again (said as a resize from 1 to
+    2), and the run rightly records no 1-worker phase."""
+    save = cfg["checkpoint"]["save_steps"]
+    first_own = (events["removed_at_step"] // save + 1) * save  # the 1-worker group's first checkpoint
     try:
         records = read_jsonl(run / "metrics.jsonl")
-        return any(r.get("kind") == "train" and r.get("scaling/workers") == 1 for r in records)
+        return any(r.get("kind") == "train" and r.get("scaling/workers") == 1 and r["step"] > first_own
+                   for r in records)
     except (OSError, ValueError):
         return False
 

@@ -73,6 +73,35 @@ def test_slow_and_pause_lengthen_every_step_from_theirs_on_and_never_fire(tmp_pa
     assert not (tmp_path / "faults").exists()
 
 
+def test_a_resize_is_said_against_the_size_that_trained_last_not_only_the_checkpoints(tmp_path):
+    """Elastic: 2 workers save step-10, the node is lost, 1 worker trains steps 11-13 (accumulation 2), then the
+    node is back and 2 workers restore step-10 (saved by 2): a resize from 1 to 2 that trains 3 steps again, said;
+    a restart on the size that trained last says nothing; without records the checkpoint's size counts."""
+    from types import SimpleNamespace
+
+    from scaletrain.checkpoint.manager import Restored
+    from scaletrain.worker.resize import resize_note
+
+    cfg = validate({"model": {"name_or_path": "builtin:tiny-llama"}, "data": {"train_file": "x"},
+                    "train": {"per_device_train_batch_size": 2}, "scaling": {"num_workers": [1, 2]}})
+    metrics = tmp_path / "metrics.jsonl"
+
+    def note(world, records):
+        metrics.write_text("".join(json.dumps({"kind": "train", "time": 0.0, **r}) + "\n" for r in records))
+        t = SimpleNamespace(checkpointer=SimpleNamespace(restored=Restored(tmp_path / "step-10", 2, 1)),
+                            ctx=SimpleNamespace(world_size=world, is_main=True), cfg=cfg,
+                            run_dir=SimpleNamespace(metrics=metrics), progress=SimpleNamespace(step=10))
+        return resize_note(t)
+
+    two = [{"step": s, "scaling/workers": 2, "scaling/gradient_accumulation_steps": 1} for s in range(1, 11)]
+    one = [{"step": s, "scaling/workers": 1, "scaling/gradient_accumulation_steps": 2} for s in (11, 12, 13)]
+    grown = note(2, two + one)
+    assert grown.startswith("from 1 to 2 worker(s) at step 10 (elastic: more workers fit): "
+                            "gradient_accumulation_steps 2 -> 1, global batch 4; 3 step(s) trained again"), grown
+    assert note(1, two + one) is None  # the 1-worker group restarted as it was: no resize
+    assert note(1, []).startswith("from 2 to 1 worker(s)")  # nothing trained yet: the checkpoint's size
+
+
 def test_torchrun_failures_are_grouped_across_ranks_and_worded_like_ray_ones(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -113,7 +113,9 @@ class Meter:
         self.tokens_total += tokens
         record = {
             "kind": "train", "step": progress.step, "epoch": progress.epoch, "total_steps": self.spec.total_steps,
-            "scaling/workers": self.t.ctx.world_size, "window_steps": self.steps,
+            "scaling/workers": self.t.ctx.world_size,
+            "scaling/gradient_accumulation_steps": self.t.cfg.train.gradient_accumulation_steps,
+            "window_steps": self.steps,
             "train/loss": loss / self.ctx.world_size / self.steps, "train/lr": self.t.lr,
             "train/grad_norm": self.t.grad_norm,
             "throughput/samples_per_s": samples / slowest, "throughput/tokens_per_s": tokens / slowest,

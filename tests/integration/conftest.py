@@ -1,9 +1,6 @@
 import logging
 import os
 import signal
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -21,19 +18,20 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 @pytest.fixture(scope="session")
 def ray_local(tmp_path_factory):
-    """One local Ray instance shared by every integration test (start-up costs ~20 s here), its workers forked
+    """One local Ray instance shared by every integration test (start-up costs ~20 s here), its processes forked
     pre-imported (_fork_server)."""
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    server, runtime_env = _fork_server(tmp_path_factory.mktemp("forkserver"))
+    log = tmp_path_factory.mktemp("forkserver") / "server.log"
+    pgid, runtime_env = _fork_server(log)
     import ray
 
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
              **({"runtime_env": runtime_env} if runtime_env else {}))
     yield ray
     ray.shutdown()
-    if server is not None:
-        os.killpg(server.pid, signal.SIGKILL)  # the server and any child it forked: a session of their own
-        _say_plain_starts(Path(runtime_env["py_executable"].split()[-1]).with_name("server.log"))
+    if pgid:
+        os.killpg(pgid, signal.SIGKILL)  # the server and any child it forked: a session of their own
+        _say_plain_starts(log)
 
 
 def _say_plain_starts(log: Path) -> None:
@@ -47,38 +45,27 @@ def _say_plain_starts(log: Path) -> None:
                       f"{sum(ln.startswith('exec:') for ln in lines)} plain ({'; '.join(plain)[:500]})", stacklevel=2)
 
 
-def _fork_server(tmp: Path) -> tuple[subprocess.Popen | None, dict | None]:
-    """The fork server `scaletrain up` starts beside its head (launch/warm/forkserver.py), started here beside the
-    shared Ray: every process of a job on it (Ray Train's controller and workers) is forked from one that has
-    imported torch, transformers and the worker loop, as on the warm cluster, instead of importing them again
-    (~4-5 CPU-seconds a process on this machine; test_train_ray.py alone: 115 -> 68 CPU-seconds, measured). The
-    worker loop is the same code either way; the `ray_head` tests' clusters start their workers the plain way,
-    and test_cluster.py checks that the warm cluster forks. PLAIN_WORKERS=1 turns it off. A worker whose
-    environment differs from the server's (a test's monkeypatched variable) starts plain: the server's log says
-    why."""
+def _fork_server(log: Path) -> tuple[int, dict | None]:
+    """The fork server `scaletrain up` starts beside its head (launch/warm/forkserver.py, started by the same
+    function), here beside the shared Ray: every process of a job on it (Ray Train's controller and workers) is
+    forked from one that has imported torch, transformers and the worker loop, as on the warm cluster, instead of
+    importing them again (~4-5 CPU-seconds a process on this machine; test_train_ray.py alone: 115 -> 68
+    CPU-seconds, measured). The worker loop is the same code either way; the `ray_head` tests' clusters start their
+    workers the plain way, and test_cluster.py checks that the warm cluster forks. PLAIN_WORKERS=1 turns it off. A
+    worker whose environment differs from the server's (a test's monkeypatched variable) starts plain: the
+    server's log says why. The server imports under RAY_AUTH_MODE=token (fork_server_env), as the workers of Ray
+    2.60's local instance see it: it starts with token authentication. (its process group, the job's runtime_env)"""
     from scaletrain import envvars
     from scaletrain.launch.warm import forkserver
+    from scaletrain.launch.warm.cluster import start_forkserver
 
     if os.environ.get(PLAIN_WORKERS) == "1":
-        return None, None
-    sock = str(tmp / "server.sock")
-    # Ray 2.60 starts a local instance with token authentication, and its workers see RAY_AUTH_MODE=token: the
-    # server imports under that too (the token itself is read when Ray connects, after the fork)
-    env = {**envvars.WORKER_ENV_DEFAULTS, **os.environ, envvars.RAY_AUTH_MODE: "token"}
-    with open(tmp / "server.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", forkserver.MODULE, "--serve", sock], env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
-    deadline = time.time() + 120
-    while not forkserver.answers(sock):
-        if server.poll() is not None or time.time() > deadline:
-            warnings.warn(f"the fork server did not come up (see {tmp / 'server.log'}): Ray workers start plain",
-                          stacklevel=2)
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGKILL)
-            return None, None
-        time.sleep(0.2)
-    return server, {"py_executable": forkserver.command(sock), "env_vars": dict(envvars.WORKER_ENV_DEFAULTS)}
+        return 0, None
+    sock, pgid = start_forkserver(str(log.with_name("server.sock")), log)
+    if not sock:
+        warnings.warn(f"the fork server did not come up (see {log}): Ray workers start plain", stacklevel=2)
+        return 0, None
+    return pgid, {"py_executable": forkserver.command(sock), "env_vars": dict(envvars.WORKER_ENV_DEFAULTS)}
 
 
 def _own_head(p: psutil.Process) -> bool:

@@ -147,7 +147,7 @@ def up(num_cpus: int | None, num_gpus: int | None) -> tuple[Cluster, bool]:
             raise LaunchError(f"ray start --head did not come up ({tail[0][:300] if tail else 'no output'}); see "
                               f"{state_file().with_suffix('.log')}")
         time.sleep(0.5)
-    sock, server_pgid = _start_forkserver()
+    sock, server_pgid = start_forkserver(str(state_file().with_suffix(".sock")), forkserver_log())
     cluster = Cluster(address, f"http://127.0.0.1:{DASHBOARD_PORT}", cpus, num_gpus or 0, time.time(), proc.pid,
                       sock, server_pgid)
     state_file().write_text(json.dumps(asdict(cluster)))
@@ -158,15 +158,14 @@ def forkserver_log() -> Path:
     return state_file().with_suffix(".forkserver.log")
 
 
-def _start_forkserver(timeout_s: float = 120.0) -> tuple[str, int]:
-    """Start the fork server in a session of its own, which `down` stops with the head: (its socket once it has
-    imported what workers import, its process group), or ("", 0) when it did not come up (workers then start
-    the plain way)."""
+def start_forkserver(sock: str, log_path: Path, timeout_s: float = 120.0) -> tuple[str, int]:
+    """Start the fork server on socket ``sock`` in a session of its own, which `down` stops with the head: (its
+    socket once it has imported what workers import, its process group), or ("", 0) when it did not come up
+    (workers then start the plain way). Its output (what it forked, and why not) goes to ``log_path``."""
     from scaletrain.launch.warm import forkserver
     from scaletrain.launch.warm.env import fork_server_env
 
-    sock = str(state_file().with_suffix(".sock"))
-    log = open(forkserver_log(), "wb")  # noqa: SIM115 - the server's own output: what it forked, and why not
+    log = open(log_path, "wb")  # noqa: SIM115 - closed once the server holds it
     proc = subprocess.Popen([sys.executable, "-m", forkserver.MODULE, "--serve", sock], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fork_server_env(),
                             start_new_session=True)

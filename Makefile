@@ -18,7 +18,7 @@ $(BIN)/scaletrain: pyproject.toml
 install: $(BIN)/scaletrain
 
 demo: install
-	$(BIN)/python -m scaletrain.demo_data examples/data
+	$(BIN)/python -m scaletrain.data.demo examples/data
 	$(BIN)/scaletrain train examples/classify.yaml scaling.num_workers=2
 
 # -rs: every skipped test says why at the end of the run; --durations=10: the slowest ten; the time at the end.

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from scaletrain.demo_data import sentiment_rows
+from scaletrain.data.demo import sentiment_rows
 
 HERE = Path(__file__).resolve().parent
 STEPS = 20

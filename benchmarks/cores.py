@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
     from scaletrain.config import validate
-    from scaletrain.demo_data import write_demo_data
+    from scaletrain.data.demo import write_demo_data
     from scaletrain.launch.job import run_job
 
     work = Path(tempfile.mkdtemp(prefix="scaletrain-cores-"))

@@ -112,7 +112,7 @@ import json, os, sys, threading, time
 import psutil
 from scaletrain.config import validate
 from scaletrain.data import prepare_data
-from scaletrain.tokenizer import tiny_llama_tokenizer
+from scaletrain.model.tokenizer import tiny_llama_tokenizer
 path, template, workers, cache = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 tok = tiny_llama_tokenizer()
 tok.chat_template = open(template).read()
@@ -156,7 +156,7 @@ def stream(rows: int, rounds: int) -> None:
 
     from scaletrain.config import validate
     from scaletrain.data import stream as st
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     root = Path(__file__).resolve().parents[1]
     work = Path(tempfile.mkdtemp(prefix="scaletrain-stream-"))
@@ -234,7 +234,7 @@ def main() -> None:
         return chat(args.rows, args.rounds)
     if args.stream:
         return stream(args.rows, args.rounds)
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-bert")  # MiniLM's tokenizer (the fast one)
     work = Path(tempfile.mkdtemp(prefix="scaletrain-dataprep-"))

@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--steps", type=int, default=300)
     args = ap.parse_args()
-    from scaletrain.demo_data import write_demo_data
+    from scaletrain.data.demo import write_demo_data
 
     work = Path(tempfile.mkdtemp(prefix="scaletrain-goodput-"))
     write_demo_data(work / "data")

@@ -20,7 +20,7 @@ def main(out: Path, small: bool) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     tok = tiny_llama_tokenizer()
     shapes = {

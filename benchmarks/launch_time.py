@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scaletrain.demo_data import sentiment_rows
+from scaletrain.data.demo import sentiment_rows
 
 HERE = Path(__file__).resolve().parent
 

@@ -103,7 +103,7 @@ def vocab_main(rounds: int, steps: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="scaletrain-vocab-"))
     model = work / "llama-128k"

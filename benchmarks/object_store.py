@@ -81,7 +81,7 @@ def relay_part(rounds: int, endpoint: str, tmp: Path, steps: int) -> dict:
     import ray
 
     from scaletrain.config import validate
-    from scaletrain.demo_data import sentiment_rows
+    from scaletrain.data.demo import sentiment_rows
     from scaletrain.launch.job import run_job
     from scaletrain.metrics.records import read_jsonl
 

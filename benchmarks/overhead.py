@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from scaletrain.config import load_config  # noqa: E402
 from scaletrain.config.schema import Config  # noqa: E402
-from scaletrain.demo_data import write_demo_data  # noqa: E402
+from scaletrain.data.demo import write_demo_data  # noqa: E402
 from scaletrain.metrics.records import read_jsonl  # noqa: E402
 
 OVERHEAD_CONFIG = ROOT / "examples" / "classify.yaml"
@@ -67,8 +67,8 @@ def _bare_worker(rank, world, store, out, cfg_json, train_path, pad, vocab, warm
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     from scaletrain.data import Collator, load_split
-    from scaletrain.model import build_model
-    from scaletrain.tokenizer import Vocab
+    from scaletrain.model.build import build_model
+    from scaletrain.model.tokenizer import Vocab
 
     cfg = Config.model_validate(cfg_json)
     t = cfg.train
@@ -180,7 +180,7 @@ def measured(run_dir: Path, cfg: Config, warmup: int) -> float:
 
 def prepare(cfg: Config, out: Path) -> tuple:
     from scaletrain.data import prepare_data
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer(cfg.model.name_or_path)
     prepared = prepare_data(cfg, tok)

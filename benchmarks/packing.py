@@ -43,7 +43,7 @@ def write_model(out: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-llama")
     torch.manual_seed(0)
@@ -94,7 +94,7 @@ def main() -> None:
 
     from scaletrain.config import validate
     from scaletrain.launch.job import run_job
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="scaletrain-packing-"))
     data = work / "sft.jsonl"

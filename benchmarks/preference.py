@@ -33,7 +33,7 @@ STEPS, BATCH, LR, BETA, PAIRS = 40, 8, 5e-3, 0.1, 512
 
 
 def _pairs(work: Path) -> tuple[Path, Path]:
-    from scaletrain.demo_data import preference_rows
+    from scaletrain.data.demo import preference_rows
 
     rows = preference_rows(PAIRS, seed=2)
     ours = work / "pairs.jsonl"
@@ -64,8 +64,8 @@ def trl_worker(args) -> None:
 
     from scaletrain.config.schema import ModelConfig
     from scaletrain.memory.measure import PeakMemory
-    from scaletrain.model import build_model
-    from scaletrain.tokenizer import Vocab, load_tokenizer
+    from scaletrain.model.build import build_model
+    from scaletrain.model.tokenizer import Vocab, load_tokenizer
     from scaletrain.worker.trainer import seed_everything
 
     memory = PeakMemory("cpu")  # where scaletrain's workers start theirs: after the imports, before the model

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from scaletrain.config import validate
-from scaletrain.demo_data import sentiment_rows
+from scaletrain.data.demo import sentiment_rows
 from scaletrain.errors import TrainingError
 from scaletrain.launch.job import run_job
 from scaletrain.metrics.records import read_jsonl

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaletrain.demo_data import sentiment_rows
+from scaletrain.data.demo import sentiment_rows
 from scaletrain.launch.local import run_in_process
 from scaletrain.metrics.records import read_jsonl
 from tests.conftest import local_spec

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead as ov
 
-from scaletrain.demo_data import write_demo_data
+from scaletrain.data.demo import write_demo_data
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cold_start import run_tree
 
-from scaletrain.demo_data import NEGATIVE, POSITIVE, SUBJECTS, alpaca_rows
+from scaletrain.data.demo import NEGATIVE, POSITIVE, SUBJECTS, alpaca_rows
 
 BATCH = 4
 
@@ -54,9 +54,9 @@ def setup(work: Path, n: int, epochs: int) -> dict[str, Path]:
     import torch  # noqa: F401  (the model is built here, once)
 
     from scaletrain.config.schema import ModelConfig
-    from scaletrain.model import build_model
-    from scaletrain.model_files import TINY_LLAMA
-    from scaletrain.tokenizer import Vocab, load_tokenizer
+    from scaletrain.model.build import build_model
+    from scaletrain.model.files import TINY_LLAMA
+    from scaletrain.model.tokenizer import Vocab, load_tokenizer
     from scaletrain.worker.trainer import seed_everything
 
     model_dir = work / "tiny-llama"

@@ -92,7 +92,7 @@ def loop_part(args, period: float) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import overhead as ov
 
-    from scaletrain.demo_data import write_demo_data
+    from scaletrain.data.demo import write_demo_data
 
     w, s = 5, args.steps
     work = Path(tempfile.mkdtemp(prefix="scaletrain-wakeup-"))

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scaletrain.demo_data import alpaca_rows, preference_rows, sentiment_rows, sharegpt_rows
+from scaletrain.data.demo import alpaca_rows, preference_rows, sentiment_rows, sharegpt_rows
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 # Set by .ci/run: there the reference folder is laid beside the clone, so a missing file is a failure, not a skip.
@@ -112,7 +112,7 @@ def lora_run_dir(root: Path, lora_std: float):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     base, run = root / "base", root / "run"
     torch.manual_seed(0)
@@ -212,7 +212,7 @@ def save_tiny_qwen3_moe(d: Path, dtype=None) -> Path:
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     torch.manual_seed(0)
     config = Qwen3MoeConfig(vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -59,7 +59,7 @@ def test_a_bf16_checkpoint_on_two_fsdp_workers_keeps_the_policy_and_the_plans_by
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     ckpt = tmp_path / "llama-bf16"
     torch.manual_seed(0)
@@ -80,7 +80,7 @@ def test_a_bf16_checkpoint_on_two_fsdp_workers_keeps_the_policy_and_the_plans_by
         for held in summary["memory/optimizer_bytes_per_rank"]:
             assert held == pytest.approx(predicted["optimizer"], rel=0.02), (tuning, held, predicted)
         if tuning == "full":
-            from scaletrain.export import shards_of
+            from scaletrain.after.export import shards_of
 
             shards = shards_of(run / "final")  # 2 FSDP ranks write final/ together: a file each at least
             assert len(shards) >= 2

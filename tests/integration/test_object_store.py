@@ -276,7 +276,7 @@ def test_train_on_a_dead_endpoint_is_one_line_before_anything_is_written(s3_serv
 def test_doctor_probes_the_store_and_checks_the_mirrors_disk(s3_server, tmp_path, demo_dir):
     from scaletrain.commands.doctor import gather_facts
     from scaletrain.config import validate
-    from scaletrain.doctor import Status, check_store
+    from scaletrain.launch.doctor import Status, check_store
 
     make_bucket(s3_server, "doctor")
 

@@ -12,7 +12,7 @@ import yaml
 
 from scaletrain.config import validate
 from scaletrain.config.importers import from_llamafactory
-from scaletrain.demo_data import preference_rows
+from scaletrain.data.demo import preference_rows
 from scaletrain.launch.job import run_job
 from scaletrain.metrics.records import read_jsonl
 from scaletrain.scaling.parity import compare

@@ -14,7 +14,7 @@ from two_nodes import two_node_cluster
 
 from scaletrain.config import validate
 from scaletrain.data import prepare_data
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 
 data, out = Path(sys.argv[1]), Path(sys.argv[2])
 tok = load_tokenizer("builtin:tiny-llama")

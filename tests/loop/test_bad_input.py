@@ -85,7 +85,7 @@ def test_a_config_that_is_not_utf8_text(tmp_path, content, needle):
 def _llama_dir(tmp_path: Path, tokenizer=True, weights=True) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     d = tmp_path / "llama"
     LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -127,7 +127,7 @@ def test_a_missing_local_path_gets_no_download_hint(tmp_path, demo_dir):
 def test_a_classification_head_of_another_size_is_said_to_be_reinitialised(tmp_path, demo_dir):
     from scaletrain.config import validate
     from scaletrain.launch.preflight import preflight
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
     from tests.loop.test_cli_errors import _bert_dir
 
     tok = load_tokenizer("builtin:tiny-bert")
@@ -139,8 +139,8 @@ def test_a_classification_head_of_another_size_is_said_to_be_reinitialised(tmp_p
     assert pre.cfg.model.num_labels == 2
     assert any("classification head" in n and "has 3 label(s) and this run 2: it is re-initialised" in n
                for n in pre.notes)
-    from scaletrain.model import build_model
-    from scaletrain.tokenizer import Vocab
+    from scaletrain.model.build import build_model
+    from scaletrain.model.tokenizer import Vocab
 
     model = build_model(pre.cfg.model, Vocab.of(tok))  # loads (the head at the new size), no size mismatch
     assert model.classifier.out_features == 2
@@ -150,7 +150,7 @@ def test_truncation_is_said_and_a_cutoff_that_guts_the_data_is_an_error(tmp_path
     from scaletrain.config import validate
     from scaletrain.data import prepare_data
     from scaletrain.errors import DataError
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-llama")
     base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},

@@ -29,7 +29,7 @@ def test_the_default_chunk_follows_the_models_vocabulary_not_the_tokenizers(tmp_
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     d = tmp_path / "llama-32k"
     LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

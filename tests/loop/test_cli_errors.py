@@ -276,7 +276,7 @@ def _bert_dir(tmp_path, name: str = "bert", **config):
     keys over the defaults, e.g. num_labels)."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:tiny-bert")
     d = tmp_path / name

@@ -42,7 +42,7 @@ def _batch(packed: bool, seed: int = 1) -> dict:
 
 
 def _reference(model, batch: dict):
-    from scaletrain.attention import isolate_examples
+    from scaletrain.model.attention import isolate_examples
     from scaletrain.worker.step import token_loss_sum
 
     if "position_ids" in batch:

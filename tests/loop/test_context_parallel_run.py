@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def tiny_llama(tmp_path_factory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     d = tmp_path_factory.mktemp("ckpt") / "tiny-llama"
     torch.manual_seed(0)

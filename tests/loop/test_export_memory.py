@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from scaletrain.export import shards_of
+from scaletrain.after.export import shards_of
 from tests.unit.test_export import _base, _run
 
 
@@ -21,7 +21,7 @@ def test_host_memory_grows_by_about_two_shards_not_the_model(tmp_path):
     run = _run(tmp_path, base)
     adapter = (run / "final" / "adapter_model.safetensors").stat().st_size
     probe = ("import sys, threading, time, psutil, torch, safetensors.torch\n"
-             "from scaletrain.export import export_run\n"
+             "from scaletrain.after.export import export_run\n"
              "proc, peak, done = psutil.Process(), [0], threading.Event()\n"
              "def watch():\n"
              "    while not done.is_set():\n"

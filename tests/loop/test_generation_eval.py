@@ -9,7 +9,7 @@ import pytest
 
 from scaletrain.cli import main
 from scaletrain.data.templates import BUILTIN_TEMPLATES
-from scaletrain.gen_eval import METRICS, similarity
+from scaletrain.after.gen_eval import METRICS, similarity
 from tests.conftest import lora_run_dir
 
 pytestmark = pytest.mark.loop
@@ -59,7 +59,7 @@ def chat_run(tmp_path):
 def test_generation_eval_scores_greedy_answers_and_keeps_them(chat_run, tmp_path, capsys):
     import torch
 
-    from scaletrain.chat import open_chat
+    from scaletrain.after.chat import open_chat
 
     run, data = chat_run
     assert main(["eval", str(run), "--data", str(data), "--max-new-tokens", "6", "--limit", "4"]) == 0

@@ -16,7 +16,7 @@ from tests.conftest import local_spec
 def bf16_llama(tmp_path_factory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     d = tmp_path_factory.mktemp("ckpt") / "llama-bf16"
     torch.manual_seed(0)
@@ -103,9 +103,9 @@ def test_a_stored_dtype_that_cannot_be_read_is_one_line_before_any_worker(tmp_pa
 
 def test_the_dtypes_held_are_the_tables(bf16_llama):
     from scaletrain.config import validate
-    from scaletrain.model import build_model
-    from scaletrain.precision import policy
-    from scaletrain.tokenizer import Vocab
+    from scaletrain.model.build import build_model
+    from scaletrain.model.precision import policy
+    from scaletrain.model.tokenizer import Vocab
     from scaletrain.worker.optim import build_optimizer
 
     cfg = validate({"model": {"name_or_path": str(bf16_llama), "task": "causal-lm", "finetuning_type": "lora",

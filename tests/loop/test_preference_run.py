@@ -142,7 +142,7 @@ def test_precomputed_reference_trains_as_the_live_one_holds_none_and_resumes_bit
 def test_kto_learns_from_tagged_replies(demo_dir, tmp_path):
     import json
 
-    from scaletrain.demo_data import kto_rows
+    from scaletrain.data.demo import kto_rows
 
     data = tmp_path / "kto.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in kto_rows(400, seed=2)))

@@ -37,7 +37,7 @@ def _record(i: int) -> dict:
 def qwen3_style_model(tmp_path_factory) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     d = tmp_path_factory.mktemp("ckpt") / "tiny-qwen3-template"
     torch.manual_seed(0)

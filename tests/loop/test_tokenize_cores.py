@@ -10,7 +10,7 @@ import pytest
 from scaletrain.config import validate
 from scaletrain.data import prepare_data
 from scaletrain.data.spread import PARALLEL_ROWS, tokenize_processes
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 

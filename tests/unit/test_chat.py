@@ -3,7 +3,7 @@ template's render of the conversation so far), multi-turn keeps the history; a c
 
 import pytest
 
-from scaletrain.chat import open_chat
+from scaletrain.after.chat import open_chat
 from scaletrain.errors import ConfigError
 from tests.unit.test_export import TEMPLATE, _base, _run
 

@@ -11,7 +11,7 @@ from scaletrain.data import IGNORE_INDEX, prepare_data
 from scaletrain.data.encode import budget, fit
 from scaletrain.data.templates import BUILTIN_TEMPLATES, render
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 
 # A Qwen-style template written the way model repos ship them: no {% generation %} marks, a default system
 # prompt, the end-of-turn token and a newline after every turn.

@@ -132,7 +132,7 @@ def test_the_plan_counts_the_logits_with_and_without_chunking(tmp_path):
     from scaletrain.config import validate
     from scaletrain.memory.estimate import estimate
     from scaletrain.memory.plan import shape_for
-    from scaletrain.tokenizer import plan_vocab
+    from scaletrain.model.tokenizer import plan_vocab
 
     d = tmp_path / "big-vocab"
     LlamaConfig(vocab_size=128256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,

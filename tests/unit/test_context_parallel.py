@@ -4,7 +4,7 @@ method's choice and the config's refusals (the collectives: on gloo in tests/loo
 import pytest
 import torch
 
-from scaletrain import context_parallel as cp
+from scaletrain.model import context_parallel as cp
 from scaletrain.errors import ConfigError
 
 IGNORE = -100
@@ -117,8 +117,8 @@ def _model_dir(tmp_path, name: str, **config) -> str:
 def test_the_driver_refuses_a_model_context_parallelism_cannot_split(tmp_path):
     """Before any worker starts: heads that ulysses cannot divide (the ring can), a sliding window, soft-capping."""
     from scaletrain.config.schema import ModelConfig
-    from scaletrain.model import context_parallel_error
-    from scaletrain.tokenizer import Vocab
+    from scaletrain.model.build import context_parallel_error
+    from scaletrain.model.tokenizer import Vocab
 
     vocab = Vocab(512, 0)
     llama = ModelConfig(name_or_path=_model_dir(tmp_path, "llama"), task="causal-lm")
@@ -134,7 +134,7 @@ def test_the_driver_refuses_a_model_context_parallelism_cannot_split(tmp_path):
 def test_the_attention_kernels_said_at_start_follow_the_architecture():
     from types import SimpleNamespace as NS
 
-    from scaletrain.attention import kernel_note
+    from scaletrain.model.attention import kernel_note
 
     mi300x = NS(gcnArchName="gfx942:sramecc+:xnack-")
     assert "AOTriton flash and memory-efficient (gfx942)" in kernel_note("cuda:0", mi300x, hip=True)

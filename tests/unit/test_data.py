@@ -10,8 +10,8 @@ from scaletrain.config import validate
 from scaletrain.data import IGNORE_INDEX, Collator, prepare_data
 from scaletrain.data.sources import load
 from scaletrain.errors import DataError
-from scaletrain.model_files import MINILM_VOCAB_SIZE
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.files import MINILM_VOCAB_SIZE
+from scaletrain.model.tokenizer import load_tokenizer
 from scaletrain.worker.sampler import ResumableSampler
 
 ROWS = [{"text": f"movie {i} was {'great' if i % 2 else 'awful'}", "label": i % 2} for i in range(20)]
@@ -106,7 +106,7 @@ def _alpaca_before(row, tokenizer, max_length):
 
 
 def test_alpaca_tokens_and_labels_are_unchanged_from_before(tmp_path, tokenizer):
-    from scaletrain.demo_data import alpaca_rows
+    from scaletrain.data.demo import alpaca_rows
 
     rows = alpaca_rows(60, seed=1) + [{"instruction": "Opposite of hot?", "input": "", "output": "cold"}]
     p = tmp_path / "a.json"
@@ -147,7 +147,7 @@ def test_demo_reviews_feed_the_scale_config_with_64_token_examples(tmp_path, tok
     from pathlib import Path
 
     from scaletrain.config import load_config
-    from scaletrain.demo_data import NEGATIVE, POSITIVE, write_demo_data
+    from scaletrain.data.demo import NEGATIVE, POSITIVE, write_demo_data
 
     out = write_demo_data(tmp_path, n_sentiment=10, n_alpaca=10, n_reviews=50)
     rows = [json.loads(line) for line in (out / "reviews.jsonl").read_text().splitlines()]

@@ -10,8 +10,8 @@ import pytest
 from scaletrain.config import validate
 from scaletrain.data import prepare_data
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.model import check_model
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.build import check_model
+from scaletrain.model.tokenizer import load_tokenizer
 
 WORDS = {"positive": "great fine love wonderful", "negative": "awful bad hate boring"}
 
@@ -256,7 +256,7 @@ def test_missing_example_data_says_how_to_generate_it(tmp_path):
 
     missing = tmp_path / "examples" / "data" / "alpaca.json"
     with pytest.raises(DataError, match=r"examples/data/alpaca.json: file not found; it is example data scaletrain "
-                                        r"generates: python -m scaletrain.demo_data .*examples/data \(make demo"):
+                                        r"generates: python -m scaletrain.data.demo .*examples/data \(make demo"):
         load(str(missing), "auto", "data.train_file", str(tmp_path))
     with pytest.raises(DataError, match=r"mine.jsonl: file not found; check the path"):
         load(str(tmp_path / "mine.jsonl"), "auto", "data.train_file", str(tmp_path))

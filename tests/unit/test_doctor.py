@@ -1,7 +1,7 @@
 """Each preflight check with faked facts: it passes on a healthy machine and fails/warns on the broken one."""
 
 from scaletrain.config import validate
-from scaletrain.doctor import (
+from scaletrain.launch.doctor import (
     GIB,
     Facts,
     Status,
@@ -128,7 +128,7 @@ def test_topology_and_smoke():
 
 
 def test_doctor_flags_gpus_with_uncorrectable_errors_or_a_pending_retirement():
-    from scaletrain.doctor import Status, check_gpu_health
+    from scaletrain.launch.doctor import Status, check_gpu_health
 
     healthy = {"bus_id": "0000:1b:00.0", "ecc_uncorrected": 0, "retirement_pending": False}
     sick = {"bus_id": "0000:9a:00.0", "ecc_uncorrected": 3, "retirement_pending": True}
@@ -147,7 +147,7 @@ def test_doctor_names_how_an_moe_models_experts_compute_here(tmp_path, monkeypat
     from transformers import Qwen3MoeConfig
 
     from scaletrain.commands.doctor import _experts
-    from scaletrain.doctor import check_experts
+    from scaletrain.launch.doctor import check_experts
 
     Qwen3MoeConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=64, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,

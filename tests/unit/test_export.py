@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from scaletrain.errors import ConfigError
-from scaletrain.export import export_run, shards_of
+from scaletrain.after.export import export_run, shards_of
 
 TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 
@@ -32,7 +32,7 @@ def _run(tmp_path: Path, base: Path, *, rslora=False, save=None, targets=("q_pro
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     run = tmp_path / "run"
     (run / "final").mkdir(parents=True)

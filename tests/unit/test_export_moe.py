@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from scaletrain.export import export_run, shards_of
+from scaletrain.after.export import export_run, shards_of
 from tests.unit.test_export import _load, _within_one_ulp
 from tests.unit.test_moe_lora import _lora, _model
 

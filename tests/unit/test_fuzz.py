@@ -17,7 +17,7 @@ from scaletrain.config import load_config, validate
 from scaletrain.config.schema import Config
 from scaletrain.data import prepare_data
 from scaletrain.errors import ScaletrainError
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 
 # No example database on disk, few examples: the whole file runs in well under a minute in make test-fast.
 # Derandomized (the same examples every run): one random record set once crashed the process inside pyarrow's

@@ -11,7 +11,7 @@ import pytest
 from scaletrain.data.encode import assistant_mask
 from scaletrain.data.spans import located_spans
 from scaletrain.data.templates import render
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 
 QWEN3 = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3_4b_thinking_2507.jinja").read_text()
 SPECIAL = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}

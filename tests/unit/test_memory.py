@@ -12,7 +12,7 @@ from scaletrain.config import validate
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, estimate, model_shape
 from scaletrain.memory.plan import device_named, variants, verdict
-from scaletrain.tokenizer import Vocab, load_tokenizer
+from scaletrain.model.tokenizer import Vocab, load_tokenizer
 
 
 def _cfg(**train):
@@ -141,7 +141,7 @@ def test_bad_plan_and_fit_input():
 def test_fsdp_policies_on_a_gpu_are_mixed_precision_and_offload():
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
-    from scaletrain.precision import policy
+    from scaletrain.model.precision import policy
     from scaletrain.worker.parallel import fsdp_policies
 
     t = _cfg(strategy="fsdp", bf16=True, fsdp_offload=True).train
@@ -155,7 +155,7 @@ def test_fsdp_policies_on_a_gpu_are_mixed_precision_and_offload():
 
 
 def test_gradient_checkpointing_keeps_the_loss_and_gradients_with_lora(vocab):
-    from scaletrain.model import build_model
+    from scaletrain.model.build import build_model
     from scaletrain.worker.step import token_loss_sum
 
     grads, losses = [], []
@@ -166,7 +166,7 @@ def test_gradient_checkpointing_keeps_the_loss_and_gradients_with_lora(vocab):
         torch.manual_seed(0)
         model = build_model(cfg.model, Vocab(2048, 0))
         if ckpt:
-            from scaletrain.model import enable_checkpointing
+            from scaletrain.model.build import enable_checkpointing
 
             enable_checkpointing(model)
             base = model.get_base_model()

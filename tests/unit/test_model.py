@@ -4,8 +4,8 @@ import pytest
 
 from scaletrain.config.schema import ModelConfig
 from scaletrain.errors import ConfigError
-from scaletrain.model import check_lora_target
-from scaletrain.tokenizer import Vocab
+from scaletrain.model.build import check_lora_target
+from scaletrain.model.tokenizer import Vocab
 
 
 def _lora(target, name="builtin:tiny-llama", task="causal-lm"):
@@ -37,9 +37,9 @@ def test_a_stored_head_of_another_size_is_found_from_the_weights(tmp_path):
     from transformers import AutoModelForSequenceClassification, BertConfig
 
     from scaletrain.config.schema import ModelConfig
-    from scaletrain.model import build_model
-    from scaletrain.model_files import head_mismatch
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.build import build_model
+    from scaletrain.model.files import head_mismatch
+    from scaletrain.model.tokenizer import load_tokenizer
 
     tok = load_tokenizer("builtin:minilm")
     saved = AutoModelForSequenceClassification.from_config(BertConfig(

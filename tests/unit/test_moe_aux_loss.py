@@ -6,7 +6,7 @@ model with the coefficient set is one line."""
 import pytest
 import torch
 
-from scaletrain.moe import experts_of
+from scaletrain.model.moe import experts_of
 from scaletrain.worker.router import RouterLoss
 from tests.unit.test_moe_lora import _model
 
@@ -104,8 +104,8 @@ def test_the_coefficient_on_a_dense_model_is_one_line_and_an_moe_says_its_own(tm
 
     from scaletrain.config import validate
     from scaletrain.errors import ConfigError
-    from scaletrain.model import router_loss_note
-    from scaletrain.tokenizer import Vocab
+    from scaletrain.model.build import router_loss_note
+    from scaletrain.model.tokenizer import Vocab
 
     common = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     LlamaConfig(**common, intermediate_size=64).save_pretrained(tmp_path / "dense")
@@ -195,8 +195,8 @@ def test_deepseek_v2_gets_the_term_its_transformers_code_omits(tmp_path):
 
     from scaletrain.comm.context import DistContext
     from scaletrain.config import validate
-    from scaletrain.model import router_loss_note
-    from scaletrain.tokenizer import Vocab
+    from scaletrain.model.build import router_loss_note
+    from scaletrain.model.tokenizer import Vocab
     from scaletrain.worker.trainer import router_loss_for
 
     config = _deepseek_v2(aux_loss_alpha=0.001, n_group=4, topk_group=2, topk_method="group_limited_greedy")

@@ -9,7 +9,7 @@ import torch
 
 from scaletrain.config.schema import ModelConfig
 from scaletrain.errors import ConfigError
-from scaletrain.model import apply_lora, lora_summary
+from scaletrain.model.build import apply_lora, lora_summary
 
 
 def _model(family: str):
@@ -74,8 +74,8 @@ def test_experts_on_a_dense_model_is_one_line():
 
 
 def test_the_start_of_run_note_says_what_is_adapted(tmp_path):
-    from scaletrain.model import check_lora_target
-    from scaletrain.tokenizer import Vocab
+    from scaletrain.model.build import check_lora_target
+    from scaletrain.model.tokenizer import Vocab
 
     _model("qwen3_moe").config.save_pretrained(tmp_path)
     cfg = ModelConfig(name_or_path=str(tmp_path), task="causal-lm", finetuning_type="lora", lora_rank=4)
@@ -94,7 +94,7 @@ def test_lora_on_the_experts_stays_on_the_grouped_gemm(family, monkeypatch):
     base model's (2 layers x 2 projections), never a per-expert loop; the start-of-run line names the kernel."""
     import transformers.integrations.moe as moe
 
-    from scaletrain.model import experts_kernel
+    from scaletrain.model.build import experts_kernel
 
     calls = []
     grouped = moe._grouped_mm
@@ -113,7 +113,7 @@ def test_lora_on_the_experts_stays_on_the_grouped_gemm(family, monkeypatch):
 def test_the_kernel_line_names_the_fallback_and_the_per_expert_loop(monkeypatch):
     import transformers.integrations.moe as moe
 
-    from scaletrain.model import experts_kernel
+    from scaletrain.model.build import experts_kernel
 
     model = _model("qwen3_moe")
     monkeypatch.setattr(moe, "_can_use_grouped_mm", lambda *a: False)

@@ -8,8 +8,8 @@ import pytest
 from scaletrain.config import validate
 from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s
 from scaletrain.metrics.flops import PEAK_TFLOPS
-from scaletrain.moe import Experts, active_parameters, experts_of, is_routed_expert
-from scaletrain.tokenizer import plan_vocab
+from scaletrain.model.moe import Experts, active_parameters, experts_of, is_routed_expert
+from scaletrain.model.tokenizer import plan_vocab
 
 # huggingface.co/Qwen/Qwen3-30B-A3B, config.json (the fields that shape the model)
 QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,

@@ -10,8 +10,8 @@ from scaletrain.config import validate
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs, prepare_data
 from scaletrain.data.packing import pack
 from scaletrain.errors import ConfigError
-from scaletrain.model import build_model, packing_support_error
-from scaletrain.tokenizer import Vocab, load_tokenizer
+from scaletrain.model.build import build_model, packing_support_error
+from scaletrain.model.tokenizer import Vocab, load_tokenizer
 from scaletrain.worker.step import token_loss_sum
 
 
@@ -51,7 +51,7 @@ def test_packed_and_padded_batches_give_the_same_loss_and_gradients(tmp_path, to
     whole row with its block-diagonal mask (eager models, sliding windows)."""
     from unittest import mock
 
-    from scaletrain import attention as by_example
+    from scaletrain.model import attention as by_example
 
     cfg, plain = _data(tmp_path, tok)
     examples = [plain.train[i] for i in range(6)]
@@ -80,7 +80,7 @@ def test_packed_and_padded_batches_give_the_same_loss_and_gradients(tmp_path, to
 
 
 def test_by_example_attention_leaves_plain_batches_and_saved_configs_as_they_were(tmp_path, tok):
-    from scaletrain.attention import NAME
+    from scaletrain.model.attention import NAME
 
     cfg, plain = _data(tmp_path, tok)
     torch.manual_seed(0)

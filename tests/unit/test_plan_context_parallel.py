@@ -17,7 +17,7 @@ from scaletrain.memory.plan import (
     shape_for,
     with_context_parallel,
 )
-from scaletrain.tokenizer import plan_vocab
+from scaletrain.model.tokenizer import plan_vocab
 
 # huggingface.co/meta-llama/Llama-3.1-8B, config.json
 LLAMA_31_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,

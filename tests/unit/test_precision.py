@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from scaletrain.dtypes import checkpoint_dtype
+from scaletrain.model.dtypes import checkpoint_dtype
 from scaletrain.errors import ConfigError
-from scaletrain.precision import policy
+from scaletrain.model.precision import policy
 
 COMBOS = list(itertools.product(["gpu", "gpu-no-bf16", "cpu"], ["ddp", "fsdp"], ["bf16", "fp16", "fp32"],
                                 ["full", "lora"]))

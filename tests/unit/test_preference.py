@@ -12,7 +12,7 @@ from scaletrain.config import validate
 from scaletrain.config.schema import TrainConfig
 from scaletrain.data import IGNORE_INDEX, prepare_data
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 from scaletrain.worker.preference import Sides, pair_losses
 
 trl = pytest.importorskip("trl")

@@ -9,7 +9,7 @@ from scaletrain.config import validate
 from scaletrain.data import IGNORE_INDEX, prepare_data
 from scaletrain.data.preview import CLOSE, OPEN, describe, marked
 from scaletrain.errors import DataError
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 
 ROWS = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Opposite of {w}?"},
                       {"role": "assistant", "content": f"Not {w}."}, {"role": "user", "content": "Sure?"},

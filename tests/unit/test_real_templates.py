@@ -11,7 +11,7 @@ from scaletrain.config import validate
 from scaletrain.data import IGNORE_INDEX, prepare_data
 from scaletrain.data.templates import BUILTIN_TEMPLATES, TOOL_TEMPLATES, render, supports_tools
 from scaletrain.errors import DataError
-from scaletrain.tokenizer import load_tokenizer
+from scaletrain.model.tokenizer import load_tokenizer
 
 REAL = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 # built-in -> the model template it reproduces

@@ -142,7 +142,7 @@ def test_the_override_warning_names_secrets_without_their_values():
 def test_doctor_warns_about_a_credential_written_in_the_config(tmp_path):
     from scaletrain.config import validate
     from scaletrain.config.load import literal_secrets
-    from scaletrain.doctor import Facts, Status, check_literal_secrets
+    from scaletrain.launch.doctor import Facts, Status, check_literal_secrets
 
     path = tmp_path / "c.yaml"
     path.write_text("model: {name_or_path: builtin:tiny-bert}\ndata: {train_file: x.jsonl}\n"

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from scaletrain.errors import ConfigError
-from scaletrain.serving import serve_plan
+from scaletrain.after.serving import serve_plan
 from tests.unit.test_export import TEMPLATE, _base, _run
 
 
@@ -43,7 +43,7 @@ def test_what_a_server_cannot_load_is_served_merged(tmp_path):
 
 
 def test_a_full_fine_tune_serves_itself_and_the_bad_inputs_are_one_line(tmp_path):
-    from scaletrain.tokenizer import tiny_llama_tokenizer
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
 
     run = tmp_path / "full"
     _base(run / "final")

@@ -125,7 +125,7 @@ def test_shards_that_cannot_stream_are_one_line(tmp_path):
 
 def test_the_stream_trains_the_tokens_a_prepared_run_trains(tmp_path):
     from scaletrain.data import prepare_data
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     recs = _jsonl(tmp_path / "shards", sizes=(12,))
     base = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
@@ -180,7 +180,7 @@ def test_a_stream_turns_off_what_it_cannot_do_when_not_asked_for():
 def test_bad_lines_in_a_stream_are_skips_until_they_pass_max_bad_ratio_then_one_line_naming_the_first(tmp_path):
     from types import SimpleNamespace
 
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
     from scaletrain.worker import streamed
 
     folder = tmp_path / "shards"

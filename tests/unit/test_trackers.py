@@ -130,7 +130,7 @@ def test_mlflow_logs_final_as_an_artifact_and_as_a_transformers_model(tmp_path, 
     from mlflow.tracking import MlflowClient
     from transformers import BertConfig, BertForSequenceClassification
 
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     tok = load_tokenizer("builtin:tiny-bert")

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scaletrain.chat import open_chat
+    from scaletrain.after.chat import open_chat
     from scaletrain.errors import ConfigError
 
     if args.max_new_tokens < 1 or args.temperature < 0:

@@ -23,7 +23,7 @@ def gather_facts(cfg, smoke: bool):
     from scaletrain.comm.device import Platform
     from scaletrain.comm.ports import port_free
     from scaletrain.comm.topo import detect
-    from scaletrain.doctor import Facts
+    from scaletrain.launch.doctor import Facts
     from scaletrain.envvars import MASTER_PORT, snapshot
     from scaletrain.storage.mirror import local_output_dir
     from scaletrain.storage.uri import is_uri
@@ -60,9 +60,9 @@ def gather_facts(cfg, smoke: bool):
 def _experts(cfg, platform) -> str | None:
     """An MoE model (from its config.json alone): its experts and whether torch has a grouped GEMM kernel here."""
     from scaletrain.errors import ScaletrainError
-    from scaletrain.model import auto_and_config, grouped_gemm_kernel
-    from scaletrain.moe import experts_of
-    from scaletrain.tokenizer import plan_vocab
+    from scaletrain.model.build import auto_and_config, grouped_gemm_kernel
+    from scaletrain.model.moe import experts_of
+    from scaletrain.model.tokenizer import plan_vocab
 
     if cfg.model.task != "causal-lm":
         return None
@@ -111,7 +111,7 @@ def _gpu_health(platform) -> list[dict]:
 def _path_errors(cfg) -> list[str]:
     from scaletrain.data.sources import check_files
     from scaletrain.errors import ScaletrainError
-    from scaletrain.model_files import model_dir
+    from scaletrain.model.files import model_dir
 
     errors = []
     for check in (lambda: model_dir(cfg.model.name_or_path),
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.config.load import literal_secrets
     from scaletrain.console import console
-    from scaletrain.doctor import Status, run_checks
+    from scaletrain.launch.doctor import Status, run_checks
 
     cfg = load_config(args.config, args.overrides) if args.config else None
     facts = gather_facts(cfg, smoke=not args.no_smoke)

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     outcomes = []
     if args.data:
-        from scaletrain.gen_eval import generation_eval
+        from scaletrain.after.gen_eval import generation_eval
 
         outcomes.append(generation_eval(args.target, args.data, limit=int(args.limit) if args.limit else None,
                                         max_new_tokens=args.max_new_tokens))
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         if rc != 0:
             return rc
     elif args.tasks:
-        from scaletrain.harness import evaluate
+        from scaletrain.after.harness import evaluate
 
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         outcomes.append(evaluate(args.target, tasks, limit=limit, num_fewshot=args.num_fewshot,

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     from scaletrain.console import console
     from scaletrain.errors import ConfigError
-    from scaletrain.export import export_run
+    from scaletrain.after.export import export_run
     from scaletrain.storage.mirror import check_upload_target, upload_tree
     from scaletrain.storage.uri import is_uri
 
@@ -56,7 +56,7 @@ def _export_from_store(args: argparse.Namespace):
     from pathlib import Path
 
     from scaletrain.errors import ConfigError
-    from scaletrain.export import export_run
+    from scaletrain.after.export import export_run
     from scaletrain.storage.mirror import fetch_final
 
     if not args.out:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
     from scaletrain.scaling.predict import Inputs, table
     from scaletrain.scaling.profiles import missing, profile_for
-    from scaletrain.tokenizer import plan_vocab
+    from scaletrain.model.tokenizer import plan_vocab
 
     cfg = load_config(args.config, args.overrides)
     sizes = parse_workers(args.gpus, "--gpus")

@@ -25,7 +25,7 @@ def examples(cfg, n: int, split: str = "train"):
 
     from scaletrain.data.prepare import cached_entry, prepare_data
     from scaletrain.errors import ConfigError
-    from scaletrain.tokenizer import load_tokenizer
+    from scaletrain.model.tokenizer import load_tokenizer
 
     if cfg.model.task != "causal-lm":
         raise ConfigError("scaletrain preview shows causal-LM examples (their trained tokens); this config has "

@@ -43,7 +43,7 @@ def parse_workers(text: str, flag: str = "--workers") -> list[int]:
 def run_scale(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.console import console
-    from scaletrain.doctor import CPU_HEADROOM_NOTE, worker_fit
+    from scaletrain.launch.doctor import CPU_HEADROOM_NOTE, worker_fit
     from scaletrain.launch.job import run_job
     from scaletrain.launch.launcher import choose_launcher
     from scaletrain.launch.ray_launcher import ray_session

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scaletrain.serving import serve_plan
+    from scaletrain.after.serving import serve_plan
 
     plan = serve_plan(args.run_dir, args.server, args.name)
     for cmd in plan.commands:

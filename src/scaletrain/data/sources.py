@@ -351,7 +351,7 @@ def not_found(key: str, path: str) -> DataError:
     p = Path(path)
     if p.name in DEMO_FILES:  # an example config's data, not generated yet
         return DataError(f"{key}={path}: file not found; it is example data scaletrain generates: python -m "
-                         f"scaletrain.demo_data {p.parent} (make demo does it too)")
+                         f"scaletrain.data.demo {p.parent} (make demo does it too)")
     return DataError(f"{key}={path}: file not found; check the path (relative paths are from the working directory)")
 
 

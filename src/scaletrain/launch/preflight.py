@@ -16,16 +16,16 @@ from scaletrain.data.stream import prepare_stream
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import Shape
 from scaletrain.memory.plan import fit_notes, shape_for
-from scaletrain.model import (
+from scaletrain.model.build import (
     check_lora_target,
     check_model,
     context_parallel_error,
     packing_support_error,
     router_loss_note,
 )
-from scaletrain.model_files import final_dtype, head_mismatch, model_dir
-from scaletrain.precision import Policy, policy
-from scaletrain.tokenizer import Vocab, load_tokenizer
+from scaletrain.model.files import final_dtype, head_mismatch, model_dir
+from scaletrain.model.precision import Policy, policy
+from scaletrain.model.tokenizer import Vocab, load_tokenizer
 from scaletrain.worker.loss import LIGER_FIX, liger_installed
 
 

@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     from scaletrain.comm.context import context_from_torchrun
     from scaletrain.config.schema import Config
     from scaletrain.launch.torchrun_launcher import wait_for_handoff
-    from scaletrain.model import preload
+    from scaletrain.model.build import preload
     from scaletrain.worker.loop import train
 
     preload()

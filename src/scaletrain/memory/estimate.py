@@ -9,7 +9,7 @@ Peak = weights + optimizer state + (DDP) gradient buckets + (FSDP) gathered para
   - the start of backward: every saved activation + the gradient of the fp32 logits,
   - the end of backward: every gradient + the first block's activations,
 and, on a CPU (the host is the device), the build: every rank builds the full fp32 model before it is sharded.
-Bytes per parameter follow the run's precision policy (scaletrain/precision.py): trainable weights are fp32
+Bytes per parameter follow the run's precision policy (scaletrain/model/precision.py): trainable weights are fp32
 masters (4), frozen ones in their storage dtype (2 for a bf16 LoRA base on a GPU), AdamW 8 per trainable
 parameter, gradients 4.
 FSDP shards weights, gradients and optimizer state over its shard group and gathers one block (and the next,
@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.config.schema import Config
-from scaletrain.dtypes import BYTES
-from scaletrain.moe import active_parameters, experts_of
-from scaletrain.precision import policy
-from scaletrain.tokenizer import Vocab
+from scaletrain.model.dtypes import BYTES
+from scaletrain.model.moe import active_parameters, experts_of
+from scaletrain.model.precision import policy
+from scaletrain.model.tokenizer import Vocab
 
 GIB = 2**30
 GPU_OVERHEAD_BYTES = 1.0 * GIB  # CUDA/HIP context, cuBLAS/hipBLASLt workspaces, NCCL/RCCL buffers
@@ -115,7 +115,7 @@ class Breakdown:
 
 
 def _model_on_meta(cfg: Config, vocab: Vocab):
-    from scaletrain.model import apply_lora, auto_and_config, enable_checkpointing
+    from scaletrain.model.build import apply_lora, auto_and_config, enable_checkpointing
 
     auto, config = auto_and_config(cfg.model, vocab, cfg.data.label_names)
     with torch.device("meta"):
@@ -139,7 +139,7 @@ def model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: int
 
 
 def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: int) -> Shape:
-    from scaletrain.model import transformer_blocks
+    from scaletrain.model.build import transformer_blocks
 
     model = _model_on_meta(cfg, vocab)
     model.train()
@@ -268,7 +268,7 @@ def gathered_kv(cfg: Config, shape: Shape) -> int:
     n = cfg.scaling.context_parallel
     if n == 1 or not shape.kv_width or cfg.model.task != "causal-lm":
         return 0
-    from scaletrain.context_parallel import choose_method
+    from scaletrain.model.context_parallel import choose_method
 
     if choose_method(cfg.scaling.context_parallel_method, shape.heads, n) != "ring":
         return 0

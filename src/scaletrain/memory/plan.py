@@ -13,7 +13,7 @@ from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, Shape, estimate, model_shape
 from scaletrain.metrics.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
-from scaletrain.tokenizer import Vocab
+from scaletrain.model.tokenizer import Vocab
 
 ASSUMED_MFU = 0.4  # compute time = FLOPs / (peak x this): a typical dense bf16 fine-tune on one device
 
@@ -67,7 +67,7 @@ def shape_for(cfg: Config, vocab: Vocab) -> Shape:
     """The meta pass at one rank's positions: the whole sequence, or with ``scaling.context_parallel`` N its
     share (the sequence padded to a multiple of 2N, over N)."""
     from scaletrain.config.batch import sequences_per_micro_batch
-    from scaletrain.context_parallel import padded_width
+    from scaletrain.model.context_parallel import padded_width
 
     n = cfg.scaling.context_parallel
     return model_shape(cfg, vocab, sequences_per_micro_batch(cfg.train), padded_width(cfg.data.max_length, n) // n,
@@ -204,7 +204,7 @@ def context_parallel_traffic(cfg: Config, shape: Shape) -> int:
     all-to-alls move (N-1)/N of the local q, k, v and the attention output, twice; the ring's all-gather brings
     N-1 shards of keys and values, and backward all-reduces the whole sequence's key/value gradients."""
     from scaletrain.config.batch import sequences_per_micro_batch
-    from scaletrain.context_parallel import choose_method
+    from scaletrain.model.context_parallel import choose_method
 
     n = cfg.scaling.context_parallel
     if n == 1:

@@ -97,7 +97,7 @@ def mfu(tokens_per_s_per_device: float, flops_token: float, peak: float | None) 
 def model_flops_facts(model) -> dict[str, int]:
     """Non-embedding and LoRA parameter counts, layers and hidden size of an HF (or peft) model; an MoE model's
     routed experts count top-k/E (the FLOPs a token costs: moe.py)."""
-    from scaletrain.moe import active_parameters, experts_of
+    from scaletrain.model.moe import active_parameters, experts_of
 
     cfg = getattr(model, "config", None)
     named = list(model.named_parameters())

@@ -21,8 +21,8 @@ import shutil
 
 import torch.distributed as dist
 
-from scaletrain.dtypes import torch_dtype
-from scaletrain.model_files import final_dtype, set_config_dtype
+from scaletrain.model.dtypes import torch_dtype
+from scaletrain.model.files import final_dtype, set_config_dtype
 from scaletrain.rundir import RunDir
 from scaletrain.storage.mirror import upload_tree
 from scaletrain.storage.uri import Store

@@ -11,8 +11,8 @@ from torch import nn
 
 from scaletrain.comm.context import DistContext
 from scaletrain.config.schema import TrainConfig
-from scaletrain.model import enable_checkpointing, transformer_blocks
-from scaletrain.precision import Policy
+from scaletrain.model.build import enable_checkpointing, transformer_blocks
+from scaletrain.model.precision import Policy
 
 
 def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig, precision: Policy | None = None) -> nn.Module:
@@ -52,7 +52,7 @@ def context_parallel_group(ctx: DistContext, method: str):
     ranks share a batch (DistContext.dp_rank / cp_rank). FSDP shards over every rank (both dimensions)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from scaletrain.context_parallel import Group
+    from scaletrain.model.context_parallel import Group
 
     mesh = init_device_mesh(torch.device(ctx.device).type, (ctx.dp_size, ctx.cp_size), mesh_dim_names=("dp", "cp"))
     return Group(ctx.cp_size, ctx.cp_rank, mesh["cp"].get_group(), method)

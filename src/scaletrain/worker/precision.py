@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from scaletrain.config.schema import Config
-from scaletrain.precision import Policy, policy
+from scaletrain.model.precision import Policy, policy
 
 
 def device_policy(cfg: Config, device: str) -> Policy:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.tokenizer import Vocab
+from scaletrain.model.tokenizer import Vocab
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class StreamData:
     """The loop's ``Data`` for a stream: the same ``batches``, ``record_step``, ``eval`` and ``collate``."""
 
     def __init__(self, t: Trainer):
-        from scaletrain.tokenizer import load_tokenizer
+        from scaletrain.model.tokenizer import load_tokenizer
 
         self.t = t
         self.eval = load_split(t.spec.eval_path)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from scaletrain import context_parallel
-from scaletrain.attention import device_kernel_note
+from scaletrain.model import context_parallel
+from scaletrain.model.attention import device_kernel_note
 from scaletrain.checkpoint import Checkpointer, Restored, checkpoints_of
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
@@ -23,7 +23,7 @@ from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
-from scaletrain.model import (
+from scaletrain.model.build import (
     build_model,
     count_parameters,
     experts_kernel,
@@ -31,7 +31,7 @@ from scaletrain.model import (
     preload,
     trained_model_config,
 )
-from scaletrain.moe import experts_of, router_terms
+from scaletrain.model.moe import experts_of, router_terms
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer

@@ -34,7 +34,7 @@ from scaletrain import envvars
 # a worker must import Ray itself; Ray Train's own dependencies are imported here (they halve what is left of
 # importing it: 1.0 -> 0.4 s per process). The model families the docs and tests name are imported up front
 # (transformers imports a model's module when the model is first built).
-PRELOAD = ("torch", "transformers", "peft", "scaletrain.worker.loop", "scaletrain.model",
+PRELOAD = ("torch", "transformers", "peft", "scaletrain.worker.loop", "scaletrain.model.build",
            "transformers.models.auto.modeling_auto", "transformers.models.bert.modeling_bert",
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
            "transformers.models.mistral.modeling_mistral", "transformers.models.gemma.modeling_gemma",

@@ -57,7 +57,7 @@ def _run_target(run: RunDir, dtype: str) -> Target:
         raise ConfigError(f"{run.root}: a {task} run; lm-evaluation-harness evaluates causal language models")
     results = run.root / EVAL_DIR
     if (final / ADAPTER_CONFIG).is_file():
-        from scaletrain.export import base_dir
+        from scaletrain.after.export import base_dir
 
         base = base_dir(run, final)
         return Target({"pretrained": str(base), "peft": str(final), "tokenizer": str(final), "dtype": dtype},

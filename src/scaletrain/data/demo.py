@@ -1,6 +1,6 @@
 """Offline, learnable demo data: a sentiment task and an alpaca-format SFT task.
 
-``python -m scaletrain.demo_data DIR`` writes ``DIR/sentiment.jsonl``, ``DIR/sentiment.csv``,
+``python -m scaletrain.data.demo DIR`` writes ``DIR/sentiment.jsonl``, ``DIR/sentiment.csv``,
 ``DIR/reviews.jsonl`` (six-sentence reviews, ~64 tokens, for the scaling benchmark) and ``DIR/alpaca.json``.
 Labels follow from the words (not random), so a model can beat chance.
 """

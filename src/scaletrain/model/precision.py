@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.dtypes import TORCH_NAMES, torch_dtype, torch_name
+from scaletrain.model.dtypes import TORCH_NAMES, torch_dtype, torch_name
 from scaletrain.errors import ConfigError
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scaletrain.errors import ConfigError
-from scaletrain.moe import experts_of, is_routed_expert
+from scaletrain.model.moe import experts_of, is_routed_expert
 
 WORDS = ("all-linear", "attention", "experts", "router")
 ATTENTION_PARTS = ("self_attn", "attention", "attn")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scaletrain.dtypes import TORCH_NAMES, torch_name
+from scaletrain.model.dtypes import TORCH_NAMES, torch_name
 from scaletrain.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -84,7 +84,7 @@ def generation_eval(run_dir: str | Path, data: str | Path, limit: int | None = N
     """Generate an answer for each held-out prompt, score it, write the results (see the module docstring)."""
     import torch
 
-    from scaletrain.chat import open_chat
+    from scaletrain.after.chat import open_chat
 
     run = RunDir(run_dir).require_run()
     pairs = held_out(run, data, limit)

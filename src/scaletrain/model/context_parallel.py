@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from scaletrain.attention import causal_over_spans
+from scaletrain.model.attention import causal_over_spans
 from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.errors import ConfigError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaletrain.errors import ConfigError
-from scaletrain.model_files import (
+from scaletrain.model.files import (
     BUILTINS,
     MINILM_VOCAB_SIZE,
     TINY_LLAMA_TOKENIZER,
@@ -75,7 +75,7 @@ def tiny_llama_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     from scaletrain.data.templates import BUILTIN_TEMPLATES
-    from scaletrain.demo_data import tokenizer_corpus
+    from scaletrain.data.demo import tokenizer_corpus
 
     corpus = tokenizer_corpus()
     bpe = Tokenizer(models.BPE())

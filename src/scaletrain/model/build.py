@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from scaletrain.config.schema import Config, ModelConfig
 from scaletrain.errors import ConfigError
-from scaletrain.lora_targets import WORDS, resolve
-from scaletrain.model_files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
-from scaletrain.tokenizer import Vocab
+from scaletrain.model.lora_targets import WORDS, resolve
+from scaletrain.model.files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
+from scaletrain.model.tokenizer import Vocab
 
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
@@ -106,7 +106,7 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
     if model.config.pad_token_id is None:
         model.config.pad_token_id = vocab.pad_id
     if packed:
-        from scaletrain.attention import isolate_examples
+        from scaletrain.model.attention import isolate_examples
 
         isolate_examples(model)
     if cfg.finetuning_type == "lora":
@@ -197,7 +197,7 @@ def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> str | None:
 def router_loss_note(cfg: Config, vocab: Vocab) -> str | None:
     """The start-of-run line of an MoE model's router losses (worker/router.py): each coefficient and where it comes
     from (moe.router_terms); a router loss asked of a dense model is an error."""
-    from scaletrain.moe import experts_of, router_terms
+    from scaletrain.model.moe import experts_of, router_terms
 
     asked = {"moe_aux_loss_coef": cfg.train.moe_aux_loss_coef, "moe_z_loss_coef": cfg.train.moe_z_loss_coef}
     if cfg.model.task != "causal-lm":
@@ -272,7 +272,7 @@ def experts_kernel(model, device_type: str, dtype=None) -> str | None:
     """How transformers computes an MoE model's routed experts here, for the start-of-run line (None: dense):
     ``grouped_mm`` (one grouped GEMM per projection over all experts; LoRA on the fused expert weights stays on it,
     peft's target_parameters adapting the weight the kernel reads) or the per-expert loop (``eager``)."""
-    from scaletrain.moe import experts_of
+    from scaletrain.model.moe import experts_of
 
     config = getattr(model, "config", None)
     if config is None or experts_of(config) is None:
@@ -333,7 +333,7 @@ def packing_support_error(cfg: ModelConfig, vocab: Vocab) -> str | None:
 def context_parallel_error(cfg: ModelConfig, vocab: Vocab, size: int, method: str) -> str | None:
     """Why this model cannot split its sequences over ``size`` ranks with ``method``, or None; checked in the
     driver before any worker starts (context_parallel.py replaces plain causal SDPA attention only)."""
-    from scaletrain.context_parallel import choose_method
+    from scaletrain.model.context_parallel import choose_method
 
     _, config = auto_and_config(cfg, vocab)
     config = getattr(config, "text_config", None) or config

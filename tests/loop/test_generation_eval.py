@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from scaletrain.after.gen_eval import METRICS, similarity
 from scaletrain.cli import main
 from scaletrain.data.templates import BUILTIN_TEMPLATES
-from scaletrain.after.gen_eval import METRICS, similarity
 from tests.conftest import lora_run_dir
 
 pytestmark = pytest.mark.loop

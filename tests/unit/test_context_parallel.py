@@ -4,8 +4,8 @@ method's choice and the config's refusals (the collectives: on gloo in tests/loo
 import pytest
 import torch
 
-from scaletrain.model import context_parallel as cp
 from scaletrain.errors import ConfigError
+from scaletrain.model import context_parallel as cp
 
 IGNORE = -100
 

@@ -48,7 +48,8 @@ def test_the_readme_config_table_names_every_key_of_the_schema(section):
 
 TROUBLESHOOTING = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 # The modules `train` runs before any worker starts: config, output directory, model, data, batch, plan.
-PREFLIGHT = ("config/", "rundir.py", "model/build.py", "model/files.py", "model/tokenizer.py", "data/", "textfile.py", "launch/preflight.py", "launch/resume.py",
+PREFLIGHT = ("config/", "rundir.py", "model/build.py", "model/files.py", "model/tokenizer.py", "data/", "textfile.py",
+             "launch/preflight.py", "launch/resume.py",
              "memory/plan.py", "launch/plan.py")
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from scaletrain.errors import ConfigError
 from scaletrain.after.export import export_run, shards_of
+from scaletrain.errors import ConfigError
 
 TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from scaletrain.model.dtypes import checkpoint_dtype
 from scaletrain.errors import ConfigError
+from scaletrain.model.dtypes import checkpoint_dtype
 from scaletrain.model.precision import policy
 
 COMBOS = list(itertools.product(["gpu", "gpu-no-bf16", "cpu"], ["ddp", "fsdp"], ["bf16", "fp16", "fp32"],

@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from scaletrain.errors import ConfigError
 from scaletrain.after.serving import serve_plan
+from scaletrain.errors import ConfigError
 from tests.unit.test_export import TEMPLATE, _base, _run
 
 

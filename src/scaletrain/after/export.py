@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from scaletrain.model.dtypes import BYTES, checkpoint_dtype, torch_dtype, torch_name
 from scaletrain.errors import ConfigError
-from scaletrain.model.fused_lora import PEFT_PREFIX, FusedDeltas
+from scaletrain.model.dtypes import BYTES, checkpoint_dtype, torch_dtype, torch_name
 from scaletrain.model.files import model_dir
+from scaletrain.model.fused_lora import PEFT_PREFIX, FusedDeltas
 from scaletrain.rundir import RunDir
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"

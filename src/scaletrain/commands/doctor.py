@@ -23,8 +23,8 @@ def gather_facts(cfg, smoke: bool):
     from scaletrain.comm.device import Platform
     from scaletrain.comm.ports import port_free
     from scaletrain.comm.topo import detect
-    from scaletrain.launch.doctor import Facts
     from scaletrain.envvars import MASTER_PORT, snapshot
+    from scaletrain.launch.doctor import Facts
     from scaletrain.storage.mirror import local_output_dir
     from scaletrain.storage.uri import is_uri
 

@@ -21,9 +21,9 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from scaletrain.after.export import export_run
     from scaletrain.console import console
     from scaletrain.errors import ConfigError
-    from scaletrain.after.export import export_run
     from scaletrain.storage.mirror import check_upload_target, upload_tree
     from scaletrain.storage.uri import is_uri
 
@@ -55,8 +55,8 @@ def _export_from_store(args: argparse.Namespace):
     import tempfile
     from pathlib import Path
 
-    from scaletrain.errors import ConfigError
     from scaletrain.after.export import export_run
+    from scaletrain.errors import ConfigError
     from scaletrain.storage.mirror import fetch_final
 
     if not args.out:

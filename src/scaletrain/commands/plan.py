@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.memory.estimate import GIB, estimate
     from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
+    from scaletrain.model.tokenizer import plan_vocab
     from scaletrain.scaling.predict import Inputs, table
     from scaletrain.scaling.profiles import missing, profile_for
-    from scaletrain.model.tokenizer import plan_vocab
 
     cfg = load_config(args.config, args.overrides)
     sizes = parse_workers(args.gpus, "--gpus")

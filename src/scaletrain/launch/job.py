@@ -24,7 +24,6 @@ from scaletrain.config import Config
 from scaletrain.config.batch import global_batch, scaled_learning_rate, total_steps
 from scaletrain.console import ProgressView, console
 from scaletrain.data.preview import first_example
-from scaletrain.model.dtypes import torch_dtype
 from scaletrain.errors import Interrupted, LaunchError
 from scaletrain.launch import torchrun_launcher
 from scaletrain.launch.failures import Decision, HangRetryPolicy, training_error
@@ -35,7 +34,9 @@ from scaletrain.metrics.goodput import DriverClock, account
 from scaletrain.metrics.logs import EventLog
 from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers, tracker_note
+from scaletrain.model.dtypes import torch_dtype
 from scaletrain.model.files import final_dtype, model_dir, set_config_dtype
+from scaletrain.model.tokenizer import Vocab
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
 from scaletrain.storage.mirror import (
@@ -48,7 +49,6 @@ from scaletrain.storage.mirror import (
 )
 from scaletrain.storage.relay import download_tree
 from scaletrain.storage.uri import Store, is_uri
-from scaletrain.model.tokenizer import Vocab
 from scaletrain.worker.faults import chaos_faults, parse_faults
 from scaletrain.worker.spec import JobSpec
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from scaletrain.config.schema import Config, ModelConfig
 from scaletrain.errors import ConfigError
-from scaletrain.model.lora_targets import WORDS, resolve
 from scaletrain.model.files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
+from scaletrain.model.lora_targets import WORDS, resolve
 from scaletrain.model.tokenizer import Vocab
 
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).

@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from scaletrain.model.attention import causal_over_spans
 from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.errors import ConfigError
+from scaletrain.model.attention import causal_over_spans
 
 NAME = "scaletrain_context_parallel"
 METHODS = ("auto", "ulysses", "ring")

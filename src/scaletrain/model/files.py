@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scaletrain.model.dtypes import TORCH_NAMES, torch_name
 from scaletrain.errors import ConfigError
+from scaletrain.model.dtypes import TORCH_NAMES, torch_name
 
 if TYPE_CHECKING:
     from scaletrain.config.schema import ModelConfig

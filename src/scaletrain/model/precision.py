@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.model.dtypes import TORCH_NAMES, torch_dtype, torch_name
 from scaletrain.errors import ConfigError
+from scaletrain.model.dtypes import TORCH_NAMES, torch_dtype, torch_name
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,8 @@ def tiny_llama_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from scaletrain.data.templates import BUILTIN_TEMPLATES
     from scaletrain.data.demo import tokenizer_corpus
+    from scaletrain.data.templates import BUILTIN_TEMPLATES
 
     corpus = tokenizer_corpus()
     bpe = Tokenizer(models.BPE())

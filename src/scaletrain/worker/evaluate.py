@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from scaletrain.model import context_parallel
 from scaletrain.comm.context import DistContext
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs
+from scaletrain.model import context_parallel
 from scaletrain.worker.loss import chunked_labels, is_installed
 from scaletrain.worker.parallel import all_reduce_sum
 

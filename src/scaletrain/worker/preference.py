@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from scaletrain.model import context_parallel
 from scaletrain.config.stages import PREFERENCE_STAGES
 from scaletrain.data import IGNORE_INDEX, model_inputs
+from scaletrain.model import context_parallel
 from scaletrain.worker.parallel import all_reduce_sum, unwrap
 
 if TYPE_CHECKING:

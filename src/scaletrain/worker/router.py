@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scaletrain.model import context_parallel
 from scaletrain.data import model_inputs
+from scaletrain.model import context_parallel
 from scaletrain.model.moe import Experts
 from scaletrain.worker.parallel import all_reduce_sum
 

@@ -17,8 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from scaletrain.model import context_parallel
 from scaletrain.data import IGNORE_INDEX, model_inputs
+from scaletrain.model import context_parallel
 from scaletrain.worker.breakdown import device_sync, time_without_sync
 from scaletrain.worker.faults import delay_s
 from scaletrain.worker.loss import chunked_labels

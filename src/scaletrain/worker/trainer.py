@@ -14,8 +14,6 @@ from pathlib import Path
 
 import torch
 
-from scaletrain.model import context_parallel
-from scaletrain.model.attention import device_kernel_note
 from scaletrain.checkpoint import Checkpointer, Restored, checkpoints_of
 from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
@@ -23,6 +21,8 @@ from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
+from scaletrain.model import context_parallel
+from scaletrain.model.attention import device_kernel_note
 from scaletrain.model.build import (
     build_model,
     count_parameters,

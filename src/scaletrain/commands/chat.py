@@ -10,7 +10,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("run_dir", help="a finished causal-LM run directory")
     p.add_argument("--prompt", help="one message: print the answer and exit (no terminal needed)")
     p.add_argument("--system", help="a system prompt")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.set_defaults(func=run)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("import", parents=parents, help="write a scaletrain config from a LLaMA-Factory YAML or a "
                                                        "DeepSpeed JSON, with a table of where each key went")
-    p.add_argument("kind", choices=("llamafactory", "deepspeed"))
+    p.add_argument("kind", choices=("llamafactory", "deepspeed"), help="what the file is")
     p.add_argument("path", help="the LLaMA-Factory training YAML, or the DeepSpeed JSON")
     p.add_argument("-o", "--out", help="write the config here (never over an existing file); default: stdout")
     p.set_defaults(func=run)

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--gpus", default="1,2,4,8", help="world sizes to plan for")
     p.add_argument("--device", help="mi300x, mi325x, mi355x, mi250x, mi210, a100, a100-40gb, h100, h200, b200 or "
                                     "cpu (default: this machine's)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (the plan's node count)")
     p.add_argument("--context-parallel", help="context-parallel degrees to weigh, e.g. 1,2,4,8 (default: those, "
                                               "for sequences of 16k tokens or more or a config that sets it)")
     p.add_argument("--json", action="store_true", help="the numbers as JSON (everything)")

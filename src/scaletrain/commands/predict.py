@@ -28,10 +28,10 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     net.add_argument("--commbench", help="commbench.json (from commbench --out) for links inside a node")
     p.add_argument("--inter-commbench", help="commbench.json measured across nodes")
     p.add_argument("--gpus", default="1,2,4,8", help="device counts to predict")
-    p.add_argument("--gpus-per-node", type=int, default=None)
+    p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (intra- vs inter-node links)")
     p.add_argument("--overlap", type=float, default=0.8, help="fraction of backward that hides communication")
-    p.add_argument("--bucket-mb", type=float, default=25.0)
-    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"])
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP gradient bucket size in MB")
+    p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"], help="the parallel strategy predicted")
     p.add_argument("--topology", choices=["switch", "full-mesh"],
                    help="inside a node (default: the profile's; switch for a commbench curve): full-mesh scales "
                         "busbw with the GPUs taking part")
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
                    help="a multi-worker run: the spread of its ranks' own step work (ranks/ready_s) as --straggler-cv")
     p.add_argument("--check-published", action="store_true",
                    help="predicted vs published speedups for every row of scaletrain/scaling/published.py")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the prediction as JSON")
     p.set_defaults(func=run)
 
 

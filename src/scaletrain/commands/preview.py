@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value overrides")
     p.add_argument("-n", type=int, default=3, help="examples to show (default 3)")
     p.add_argument("--ids", action="store_true", help="also the (label, id) pair of every token")
-    p.add_argument("--split", choices=["train", "eval"], default="train")
+    p.add_argument("--split", choices=["train", "eval"], default="train", help="which split's examples to show")
     p.set_defaults(func=run)
 
 

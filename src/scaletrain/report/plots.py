@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from scaletrain.rundir import RunDir
 
@@ -17,11 +18,29 @@ FILES = RunDir.PLOTS  # named by the run directory's owner (trackers upload them
 LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT, EXPERTS = FILES
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def save_figure(fig, path: Path) -> Path:
+    """Lay the figure out, write it, close it. Every plot of the project goes through here (the tests read the
+    figures' ticks, labels and legends here, before they are closed)."""
+    if fig.get_layout_engine() is None:  # a constrained figure lays itself out (a legend outside the axes)
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def whole_numbers(*axes, axis: str = "x") -> None:
+    """Steps, layers, experts and workers are whole numbers: ticks at integers only (matplotlib's default locator
+    puts 5.0, 5.2, ... on a short range)."""
+    for ax in axes:
+        getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def each_index(ax, count: int, axis: str) -> None:
+    """A heat map's rows or columns (layers, experts): a tick at each index up to 16, else whole numbers only."""
+    if count <= 16:
+        getattr(ax, f"set_{axis}ticks")(range(count))
+    else:
+        whole_numbers(ax, axis=axis)
 
 
 def _mark_pauses(ax, evals: list[dict], checkpoints: list[dict]) -> None:
@@ -42,6 +61,7 @@ def loss(train: list[dict], evals: list[dict], out: Path, checkpoints: list[dict
         ax.plot([r["step"] for r in ev], [r["eval/loss"] for r in ev], "o-", label="eval loss")
     _mark_pauses(ax, [], list(checkpoints))
     ax.set(xlabel="step", ylabel="loss", title="Loss and gradient norm")
+    whole_numbers(ax)
     norms = [r for r in train if "train/grad_norm" in r]
     lines, labels = ax.get_legend_handles_labels()
     if norms:  # the number dashboards show first after the loss: spikes come before divergence
@@ -52,7 +72,7 @@ def loss(train: list[dict], evals: list[dict], out: Path, checkpoints: list[dict
         more = ax2.get_legend_handles_labels()
         lines, labels = lines + more[0], labels + more[1]
     ax.legend(lines, labels)
-    return _save(fig, out / LOSS)
+    return save_figure(fig, out / LOSS)
 
 
 def rewards(train: list[dict], evals: list[dict], out: Path) -> Path | None:
@@ -71,9 +91,10 @@ def rewards(train: list[dict], evals: list[dict], out: Path) -> Path | None:
     b.axhline(0.5, color="tab:gray", linestyle=":", linewidth=0.8, label="chance")
     a.set(xlabel="step", ylabel="reward (beta x log-ratio)", title="Rewards and margin")
     b.set(xlabel="step", ylabel="share of pairs", title="Reward accuracy", ylim=(0, 1.05))
+    whole_numbers(a, b)
     a.legend()
     b.legend()
-    return _save(fig, out / REWARDS)
+    return save_figure(fig, out / REWARDS)
 
 
 def experts(train: list[dict], out: Path) -> Path | None:
@@ -88,6 +109,8 @@ def experts(train: list[dict], out: Path) -> Path | None:
     image = a.imshow(mean, aspect="auto", cmap="viridis", vmin=0)
     fig.colorbar(image, ax=a, label="share of tokens / fair share")
     a.set(xlabel="expert", ylabel="layer", title="Router: tokens per expert (mean over the run)")
+    each_index(a, count, "x")
+    each_index(a, layers, "y")
     steps = [r["step"] for r in train if r.get("moe/expert_share_min")]
     lows = [r["moe/expert_share_min"] for r in train if r.get("moe/expert_share_min")]
     for i in range(layers):
@@ -95,8 +118,9 @@ def experts(train: list[dict], out: Path) -> Path | None:
     b.axhline(1.0, color="tab:gray", linestyle=":", linewidth=0.8, label="fair share")
     b.set(xlabel="step", ylabel="smallest expert share / fair share", title="Least-used expert per layer",
           ylim=(0, None))
+    whole_numbers(b)
     b.legend()
-    return _save(fig, out / EXPERTS)
+    return save_figure(fig, out / EXPERTS)
 
 
 def goodput(summary: dict, out: Path) -> Path | None:
@@ -105,7 +129,9 @@ def goodput(summary: dict, out: Path) -> Path | None:
 
     if not summary.get("goodput/wall_s"):
         return None
-    fig, ax = plt.subplots(figsize=(FIGSIZE[0], 2.5))
+    # constrained layout with the legend "outside lower center": the legend gets its own room under the axis
+    # label (placed by hand under the axes, it covered "seconds")
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0], 3.2), layout="constrained")
     left = 0.0
     for name in CATEGORIES:
         seconds = summary.get(f"goodput/{name}_s", 0.0)
@@ -114,8 +140,8 @@ def goodput(summary: dict, out: Path) -> Path | None:
             left += seconds
     ax.set(yticks=[], xlabel="seconds", title=f"Where the wall time went: goodput {summary['goodput/ratio']:.0%}, "
                                               f"{summary.get('goodput/interruptions', 0)} interruption(s)")
-    ax.legend(ncol=4, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.45))
-    return _save(fig, out / GOODPUT)
+    fig.legend(ncol=4, fontsize="small", loc="outside lower center")
+    return save_figure(fig, out / GOODPUT)
 
 
 def throughput(train: list[dict], out: Path, evals: list[dict] = (), checkpoints: list[dict] = ()) -> Path | None:
@@ -125,8 +151,9 @@ def throughput(train: list[dict], out: Path, evals: list[dict] = (), checkpoints
     ax.plot([r["step"] for r in train], [r["throughput/samples_per_s"] for r in train], label="samples/s")
     _mark_pauses(ax, [r for r in evals if "time/eval_s" in r], list(checkpoints))
     ax.set(xlabel="step", ylabel="samples/s", title="Throughput (all ranks; eval and checkpoint time excluded)")
+    whole_numbers(ax)
     ax.legend()
-    return _save(fig, out / THROUGHPUT)
+    return save_figure(fig, out / THROUGHPUT)
 
 
 def ranks(train: list[dict], out: Path) -> Path | None:
@@ -140,8 +167,9 @@ def ranks(train: list[dict], out: Path) -> Path | None:
         b.plot(steps, [r["ranks/rss_gib"][rank] for r in rows], label=f"rank {rank}")
     a.set(xlabel="step", ylabel="s/step", title="Step time per rank")
     b.set(xlabel="step", ylabel="GiB", title="Host memory (RSS) per rank")
+    whole_numbers(a, b)
     a.legend()
-    return _save(fig, out / RANKS)
+    return save_figure(fig, out / RANKS)
 
 
 def utilization(system: list[dict], out: Path) -> Path | None:
@@ -157,4 +185,4 @@ def utilization(system: list[dict], out: Path) -> Path | None:
                     [r["gpu/util_pct"] for r in mine if "gpu/util_pct" in r], "--", label=f"rank {rank} GPU %")
     ax.set(xlabel="seconds since the first sample", ylabel="%", title="CPU and GPU utilisation")
     ax.legend()
-    return _save(fig, out / UTILIZATION)
+    return save_figure(fig, out / UTILIZATION)

@@ -38,13 +38,13 @@ class Published:
 
 
 LLAMA3_8B = 8.03e9  # parameters of Llama-3-8B / 3.1-8B (config.json: 32 layers, d 4096, FFN 14336, vocab 128256)
-LORA_R16_ALL_LINEAR = 41.9e6  # docs/scaling.md: 32 x (131,072 + 2 x 81,920 + 131,072 + 3 x 294,912)
+LORA_R16_ALL_LINEAR = 41.9e6  # docs/tasks/scaling.md: 32 x (131,072 + 2 x 81,920 + 131,072 + 3 x 294,912)
 
 PUBLISHED: tuple[Published, ...] = (
     Published(
         name="seed Llama-3-8B LoRA ZeRO-3 MI300X",
-        source="the project's seed measurement (issue #48; docs/scaling.md): LLaMA-Factory + DeepSpeed ZeRO-3 over "
-               "RCCL, 4.2 / 7.8 / 14.5 / 27.2 samples/s at 1 / 2 / 4 / 8 MI300X",
+        source="the project's seed measurement (issue #48; docs/tasks/scaling.md): LLaMA-Factory + DeepSpeed ZeRO-3 "
+               "over RCCL, 4.2 / 7.8 / 14.5 / 27.2 samples/s at 1 / 2 / 4 / 8 MI300X",
         setup="LoRA r16 on all linear layers, seq 4096, per-device batch 4, accumulation 4, bf16",
         profile="mi300x", gpus=(1, 2, 4, 8), speedups=(1.0, 7.8 / 4.2, 14.5 / 4.2, 27.2 / 4.2),
         step_s=16 / 4.2, param_bytes=2 * LLAMA3_8B, grad_bytes=2 * LORA_R16_ALL_LINEAR, micro_batches=4,

@@ -139,7 +139,7 @@ def write_outputs(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
 
 
 def plot_speedup(rows: list[dict], out_dir: Path) -> Path:
-    from scaletrain.report.plots import DPI, FIGSIZE, plt
+    from scaletrain.report.plots import FIGSIZE, plt, save_figure
 
     measured = [r for r in rows if r.get("speedup")]
     fig, ax = plt.subplots(figsize=FIGSIZE)
@@ -147,9 +147,6 @@ def plot_speedup(rows: list[dict], out_dir: Path) -> Path:
     ax.plot(xs, xs, "--", label="ideal")
     ax.plot(xs, [r["speedup"] for r in measured], "o-", label="measured")
     ax.set(xlabel="workers", ylabel="speedup (samples/s)", title="Scaling: measured vs ideal")
+    ax.set_xticks(xs)  # the world sizes measured, not 1.5, 2.5, ...
     ax.legend()
-    fig.tight_layout()
-    path = out_dir / "scaling.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / "scaling.png")

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # install their own torch into the venv first (see README) and set TORCH_SPEC= to keep it.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-fast test-unit test-loop lint clean-venv
+.PHONY: install demo test test-fast test-unit test-loop lint docs reference clean-venv
 
 $(BIN)/scaletrain: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -48,6 +48,16 @@ test-loop: install
 
 lint: install
 	$(BIN)/ruff check .
+
+# The documentation site: the reference pages checked against the schema and the CLI (stale: `make reference`
+# writes them), then MkDocs in strict mode (a broken link, a missing picture or a page left out of the navigation
+# fails it). Output: site/.
+docs: install
+	$(BIN)/python docs/gen_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+reference: install
+	$(BIN)/python docs/gen_reference.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -54,7 +54,7 @@ def test_every_command_argument_has_help():
 def test_the_reference_page_is_what_the_code_renders_now(page):
     gen = _generator()
     assert gen.PAGES[page].read_text() == gen.RENDER[page](), (
-        f"{gen.PAGES[page]} is stale: run make docs (python docs/gen_reference.py) and commit it")
+        f"{gen.PAGES[page]} is stale: run make reference (python docs/gen_reference.py) and commit it")
 
 
 def test_the_config_page_names_every_key_with_its_default_and_allowed_values():

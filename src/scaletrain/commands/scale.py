@@ -70,7 +70,7 @@ def run_scale(args: argparse.Namespace) -> int:
                 row["note"] = CPU_HEADROOM_NOTE
             rows.append(row)
     paths = write_outputs(add_speedup(rows), out, f"scaletrain scale: {Path(args.config).name}")
-    console.print((out / "scaling.md").read_text(), soft_wrap=True)
+    console.print((out / "scaling.md").read_text(), soft_wrap=True, markup=False)  # its [..](..) links are text
     console.print(f"written: {', '.join(str(p) for p in paths)}", soft_wrap=True)
     return 0
 

@@ -40,8 +40,10 @@ class ModelConfig(_Section):
         "LoRA's scaling numerator: the update is scaled by lora_alpha / lora_rank."))
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on LoRA's input (0 disables it).")
     lora_target: list[str] | Literal["all-linear"] = Field("all-linear", description=(
-        "Module names to adapt (a list, or `q_proj,v_proj`), or `all-linear` (peft's shorthand; LLaMA-Factory's "
-        "`all` works too). An MoE's fused experts are adapted too, never skipped silently."))
+        "Module or parameter names to adapt (a list, or `q_proj,v_proj`), or `all-linear` (peft's shorthand; "
+        "LLaMA-Factory's `all` works too): attention, the other linear layers and an MoE's routed experts, never "
+        "skipped silently; `attention`, `experts` and `router` name those parts of an MoE (the router only on "
+        "request)."))
     torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description=(
         "Storage dtype of frozen weights (a LoRA base): auto (the compute dtype on GPUs, fp32 on CPU), bfloat16, "
         "float16 or float32; trainable weights are fp32 master weights whatever the checkpoint (model/precision.py)."))

@@ -54,7 +54,7 @@ lint: install
 # fails it). Output: site/.
 docs: install
 	$(BIN)/python docs/gen_reference.py --check
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: it hides the warnings strict counts
 
 reference: install
 	$(BIN)/python docs/gen_reference.py

@@ -64,6 +64,9 @@ WARM_COMMANDS = ("train", "scale", "commbench")
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    from scaletrain.console import quiet_library_warnings
+
+    quiet_library_warnings()
     if argv is None and args.command in WARM_COMMANDS:  # a command line, not a call from Python
         from scaletrain.launch.warm.cluster import run_forked_driver
 

@@ -13,6 +13,22 @@ from rich.table import Table
 
 console = Console(stderr=True)
 
+# Third-party warnings that scaletrain's own calls trigger and that tell the user nothing they can act on: (message
+# regex, category). Matched by message, so a library's warning about something the user wrote still shows; worker
+# processes keep them in their logs (only the command's own process filters them).
+LIBRARY_NOISE = (
+    # peft's PeftModel reads model.is_gradient_checkpointing, deprecated in transformers 5 (eval, chat, export, train)
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
+
+
+def quiet_library_warnings() -> None:
+    """Filter LIBRARY_NOISE in this process (the CLI calls it once, before any command runs)."""
+    import warnings
+
+    for message, category in LIBRARY_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
+
 
 class ProgressView:
     """The live progress bar: step/total, loss, aggregated samples/s, the slowest rank, ETA."""

@@ -104,8 +104,37 @@ def test_bad_generation_eval_input_is_one_line(chat_run, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(ROWS[0]) + "\n{oops\n")
     assert main(["eval", str(run), "--data", str(bad)]) != 0
-    assert f"--data {bad}:2: not JSON" in capsys.readouterr().err
+    assert f"--data={bad}: line 2 is not JSON" in capsys.readouterr().err
+    assert main(["eval", str(run), "--data", "held_demo"]) != 0  # a name, with no dataset_info.json to look in
+    assert "--data held_demo: no such file (to name datasets of a LLaMA-Factory dataset_info.json, give " \
+           "--dataset-dir DIR)" in capsys.readouterr().err
     prompts_only = tmp_path / "prompts.jsonl"
     prompts_only.write_text(json.dumps({"instruction": "Hi", "input": ""}) + "\n")
     assert main(["eval", str(run), "--data", str(prompts_only)]) != 0
     assert "no record ends with an assistant reply" in capsys.readouterr().err
+
+
+def test_eval_data_takes_every_format_training_takes(chat_run, tmp_path, capsys):
+    """A JSON array (the format LLaMA-Factory's data files have), and dataset names of a dataset_info.json with their
+    own columns, give the predictions the JSON Lines file gives (#60: a JSON array was a 20-line traceback)."""
+    run, jsonl = chat_run
+    array = tmp_path / "held.json"
+    array.write_text(json.dumps(ROWS))
+    renamed = tmp_path / "lf" / "renamed.json"
+    renamed.parent.mkdir()
+    renamed.write_text(json.dumps([{"q": r["instruction"], "a": r["output"]} for r in ROWS]))
+    (renamed.parent / "dataset_info.json").write_text(json.dumps(
+        {"held_demo": {"file_name": "renamed.json", "columns": {"prompt": "q", "response": "a"}}}))
+    import warnings
+
+    predicted = []
+    for args in (["--data", str(jsonl)], ["--data", str(array)],
+                 ["--data", "held_demo", "--dataset-dir", str(renamed.parent)]):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert main(["eval", str(run), *args, "--max-new-tokens", "4", "--limit", "2"]) == 0, \
+                capsys.readouterr().err
+        assert [str(w.message) for w in seen if issubclass(w.category, FutureWarning)] == []  # #59: quiet output
+        newest = max((run / "eval").glob("generate-*.json"), key=lambda p: p.stat().st_mtime_ns)
+        predicted.append([(p["label"], p["predict"]) for p in json.loads(newest.read_text())["predictions"]])
+    assert predicted[0] == predicted[1] == predicted[2] and len(predicted[0]) == 2

@@ -12,7 +12,6 @@ time) in lm-eval's results shape, so the run's report and ``report A B`` show th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from scaletrain.errors import ConfigError, DataError
@@ -41,53 +40,70 @@ def similarity(prediction: str, reference: str) -> dict[str, float]:
     return {"bleu-4": round(bleu * 100, 4), **{k: round(v * 100, 4) for k, v in rouge.items()}}
 
 
-def held_out(run: RunDir, path: str | Path, limit: int | None) -> list[tuple[list[dict], list | None, str]]:
-    """(prompt messages, tools, reference answer) of each usable record of ``path``, read in the run's data format
-    and columns; a record whose last turn is not the assistant's is skipped (and counted)."""
-    import yaml
+def held_out(run: RunDir, data: str, limit: int | None,
+             dataset_dir: str | None = None) -> list[tuple[list[dict], list | None, str]]:
+    """(prompt messages, tools, reference answer) of each usable record of ``data``, read as training reads its
+    data (data/sources.py: JSON arrays, JSON Lines, CSV, Parquet, Arrow, ``save_to_disk`` folders) in the run's
+    format and columns; or ``data`` names datasets (``a,b``) of the ``dataset_info.json`` in ``dataset_dir``
+    (default: the run's ``data.dataset_dir``), each with its own formatting and columns. A record whose last turn
+    is not the assistant's is skipped (and counted)."""
+    import tempfile
 
-    from scaletrain.config.data import DataConfig
-    from scaletrain.data.formats import Columns, to_conversation
+    from scaletrain.data.formats import to_conversation
+    from scaletrain.data.sources import load
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--data {path}: no such file")
-    # The run's format and columns, with the held-out file in the place of its training data.
-    data = {k: v for k, v in (yaml.safe_load(run.resolved_config.read_text()).get("data") or {}).items()
-            if k not in ("dataset", "dataset_dir", "eval_file", "eval_dataset")}
-    d = DataConfig(**{**data, "train_file": str(p)})
-    columns = Columns.from_config(d, d.formatting)
+    d, srcs = _data_config(run, data, dataset_dir)
     pairs, skipped = [], 0
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"--data {path}:{n}: not JSON ({e}); one JSON object per line") from None
-            chat, _ = to_conversation(row, d.formatting, columns)
-            if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
-                skipped += 1
-                continue
-            pairs.append((chat.messages[:-1], chat.tools, chat.messages[-1]["content"]))
-            if limit and len(pairs) >= limit:
-                break
+    with tempfile.TemporaryDirectory(prefix="scaletrain-eval-") as scratch:
+        for src in srcs:
+            loaded = load(src.path, src.file_format, "--data", scratch, d.encoding)
+            for row in loaded.ds:
+                chat, _ = to_conversation(row, src.formatting, src.columns)
+                if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
+                    skipped += 1
+                    continue
+                pairs.append((chat.messages[:-1], chat.tools, chat.messages[-1]["content"]))
+                if limit and len(pairs) >= limit:
+                    return pairs
     if not pairs:
-        raise DataError(f"--data {path}: no record ends with an assistant reply in the run's format "
+        raise DataError(f"--data {data}: no record ends with an assistant reply in the run's format "
                         f"(data.formatting={d.formatting}); {skipped} skipped")
     return pairs
 
 
+def _data_config(run: RunDir, data: str, dataset_dir: str | None):
+    """The run's data settings with ``data`` in the place of its training data, and the sources that gives."""
+    import yaml
+
+    from scaletrain.config.data import DataConfig
+    from scaletrain.data.sources import INFO_FILE, named_sources, sources
+
+    trained = yaml.safe_load(run.resolved_config.read_text())
+    settings = {k: v for k, v in (trained.get("data") or {}).items()
+                if k not in ("train_file", "dataset", "eval_file", "eval_dataset", "dataset_dir", "streaming")}
+    stage = (trained.get("train") or {}).get("stage", "sft")
+    folder = dataset_dir or (trained.get("data") or {}).get("dataset_dir")
+    if Path(data).expanduser().exists() and dataset_dir is None:
+        d = DataConfig(**settings, train_file=str(Path(data).expanduser()))
+        return d, sources(d, "causal-lm", stage)
+    if not folder:
+        raise ConfigError(f"--data {data}: no such file (to name datasets of a LLaMA-Factory {INFO_FILE}, give "
+                          f"--dataset-dir DIR)")
+    if not (Path(folder).expanduser() / INFO_FILE).is_file():
+        raise ConfigError(f"--data {data}: no such file, and {folder} holds no {INFO_FILE} naming datasets")
+    d = DataConfig(**settings, dataset=data, dataset_dir=folder)
+    return d, named_sources(d, d.dataset, "--data", stage)
+
+
 def generation_eval(run_dir: str | Path, data: str | Path, limit: int | None = None,
-                    max_new_tokens: int = 256) -> tuple[dict, Path]:
+                    max_new_tokens: int = 256, dataset_dir: str | None = None) -> tuple[dict, Path]:
     """Generate an answer for each held-out prompt, score it, write the results (see the module docstring)."""
     import torch
 
     from scaletrain.after.chat import open_chat
 
     run = RunDir(run_dir).require_run()
-    pairs = held_out(run, data, limit)
+    pairs = held_out(run, str(data), limit, dataset_dir)
     chat = open_chat(run.root)
     tok, predictions = chat.tokenizer, []
     for messages, tools, reference in pairs:

@@ -12,8 +12,11 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("eval", parents=parents, help="evaluate a run's model with lm-evaluation-harness (offline)")
     p.add_argument("target", help="a finished causal-LM run directory, or a model directory")
     p.add_argument("--tasks", help="lm-eval task names, comma-separated (e.g. arc_easy,hellaswag)")
-    p.add_argument("--data", help="held-out conversations (JSONL, the run's data format): each last reply "
-                                  "generated and scored, BLEU-4 and ROUGE-1/2/L as LLaMA-Factory reports them")
+    p.add_argument("--data", help="held-out conversations in the run's data format (any file training takes: JSON, "
+                                  "JSON Lines, CSV, Parquet, ...; or dataset names of a dataset_info.json): each last "
+                                  "reply generated and scored, BLEU-4 and ROUGE-1/2/L as LLaMA-Factory reports them")
+    p.add_argument("--dataset-dir", help="with --data NAME[,NAME]: the folder of the dataset_info.json that names "
+                                         "them (default: the run's data.dataset_dir)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the longest generated answer (--data)")
     p.add_argument("--limit", type=float, help="at most N documents per task (a fraction when below 1); with --data, "
                                                "at most N records")
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         from scaletrain.after.gen_eval import generation_eval
 
         outcomes.append(generation_eval(args.target, args.data, limit=int(args.limit) if args.limit else None,
-                                        max_new_tokens=args.max_new_tokens))
+                                        max_new_tokens=args.max_new_tokens, dataset_dir=args.dataset_dir))
     if args.tasks and args.workers > 1 and not envvars.read(envvars.SCALETRAIN_EVAL_WORKER):
         rc = _data_parallel(args)
         if rc != 0:

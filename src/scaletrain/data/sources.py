@@ -45,7 +45,7 @@ def sources(d: DataConfig, task: str, stage: str = "sft") -> list[Source]:
         columns = Columns.from_config(d, d.formatting)
         return [Source("train_file", local_input(d.train_file, "data.train_file"), "data.train_file", d.formatting,
                        columns, d.format)]
-    return _entries(d, d.dataset or [], "data.dataset", stage)
+    return named_sources(d, d.dataset or [], "data.dataset", stage)
 
 
 def eval_sources(d: DataConfig, stage: str = "sft") -> list[Source]:
@@ -54,10 +54,11 @@ def eval_sources(d: DataConfig, stage: str = "sft") -> list[Source]:
     if d.eval_file:
         return [Source("eval_file", local_input(d.eval_file, "data.eval_file"), "data.eval_file", d.formatting,
                        Columns.from_config(d, d.formatting), d.format)]
-    return _entries(d, d.eval_dataset, "data.eval_dataset", stage) if d.eval_dataset else []
+    return named_sources(d, d.eval_dataset, "data.eval_dataset", stage) if d.eval_dataset else []
 
 
-def _entries(d: DataConfig, names: list[str], setting: str, stage: str) -> list[Source]:
+def named_sources(d: DataConfig, names: list[str], setting: str, stage: str) -> list[Source]:
+    """The entries ``names`` of ``d.dataset_dir``'s dataset_info.json; errors name ``setting`` (the key or flag)."""
     info_path = Path(d.dataset_dir).expanduser() / INFO_FILE
     if not info_path.is_file():
         raise DataError(f"data.dataset_dir={d.dataset_dir}: no {INFO_FILE} there; point it at LLaMA-Factory's data "

@@ -299,13 +299,13 @@ SAMPLE = 64  # records the driver encodes before any worker starts: the column c
 def streamed_source(cfg):
     """The one source the config streams (``data.train_file`` as given, or a ``dataset_info.json`` entry)."""
     from scaletrain.data.formats import Columns
-    from scaletrain.data.sources import Source, _entries
+    from scaletrain.data.sources import Source, named_sources
 
     d = cfg.data
     if d.train_file:
         return Source("train_file", d.train_file, "data.train_file", d.formatting,
                       Columns.from_config(d, d.formatting), d.format)
-    src = _entries(d, d.dataset, "data.dataset", cfg.train.stage)[0]
+    src = named_sources(d, d.dataset, "data.dataset", cfg.train.stage)[0]
     return src
 
 

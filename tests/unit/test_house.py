@@ -194,3 +194,17 @@ def test_importing_a_launcher_sets_no_environment_variable():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={
         k: v for k, v in os.environ.items() if k != "RAY_TRAIN_V2_ENABLED"}, timeout=120)
     assert out.stdout.strip() == "True", out.stderr
+
+
+ENTRY_POINTS = {"__init__", "__main__", "cli"}
+
+
+def test_the_root_holds_only_entry_points_and_what_several_folders_use():
+    """A module of the package root that one folder alone imports belongs in that folder (#59: model building in
+    model/, after-training in after/)."""
+    graph = import_graph()
+    root = {m.split(".")[1] for m in graph if m.count(".") == 1 and (SRC / f"{m.split('.')[1]}.py").exists()}
+    users = {r: {_unit(m) for m, out in graph.items() for t in out if t == f"scaletrain.{r}" and _unit(m) != r}
+             for r in root - ENTRY_POINTS}
+    lonely = {r: sorted(u) for r, u in users.items() if len(u) < 2}
+    assert lonely == {}, f"root modules used by one unit only (move them there): {lonely}"

@@ -128,7 +128,7 @@ def test_qwen3_multi_turn_with_reasoning_trains_through_the_pipeline_and_says_wh
     spans = _prepared(tmp_path, tok, ROWS)
     by_text = {_labelled(tok, ex) for ex in spans.train}
     assert "A3.<|im_end|>think 3\n</think>\n\nB3.<|im_end|>" in by_text
-    note = next(n for n in spans.notes if "multi_turn=" in n)
+    note = next(n for n in spans.notes if n.startswith("data: multi_turn="))
     assert note.startswith("data: multi_turn=spans: every assistant turn of the whole conversation") and \
         "20 train examples" in note and "tokens supervised" in note
     last = _prepared(tmp_path, tok, ROWS, mask_history=True)  # LLaMA-Factory's name for multi_turn: last
@@ -158,7 +158,7 @@ def test_one_example_per_turn_is_the_true_render_up_to_that_turn_with_the_loss_o
         turns = 2 if f"R{i}?" in text else 1
         prefix = ROWS[i]["messages"][:2 * turns]
         assert ex["input_ids"] == tok.apply_chat_template(prefix, tokenize=True, return_dict=True)["input_ids"]
-        assert _labelled(tok, ex) == ("\n</think>\n\nA{i}.<|im_end|>\n" if turns == 1 else
+        assert _labelled(tok, ex) == ("\n</think>\n\nA{i}.<|im_end|>" if turns == 1 else
                                       "think {i}\n</think>\n\nB{i}.<|im_end|>").format(i=i)
     cost = next(n for n in per_turn.notes if "examples from" in n)
     assert "40 examples from 20 conversations, 1,730 tokens to run: 1.59x the 1,090 of one render" in cost
@@ -181,7 +181,7 @@ def test_per_turn_and_mask_history_together_are_refused_in_one_line():
 
 
 def test_enable_thinking_reaches_a_template_with_the_switch_and_is_refused_by_one_without(tmp_path):
-    from scaletrain.errors import ConfigError
+    from scaletrain.errors import ConfigError, DataError
 
     tok = load_tokenizer("builtin:tiny-llama")
     switch = tmp_path / "switch.jinja"  # the generation-prompt switch Qwen3's hybrid template has, on every turn
@@ -189,8 +189,14 @@ def test_enable_thinking_reaches_a_template_with_the_switch_and_is_refused_by_on
                       "{% if m.role == 'assistant' and enable_thinking is defined and enable_thinking is false %}"
                       "<think>\n\n</think>\n\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    off = _prepared(tmp_path, tok, ROWS, template=str(switch), enable_thinking=False)
+    plain = [{"messages": [{k: v for k, v in m.items() if k != "reasoning_content"} for m in r["messages"]]}
+             for r in ROWS]
+    off = _prepared(tmp_path, tok, plain, template=str(switch), enable_thinking=False)
     assert any("<think>\n\n</think>\n\nA3." in tok.decode(ex["input_ids"]) for ex in off.train)
+    # reasoning in the data with the switch off: refused in one line, not trained silently (#60)
+    with pytest.raises(DataError, match=r"data.enable_thinking=false, and 20 records carry reasoning \(the first: "
+                                        r"line 1\).*remove data.enable_thinking or the reasoning"):
+        _prepared(tmp_path, tok, ROWS, template=str(switch), enable_thinking=False, overwrite_cache=True)
     with pytest.raises(ConfigError, match="data.enable_thinking=false: the chat template .chatml. has no thinking "
                                           "switch"):
         _prepared(tmp_path, tok, ROWS, template="chatml", enable_thinking=False)
@@ -246,7 +252,7 @@ def test_the_deepseek_r1_builtin_writes_r1s_format_and_trains_the_last_reasoning
     assert text == prompt + "mul\n</think>\n\n12.<｜end▁of▁sentence｜>"
     replies = [text[a:b] for a, b in spans]
     assert replies[0].endswith("4.<｜end▁of▁sentence｜>") and "add" not in replies[0]
-    assert replies[1] == "<think>\nmul\n</think>\n\n12.<｜end▁of▁sentence｜>"
+    assert replies[1] == "mul\n</think>\n\n12.<｜end▁of▁sentence｜>"  # after the prompt's "<think>\n" (#60)
     assert "Be exact." not in "".join(replies) and "Times 3?" not in "".join(replies)
 
 
@@ -303,7 +309,7 @@ def test_gpt_oss_harmony_trains_each_turn_as_its_template_writes_it(case, tok):
     """gpt-oss's own template (data.template: auto with its tokenizer): ids equal apply_chat_template's, each
     assistant turn's labels are what the model writes after <|start|>assistant (channels, calls, the end token of
     its place), never a token of a user, system or tool turn."""
-    from scaletrain.data.encode import with_reasoning
+    from scaletrain.data.template_input import with_reasoning
 
     chat, tools, expected = GPT_OSS_CHATS[case]
     chat = with_reasoning(chat, GPT_OSS)
@@ -369,7 +375,7 @@ def test_the_gpt_oss_builtin_equals_gpt_oss_own_template_and_marks_what_is_train
     """data.template: gpt_oss against gpt-oss-120b's own template: the same text and ids (the system message's date
     and reasoning effort, the developer message, the tools' TypeScript declarations, channels, calls), and its
     generation marks train exactly what the turns located in the real template's render are."""
-    from scaletrain.data.encode import with_reasoning
+    from scaletrain.data.template_input import with_reasoning
     from scaletrain.data.templates import BUILTIN_TEMPLATES, builtin_for
 
     builtin = BUILTIN_TEMPLATES["gpt_oss"]
@@ -449,7 +455,9 @@ def test_qwen3_instruct_2507s_template_and_the_qwen3_nothink_builtin_train_the_s
                                                   "qwen3_nothink", [tools]))
     assert own_text == ours_text == tok.apply_chat_template(chat, tools=tools, chat_template=QWEN3_INSTRUCT,
                                                             tokenize=False, **SPECIAL)
-    last = expected[-1] if expected[-1].startswith("<think>") else "<think>\n" + expected[-1]
+    # the model writes no think block: the template's empty one is no label, a think block of the data's is (#60)
+    last = expected[-1].removeprefix("\n</think>\n\n") if expected[-1].startswith("\n</think>") else \
+        "<think>\n" + expected[-1]
     assert [own_text[a:b] for a, b in own_spans] == [ours_text[a:b] for a, b in ours_spans] == [*expected[:-1], last]
     prompt = tok.apply_chat_template(chat[:-1], tools=tools, chat_template=QWEN3_INSTRUCT, tokenize=False,
                                      add_generation_prompt=True, **SPECIAL)

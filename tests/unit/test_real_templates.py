@@ -107,11 +107,12 @@ def test_each_templates_assistant_parts_are_the_labels(tmp_path, tok):
                  "21 C, and it is 14:05.<|im_end|>"],
         "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
                   '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-                  "<think>\n\n</think>\n\n21 C, and it is 14:05.<|im_end|>"],  # its empty block: the last turn
-        "qwen3_nothink": [  # the same parts: Instruct-2507's template writes a training conversation as Thinking's
+                  # its empty block closed: the last turn, after the generation prompt's "<think>\n" (#60)
+                  "\n</think>\n\n21 C, and it is 14:05.<|im_end|>"],
+        "qwen3_nothink": [  # Instruct-2507 writes no think block at inference: the template's empty one is no label
             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
             '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-            "<think>\n\n</think>\n\n21 C, and it is 14:05.<|im_end|>"],
+            "21 C, and it is 14:05.<|im_end|>"],
         "llama3.1": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>',
                      '{"name": "get_time", "parameters": {"city": "Paris"}}<|eot_id|>',
                      "21 C, and it is 14:05.<|eot_id|>"],
@@ -266,11 +267,12 @@ def test_qwen3_reasoning_follows_its_templates_history_rule(case, tok):
     assert ours == _real_ids(tok, "qwen3", chat, tools)
     replies = [text[a:b] for a, b in spans]
     if case == "in_the_content":
-        assert replies == ["<think>\nadd them\n</think>\n\n4.<|im_end|>"]
+        # the built-in's generation prompt (Thinking-2507's) writes "<think>\n": the labels begin after it (#60)
+        assert replies == ["add them\n</think>\n\n4.<|im_end|>"]
     elif case == "in_every_turn":  # earlier turns' reasoning dropped, as the model's template writes them
-        assert replies == ["4.<|im_end|>", "6.<|im_end|>", "<think>\nand again\n</think>\n\n8.<|im_end|>"]
+        assert replies == ["4.<|im_end|>", "6.<|im_end|>", "and again\n</think>\n\n8.<|im_end|>"]
     else:  # after the tool result the user query is still the last one: the reasoning is written and trained
-        assert replies[-1] == "<think>\nThe tool said 21.\n</think>\n\n21 C.<|im_end|>"
+        assert replies[-1] == "The tool said 21.\n</think>\n\n21 C.<|im_end|>"
         assert "temp_c" not in "".join(replies)
 
 

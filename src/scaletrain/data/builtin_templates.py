@@ -203,14 +203,15 @@ _QWEN3 = (
 _QWEN3_THINK_PROMPT = "'<|im_start|>assistant\\n<think>\\n'"
 _QWEN3_NOTHINK = _QWEN3.replace(_QWEN3_THINK_PROMPT, "'<|im_start|>assistant\\n'")
 
-# Gemma 2 and 3: a system prompt and a blank line open the first user turn (Gemma 3's own template writes it so;
+# Gemma 2 and 3: a system prompt (as written) and a blank line open the first user turn, whose own text is trimmed
+# (Gemma 3's own template writes it so;
 # Gemma 2's refuses a system role, and LLaMA-Factory folds it the same way); "model" is the reply's role.
 _GEMMA = (
     "{{ bos_token }}{% set ns = namespace(system='') %}"
     "{% for message in messages %}"
     "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
     "{% elif message['role'] == 'user' %}"
-    "{{ '<start_of_turn>user\n' + (ns.system + message['content']) | trim + '<end_of_turn>\n' }}"
+    "{{ '<start_of_turn>user\n' + ns.system + message['content'] | trim + '<end_of_turn>\n' }}"
     "{% set ns.system = '' %}"
     "{% elif message['role'] == 'assistant' %}{{ '<start_of_turn>model\n' }}"
     "{% generation %}{{ message['content'] | trim + '<end_of_turn>' }}{% endgeneration %}{{ '\n' }}"
@@ -306,6 +307,9 @@ _GPT_OSS = _GPT_OSS_TYPE + (
     "{%- if message.tool_calls | length != 1 %}"
     "{{- raise_exception('gpt_oss: harmony writes one tool call per assistant message; give each call its own "
     "message') }}{%- endif %}"
+    "{%- if message.content and message.thinking %}"
+    "{{- raise_exception('gpt_oss: a call with both a reply and reasoning; harmony writes one analysis message "
+    "before a call: keep one of them') }}{%- endif %}"
     "{%- set later = namespace(answer=false) %}"
     "{%- for f in chat[loop.index:] %}{%- if f.role == 'assistant' and 'tool_calls' not in f %}"
     "{%- set later.answer = true %}{%- endif %}{%- endfor %}"

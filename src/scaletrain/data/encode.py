@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any
 
 from scaletrain.data.formats import REASONING, Columns, to_conversation
+from scaletrain.data.template_input import template_variables, with_reasoning
 from scaletrain.data.templates import render_records, supports_tools
 
 IGNORE_INDEX = -100  # label value the loss skips (prompt tokens, padding)
@@ -85,20 +85,27 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
     the render of the conversation up to that turn with the loss on that turn only, returned per conversation
     as lists (``turn_input_ids``, ``turn_labels``, ``_full`` per turn) for the caller to flatten once the
     skipped records are counted by their own position."""
+    from scaletrain.data.template_facts import facts
+
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     chats, skip = [], []
     tools_ok = supports_tools(template)
+    variables = template_variables(tokenizer, enable_thinking)
     for row in rows:
         chat, why = to_conversation(row, formatting, columns)
         if chat is not None and chat.uses_tools and not tools_ok:
             chat, why = None, NO_TOOL_FORMAT
+        elif chat is not None and _most_calls(chat.messages) > 1 and facts(template, variables).one_call_per_message:
+            chat, why = None, ONE_CALL
         chats.append(chat)
         skip.append(why)
+    stats = {"_turns": [_count(c, lambda m: True) for c in chats],
+             "_reasoned": [_count(c, _has_reasoning) for c in chats]}
     good = [i for i, c in enumerate(chats) if c is not None]
     # (record, the messages rendered): the whole conversation, or (per_turn) what the model sees up to each reply
     units = [(i, m) for i in good for m in (turn_prefixes(chats[i].messages) if per_turn else [chats[i].messages])]
-    rendered = render_records([with_reasoning(m, template) for _, m in units], template,
-                              template_variables(tokenizer, enable_thinking), [chats[i].tools for i, _ in units])
+    rendered = render_records([with_reasoning(m, template) for _, m in units], template, variables,
+                              [chats[i].tools for i, _ in units])
     for (i, _), r in zip(units, rendered):
         if isinstance(r, str) and not skip[i]:
             skip[i] = r  # a record one of whose renders fails is skipped whole: no turn of it trains unseen
@@ -122,55 +129,35 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
     if per_turn:
         return {"turn_input_ids": [[e[0] for e in examples[i]] for i in range(len(chats))],
                 "turn_labels": [[e[1] for e in examples[i]] for i in range(len(chats))],
-                "_skip": skip, "_full": [[e[2] for e in examples[i]] for i in range(len(chats))]}
+                "_skip": skip, "_full": [[e[2] for e in examples[i]] for i in range(len(chats))], **stats}
     first = [examples[i][0] if examples[i] else ([], [], 0) for i in range(len(chats))]
     return {"input_ids": [e[0] for e in first], "labels": [e[1] for e in first], "_skip": skip,
-            "_full": [e[2] for e in first]}
+            "_full": [e[2] for e in first], **stats}
+
+
+# The skip reason of a message with several calls under a template that writes only the first (gpt-oss's).
+ONE_CALL = ("an assistant message makes several calls, and the chat template writes only the first (one call per "
+            "message, gpt-oss's rule); split them: one call per assistant message, each followed by its result")
+STATS = ("_turns", "_reasoned")  # per record: its assistant turns, and those with reasoning (prepare.py's notes)
+
+
+def _count(chat, which) -> int:
+    return 0 if chat is None else sum(1 for m in chat.messages if m.get("role") == "assistant" and which(m))
+
+
+def _has_reasoning(m: dict) -> bool:
+    content = m.get("content")
+    return bool(m.get(REASONING)) or (isinstance(content, str) and bool(
+        content.split("</think>")[0].split("<think>")[-1].strip()) and "</think>" in content)
+
+
+def _most_calls(messages: list[dict]) -> int:
+    return max((len(m.get("tool_calls") or []) for m in messages), default=0)
 
 
 def turn_prefixes(messages: list[dict]) -> list[list[dict]]:
     """The conversation up to and including each assistant turn (data.multi_turn: per_turn)."""
     return [messages[:k + 1] for k, m in enumerate(messages) if m.get("role") == "assistant"]
-
-
-def with_reasoning(messages: list[dict], template: str) -> list[dict]:
-    """The messages as ``template`` can write them: a template that reads ``reasoning_content`` (Qwen3's,
-    DeepSeek-R1's) gets the field and decides where reasoning is kept; any other gets it inside the reply as
-    ``<think>...</think>`` (the convention those models write), so no reasoning in the data is dropped unseen."""
-    if THINKING in template:  # gpt-oss's harmony template: the reasoning goes to its analysis channel
-        return [_thinking(m) if m.get("role") == "assistant" else m for m in messages]
-    if REASONING in template or not any(REASONING in m for m in messages):
-        return messages
-    return [{**{k: v for k, v in m.items() if k != REASONING},
-             "content": f"<think>\n{m[REASONING].strip()}\n</think>\n\n{m.get('content') or ''}"}
-            if REASONING in m else m for m in messages]
-
-
-THINKING = "message.thinking"  # how gpt-oss's template reads an assistant turn's reasoning (its `thinking` field)
-
-
-def _thinking(m: dict) -> dict:
-    """An assistant turn with its reasoning in ``thinking``: from ``reasoning_content``, or from ``<think>`` in the
-    reply (the reply then without it)."""
-    content, reasoning = m.get("content") or "", m.get(REASONING)
-    if not (isinstance(reasoning, str) and reasoning.strip()) and "</think>" in content:
-        reasoning = content.split("</think>")[0].split("<think>")[-1].strip("\n")
-        content = content.split("</think>")[-1].lstrip("\n")
-    out = {k: v for k, v in m.items() if k != REASONING}
-    out["content"] = content
-    if isinstance(reasoning, str) and reasoning.strip():
-        out["thinking"] = reasoning
-    return out
-
-
-def template_variables(tokenizer, enable_thinking: bool | None = None) -> dict[str, Any]:
-    """What a chat template renders with: the tokenizer's special tokens, and ``enable_thinking`` when it is set."""
-    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    return {**special_tokens(tokenizer), **extra}
-
-
-def special_tokens(tokenizer) -> dict[str, Any]:
-    return {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
 
 
 def encode_texts(tokenizer, texts: list[str]):

@@ -27,6 +27,10 @@ from scaletrain.config.schema import DataConfig
 
 FORMATTINGS = ("alpaca", "sharegpt", "messages", "text")
 REASONING = "reasoning_content"  # an assistant turn's reasoning as its own field (OpenAI/DeepSeek, Qwen3's templates)
+# Every name users give an assistant turn's reasoning: DeepSeek's and Qwen3's templates read reasoning_content,
+# transformers' apply_chat_template and gpt-oss's template thinking, OpenRouter and vLLM's parsers reasoning. Read
+# into REASONING, whichever it is (a think block in the reply is read where the template is applied).
+REASONING_FIELDS = (REASONING, "thinking", "reasoning")
 
 
 @dataclass(frozen=True)
@@ -199,13 +203,39 @@ def _turns(row: dict, formatting: str, c: Columns) -> tuple[list[dict] | None, s
                        "tool_call_id": turn.get("tool_call_id") or (call["id"] if call else _call_id(row, i, ""))}
         else:
             message = {"role": kind, "content": content}
-        if kind in ("assistant", "call") and isinstance(turn.get(REASONING), str) and turn[REASONING].strip():
-            message[REASONING] = turn[REASONING]  # OpenAI/DeepSeek-style reasoning beside the reply
+        if kind in ("assistant", "call"):
+            reasoning, why = _reasoning(turn, content, i, tag)
+            if why:
+                return None, why
+            if reasoning:
+                message[REASONING] = reasoning  # beside the reply, under the name the templates read
         messages.append(message)
         last = kind
     if last not in ("assistant", "call"):
         return None, "the conversation does not end with an assistant turn"
     return messages, ""
+
+
+def _reasoning(turn: dict, content, i: int, tag: str) -> tuple[str | None, str]:
+    """An assistant turn's reasoning from whichever of REASONING_FIELDS it has; a reasoning that is not text, two
+    fields that say different things, or a field beside a think block in the reply is the record's skip reason
+    (said with its row), never a guess."""
+    given = {k: turn[k] for k in REASONING_FIELDS if turn.get(k) is not None}
+    for k, v in given.items():
+        if not isinstance(v, str):
+            return None, f"turn {i} ({tag}): '{k}' is {_kind(v)}, not text"
+    texts = {v.strip() for v in given.values() if v.strip()}
+    if len(texts) > 1:
+        return None, f"turn {i} ({tag}): {' and '.join(repr(k) for k in given)} hold different reasoning; keep one"
+    if texts and isinstance(content, str) and "</think>" in content:
+        field = next(k for k, v in given.items() if v.strip())
+        return None, f"turn {i} ({tag}): reasoning both in '{field}' and as a think block in the reply; keep one"
+    return (texts.pop() if texts else None), ""
+
+
+def _kind(value) -> str:
+    return {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}.get(
+        type(value), type(value).__name__)
 
 
 def _call_message(turn: dict, content, i: int, tag: str, row: dict) -> tuple[dict, str]:

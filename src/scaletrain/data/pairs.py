@@ -20,9 +20,9 @@ from scaletrain.data.encode import (
     assistant_mask,
     budget,
     encode_texts,
-    special_tokens,
 )
 from scaletrain.data.formats import Chat, Columns, to_conversation
+from scaletrain.data.template_input import special_tokens
 from scaletrain.data.templates import render_records, supports_tools
 
 PAIR_COLUMNS = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels")

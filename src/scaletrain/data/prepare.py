@@ -38,6 +38,8 @@ from scaletrain.data.sources import (
     sources,
 )
 from scaletrain.data.spread import Speed, encoded
+from scaletrain.data.template_facts import check_template, conversation_notes
+from scaletrain.data.template_input import template_variables
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
 from scaletrain.data.turns import CONVERSATION, one_per_turn, per_turn_cost, supervision_note
 from scaletrain.errors import ConfigError, DataError
@@ -45,7 +47,9 @@ from scaletrain.storage.mirror import local_output_dir
 
 log = logging.getLogger("scaletrain.data")
 
-CACHE_VERSION = 3  # bump when the tokenization of the same inputs changes (3: packed rows name their examples)
+# bump when the tokenization of the same inputs changes (3: packed rows name their examples; 4: labels end at the
+# end-of-turn token and begin after the generation prompt in every mode)
+CACHE_VERSION = 4
 META = "meta.json"
 SHOW_BAD = 5  # record numbers listed per skip reason
 
@@ -120,6 +124,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
                           f"the template of a model that has one (Qwen3's)")
     for src in train_sources + eval_srcs:
         exists(src)
+    template_notes = check_template(*template, tokenizer) if template[0] else []
     entry = _cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if (entry / META).is_file() and not d.overwrite_cache:
@@ -135,7 +140,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         loaded = [(src, _loaded(src, cfg, hf_cache)) for src in train_sources]
         loaded_evals = [(src, _loaded(src, cfg, hf_cache)) for src in eval_srcs]
         labels = _class_labels(cfg, loaded, loaded_evals[0] if loaded_evals else None)
-        parts, skipped, notes, speed = [], {}, [], Speed()
+        parts, skipped, notes, speed = [], {}, list(template_notes), Speed()
         for src, raw in loaded:
             notes += _placeholders(src, raw)
             ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels, hf_cache, speed)
@@ -240,6 +245,11 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     ds = raw.ds
     fn = encoder_for(ds, src, cfg, tokenizer, template, labels)
     out = encoded(ds, fn, d, workdir, speed)
+    said = []
+    if encode.STATS[0] in out.column_names:  # a chat: what its conversations meet in the template, said or refused
+        said += conversation_notes(src.key, out, lambda i: f"{raw.unit} {raw.position(i)}", template,
+                                   template_variables(tokenizer, d.enable_thinking), d)
+        out = out.remove_columns(list(encode.STATS))
     reasons = out["_skip"]
     bad: dict[str, list[int]] = {why: list(rows) for why, rows in raw.bad.items()}  # lines that are not records
     for i, why in enumerate(reasons):
@@ -262,7 +272,6 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     if n_bad:
         keep = [i for i, why in enumerate(reasons) if not why]
         out = out.select(keep)
-    said = []
     if "turn_input_ids" in out.column_names:  # data.multi_turn: per_turn, once each record is counted
         said.append(per_turn_cost(src.key, out["_full"]))
         out = out.map(partial(one_per_turn, source=src.key), batched=True, with_indices=True,

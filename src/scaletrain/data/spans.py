@@ -55,8 +55,10 @@ def _turn_marks(template: str, special: tuple) -> tuple[tuple[str, ...], str, st
                                            **special_tokens)
     (asked,), _ = render_jinja_template([user], chat_template=template, **special_tokens)
     head = prompted[len(asked):] if prompted.startswith(asked) else ""
-    heads = tuple(sorted({head[:i + 1] for i, c in enumerate(head) if c == "\n"} | ({head} if head else set()),
-                         key=len, reverse=True))
+    cuts = {head[:i + 1] for i, c in enumerate(head) if c == "\n"} | ({head} if head else set())
+    if "<think>" in head:  # a call turn is written after the head without the think block it opens (R1's)
+        cuts.add(head[:head.index("<think>")])
+    heads = tuple(sorted({c for c in cuts if c}, key=len, reverse=True))
     (text,), _ = render_jinja_template([[*user, {"role": "assistant", "content": _PROBE}]], chat_template=template,
                                        **special_tokens)
     after = text[text.rindex(_PROBE) + len(_PROBE):] if _PROBE in text else ""
@@ -67,6 +69,27 @@ def _turn_marks(template: str, special: tuple) -> tuple[tuple[str, ...], str, st
     after = more[more.rindex(_PROBE) + len(_PROBE):] if _PROBE in more else ""
     after = after[:-len(head)] if head and after.endswith(head) else ""
     return heads, end, after.strip().split("\n")[0] or end
+
+
+@functools.lru_cache(maxsize=16)
+def call_end(template: str, special: tuple) -> str:
+    """What the template writes after a call's arguments to end the call turn (gpt-oss's ``<|call|>``, Qwen's
+    ``</tool_call><|im_end|>``); "" where it writes no calls."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    tool = {"type": "function", "function": {"name": "probe", "description": "probe", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string"}}}}}
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": "probe0001", "function": {"name": "probe", "arguments": {"x": _PROBE}}}]}
+    try:
+        (text,), _ = render_jinja_template([[{"role": "user", "content": "hello"}, call]], tools=[tool],
+                                           chat_template=template, **dict(special))
+    except Exception:  # noqa: BLE001 - a template without a tool format raises in its own way
+        return ""
+    if _PROBE not in text:
+        return ""
+    after = text[text.rindex(_PROBE) + len(_PROBE):].lstrip('"}] \n')
+    return after.split("\n")[0]
 
 
 def _reply_start(text: str, start: int, heads: tuple[str, ...], end: str) -> int:
@@ -96,9 +119,7 @@ def located_spans(chat: list[dict], text: str, template: str, special_tokens: di
     for i, message in enumerate(chat):
         if message["role"] != "assistant":
             continue
-        probe = {**message, "content": _PROBE}
-        probe.pop("reasoning_content", None)
-        probe.pop("thinking", None)
+        probe = _probed(message)
         (other,), _ = render_jinja_template([[*chat[:i], probe, *chat[i + 1:]]], tools=tools, chat_template=template,
                                            **special_tokens)
         start = 0
@@ -118,7 +139,9 @@ def located_spans(chat: list[dict], text: str, template: str, special_tokens: di
             raise DataError("data.template: the chat template writes an assistant turn's reply into other turns too, "
                             "so the turn cannot be isolated for the loss; use data.mask_history=true (the last "
                             "turn only) or a built-in template")
-        ends = [(text.find(e, stop), e) for e in dict.fromkeys((end, end_before)) if e]
+        marks = (end, end_before, call_end(template, tuple(sorted(special_tokens.items())))
+                 if message.get("tool_calls") else "")
+        ends = [(text.find(e, stop), e) for e in dict.fromkeys(marks) if e]
         close, mark = min(((at, e) for at, e in ends if at >= 0), default=(-1, ""))
         span = (_reply_start(text, start, heads, end), close + len(mark) if close >= 0 else stop)
         if i + 1 < len(chat) and span[1] > _written_at(chat, i + 1, text, template, special_tokens, tools):
@@ -128,6 +151,26 @@ def located_spans(chat: list[dict], text: str, template: str, special_tokens: di
                             "template")
         spans.append(span)
     return spans
+
+
+def _probed(message: dict) -> dict:
+    """The assistant turn with everything the model writes in it changed: its reply (a None reply, which a template
+    such as DeepSeek-R1's reads as "calls only", stays None), no reasoning, and each call's arguments (a call turn
+    whose reply the template does not write is still found by its calls; its name is kept, since a template may
+    repeat it in the result that follows)."""
+    probe = {**message, "content": _PROBE if message.get("content") is not None else None}
+    probe.pop("reasoning_content", None)
+    probe.pop("thinking", None)
+    if message.get("tool_calls"):
+        probe["tool_calls"] = [_probed_call(c) for c in message["tool_calls"]]
+    return probe
+
+
+def _probed_call(call: dict) -> dict:
+    f = call.get("function", call)
+    args = _PROBE if isinstance(f.get("arguments"), str) else {_PROBE: _PROBE}
+    f = {**f, "arguments": args}
+    return {**call, "function": f} if "function" in call else f
 
 
 def _written_at(chat: list[dict], j: int, text: str, template: str, special_tokens: dict, tools) -> int:

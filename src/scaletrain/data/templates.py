@@ -151,7 +151,51 @@ def render_records(conversations: list[list[dict]], template: str, special_token
     for i, t in enumerate(tools):
         if t:
             results[i] = _render_one(conversations[i], template, special_tokens, t)
-    return results
+    heads: tuple[str, ...] = ()
+    if template not in FAST_RENDERERS:
+        from scaletrain.data.spans import turn_marks
+
+        heads = turn_marks(template, special_tokens)[0]
+    empty = EMPTY_THINK if writes_no_think_blocks(template, special_tokens) else None
+    return [r if isinstance(r, str) else (r[0], as_the_model_writes(r[0], r[1], heads, empty)) for r in results]
+
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+def as_the_model_writes(text: str, spans: list[tuple[int, int]], heads: tuple[str, ...] = (),
+                        empty: str | None = None) -> list[tuple[int, int]]:
+    """The labels are what the model writes after its generation prompt, the same for every template and mode: a turn
+    begins after the generation prompt (``heads``: a template's generation marks may open the span inside it, as
+    Qwen3-Thinking's ``<think>\n``, which the prompt writes), it ends with its end-of-turn token (the line break a
+    template writes after it is the template's, not the model's: ChatML's ``<|im_end|>\n``, Gemma's
+    ``<end_of_turn>\n``), and, for a model that never writes a think block (``empty``: Qwen3-Instruct-2507, whose
+    template still writes an empty one into the last turn), a turn begins after that empty block."""
+    out = []
+    for a, b in spans:
+        for head in heads:  # longest first: a head that begins before the span and ends inside it
+            at = text.rfind(head, max(0, a - len(head) + 1), a + len(head))
+            if 0 <= at < a < at + len(head) <= b:
+                a = at + len(head)
+                break
+        while b > a and text[b - 1] in " \n":
+            b -= 1
+        if empty and text.startswith(empty, a):
+            a += len(empty)
+        out.append((a, b))
+    return out
+
+
+def writes_no_think_blocks(template: str, special_tokens: dict) -> bool:
+    """A template that writes think blocks for a model that never writes one: Qwen3-Instruct-2507's (and the
+    ``qwen3_nothink`` built-in): ``<think>`` in the template, no thinking switch, and a generation prompt that opens
+    none."""
+    if "<think>" not in template or "enable_thinking" in template or template in FAST_RENDERERS:
+        return False
+    from scaletrain.data.spans import turn_marks
+
+    heads, _, _ = turn_marks(template, special_tokens)
+    return not any("<think>" in h for h in heads)
 
 
 def _render_one(chat: list[dict], template: str, special_tokens: dict, tools: list[dict] | None) -> Rendered | str:

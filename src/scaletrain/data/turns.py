@@ -51,12 +51,17 @@ def supervision_note(train, cfg: Config) -> str | None:
     d = cfg.data
     if cfg.model.task != "causal-lm" or d.formatting == "text" or "labels" not in train.column_names:
         return None
-    labels = pc.list_flatten(train.with_format("arrow")["labels"])  # the selected rows, as Arrow
+    rows = train.with_format("arrow")["labels"]  # the selected rows, as Arrow
+    labels = pc.list_flatten(rows)
     supervised, total = pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0, len(labels)
+    # A conversation's first token is the template's (a BOS, a role header), never the model's reply: a label there
+    # in every example means the prompts train (the line break after the last turn is never a label).
+    heads = pc.list_element(pc.filter(rows, pc.greater(pc.list_value_length(rows), 0)), 0)
+    prompts_train = len(heads) > 0 and pc.all(pc.not_equal(heads, IGNORE_INDEX)).as_py()
     if total and supervised == 0:
         raise DataError(f"data: no token of the {len(train)} training examples is a label (nothing would train); "
                         f"check data.template and the assistant turns (scaletrain preview CONFIG shows them)")
-    if total and supervised == total and not d.train_on_prompt:
+    if total and (supervised == total or prompts_train) and not d.train_on_prompt:
         raise DataError(f"data.template: every token of the {len(train)} training examples is a label, prompts "
                         f"included (the template's assistant turns were not found); choose data.template (auto: the "
                         f"model's own), or set data.train_on_prompt=true if that is meant")

@@ -13,6 +13,14 @@ DESCRIPTION = ("Take a Transformer fine-tuning job from one device to many GPUs 
                "train the same YAML on 1 to N workers, and measure after (scale, parity, report).")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors in one line (``scaletrain plan: error: argument --gpus-per-node: 0: must be >= 1; see
+    scaletrain plan --help``) instead of the usage block above them: every command's bad input is one line."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from scaletrain.commands import (
         chat,
@@ -34,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         train,
     )
 
-    parser = argparse.ArgumentParser(prog="scaletrain", description=DESCRIPTION)
+    parser = OneLineParser(prog="scaletrain", description=DESCRIPTION)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")

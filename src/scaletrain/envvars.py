@@ -52,6 +52,8 @@ TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENT
 
 # Ray
 RAY_ADDRESS = "RAY_ADDRESS"
+# Ray reads no .gitignore while it packages a job's working_dir (launch/job_files.py gives it their patterns instead)
+RAY_RUNTIME_ENV_IGNORE_GITIGNORE = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
 RAY_TRAIN_V2_ENABLED = "RAY_TRAIN_V2_ENABLED"
 # Ray would give each ROCm worker HIP_VISIBLE_DEVICES=<its GPU> while Train V2 shares
 # CUDA_VISIBLE_DEVICES=<all GPUs of the node>; the two views disagree and device indices break

@@ -143,8 +143,20 @@ def test_train_on_two_workers_with_the_token_file_and_the_token_is_nowhere(token
 def test_jobs_with_the_token_in_the_environment_and_in_a_token_path(token_head, tmp_path, demo_dir):
     env = _env(tmp_path / "empty-home", RAY_AUTH_TOKEN=TOKEN)
     job = _project(tmp_path, demo_dir, "submitted")
-    sub = _cli("submit", "config.yaml", "train.max_steps=3", "--address", token_head.dashboard, cwd=job, env=env)
+    # the data in a git-ignored folder, where users keep it: Ray leaves such files out of the upload, so the job
+    # failed on the cluster with "file not found" (#60); it is uploaded all the same, and said
+    (job / "data").mkdir()
+    (job / "data.jsonl").rename(job / "data" / "train.jsonl")
+    (job / ".gitignore").write_text("data/\n*.log\n")
+    (job / "data" / "other.jsonl").write_text("not for the job\n")
+    outside = _cli("submit", "config.yaml", "data.train_file=../outside.jsonl", "--address", token_head.dashboard,
+                   cwd=job, env=env)
+    assert outside.returncode != 0 and len(outside.stderr.strip().splitlines()) == 1
+    assert "data.train_file=../outside.jsonl: outside the working directory" in outside.stderr
+    sub = _cli("submit", "config.yaml", "train.max_steps=3", "data.train_file=data/train.jsonl", "--address",
+               token_head.dashboard, cwd=job, env=env)
     assert sub.returncode == 0, sub.stderr[-3000:]
+    assert "data.train_file=data/train.jsonl: ignored by .gitignore, uploaded with the job all the same" in sub.stderr
     job_id = sub.stdout.strip().splitlines()[-1]
     follow = _cli("jobs", "logs", job_id, "--follow", "--address", token_head.dashboard, env=env)
     assert follow.returncode == 0 and "run directory" in follow.stdout, follow.stderr[-2000:]

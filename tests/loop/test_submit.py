@@ -128,7 +128,9 @@ def test_submit_waits_for_a_late_job_agent_then_names_its_port(tmp_path, monkeyp
     from scaletrain.errors import LaunchError
     from scaletrain.launch import submit
 
-    (tmp_path / "c.yaml").write_text("{}")
+    (tmp_path / "c.yaml").write_text("{model: {name_or_path: 'builtin:tiny-bert'}, data: {train_file: d.jsonl}}")
+    (tmp_path / "d.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)  # (the config's files are checked first: job_files.py)
     monkeypatch.setattr(submit.time, "sleep", lambda s: None)
     late = _AgentLate(2)
     monkeypatch.setattr(submit, "client", lambda address: late)

@@ -144,7 +144,9 @@ def test_predict_check_published_and_plan_name_the_largest_loss(tmp_path, capsys
 def test_predict_refuses_fractions_out_of_range(flag, value):
     from scaletrain.cli import main
 
-    assert main(["predict", "--step-time", "1", "--grad-bytes", "1e6", "--profile", "mi300x", flag, value]) != 0
+    with pytest.raises(SystemExit) as refused:  # argparse's one line: the flag's range (commands/args.py)
+        main(["predict", "--step-time", "1", "--grad-bytes", "1e6", "--profile", "mi300x", flag, value])
+    assert refused.value.code == 2
 
 
 def test_hsdp_gathers_inside_a_node_and_only_gradient_shards_cross_nodes():

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from scaletrain.commands.args import COUNT, NONNEGATIVE_REAL
+
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("chat", parents=parents, help="talk to a run's model through the template it trained with")
     p.add_argument("run_dir", help="a finished causal-LM run directory")
     p.add_argument("--prompt", help="one message: print the answer and exit (no terminal needed)")
     p.add_argument("--system", help="a system prompt")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest reply, in tokens")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--max-new-tokens", type=COUNT, default=256, help="the longest reply, in tokens")
+    p.add_argument("--temperature", type=NONNEGATIVE_REAL, default=0.0, help="0: greedy (default)")
     p.set_defaults(func=run)
 
 

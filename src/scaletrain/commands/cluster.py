@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 
+from scaletrain.commands.args import NONNEGATIVE
+
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("up", parents=parents, help="start a persistent local Ray cluster that train, scale, "
                                                    "commbench and doctor then use")
-    p.add_argument("--num-cpus", type=int, help="CPUs it offers (default: all of this machine's)")
-    p.add_argument("--num-gpus", type=int, help="GPUs it offers (default: Ray detects them)")
+    p.add_argument("--num-cpus", type=NONNEGATIVE, help="CPUs it offers (default: all of this machine's)")
+    p.add_argument("--num-gpus", type=NONNEGATIVE, help="GPUs it offers (default: Ray detects them)")
     p.set_defaults(func=run_up)
     d = sub.add_parser("down", parents=parents, help="stop the local Ray cluster scaletrain up started")
     d.set_defaults(func=run_down)

@@ -8,6 +8,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from scaletrain.commands.args import COUNT, NONNEGATIVE, POSITIVE, number
 from scaletrain.config.schema import MIN_COMM_TIMEOUT_S
 from scaletrain.errors import ConfigError
 
@@ -17,25 +18,25 @@ DEFAULT_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb: the all-reduce si
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("commbench", parents=parents, help="measure collectives (nccl-tests columns) on N workers")
-    p.add_argument("-n", "--workers", type=int, default=2, help="number of workers (ranks)")
+    p.add_argument("-n", "--workers", type=COUNT, default=2, help="number of workers (ranks)")
     p.add_argument("-c", "--collective", default="all_reduce",
                    help="comma list of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, or 'all'")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 64K, 128M, 1G)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size")
-    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between rows")
-    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations per size")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("-f", "--stepfactor", type=number(int, 2), default=2, help="size multiplier between rows")
+    p.add_argument("-w", "--warmup_iters", type=NONNEGATIVE, default=5, help="untimed iterations per size")
+    p.add_argument("--iters", type=COUNT, default=20, help="timed iterations per size")
     p.add_argument("-d", "--datatype", default="float", help="float, half, bfloat16, double, int32")
-    p.add_argument("--check", type=int, default=1, help="1: verify results (#wrong column), 0: skip")
+    p.add_argument("--check", type=number(int, 0, 1), default=1, help="1: verify results (#wrong column), 0: skip")
     p.add_argument("--backend", default="auto", help="auto, nccl, rccl or gloo")
     p.add_argument("--profile", help="comm profile applied to every worker (see comm.profile)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra worker variable")
     p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or a local Ray)")
-    p.add_argument("--timeout", type=int, default=300, help="collective timeout in seconds")
+    p.add_argument("--timeout", type=COUNT, default=300, help="collective timeout in seconds")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--out", help="directory for results (JSON, and the winning profile of a sweep)")
     p.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="run once per combination, fresh workers each")
-    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB,
+    p.add_argument("--bucket-mb", type=POSITIVE, default=DEFAULT_BUCKET_MB,
                    help="gradient bucket size that ranks a sweep (sizes from half to twice this count)")
     p.set_defaults(func=run)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from scaletrain import envvars
+from scaletrain.commands.args import COUNT, NONNEGATIVE, POSITIVE
 
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
@@ -17,16 +18,16 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
                                   "reply generated and scored, BLEU-4 and ROUGE-1/2/L as LLaMA-Factory reports them")
     p.add_argument("--dataset-dir", help="with --data NAME[,NAME]: the folder of the dataset_info.json that names "
                                          "them (default: the run's data.dataset_dir)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="the longest generated answer (--data)")
-    p.add_argument("--limit", type=float, help="at most N documents per task (a fraction when below 1); with --data, "
-                                               "at most N records")
-    p.add_argument("--num-fewshot", type=int, help="few-shot examples in each prompt (default: the task's)")
-    p.add_argument("--batch-size", type=int, default=1, help="lm-eval's batch size")
+    p.add_argument("--max-new-tokens", type=COUNT, default=256, help="the longest generated answer (--data)")
+    p.add_argument("--limit", type=POSITIVE, help="at most N documents per task (a fraction when below 1); with "
+                                                  "--data, at most N records")
+    p.add_argument("--num-fewshot", type=NONNEGATIVE, help="few-shot examples in each prompt (default: the task's)")
+    p.add_argument("--batch-size", type=COUNT, default=1, help="lm-eval's batch size")
     p.add_argument("--include-path", help="a directory of lm-eval task YAMLs (tasks over local files)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: a GPU when there is one)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="the dtype the model is loaded in")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=COUNT, default=1,
                    help="processes on this machine evaluating --tasks in data parallel (torchrun; lm-eval splits "
                         "the documents; on GPUs one per process); the metrics are the 1-process ones")
     p.set_defaults(func=run)

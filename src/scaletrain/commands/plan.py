@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from scaletrain.commands.args import COUNT, POSITIVE
 from scaletrain.errors import ConfigError
 
 
@@ -17,16 +18,16 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--gpus", default="1,2,4,8", help="world sizes to plan for")
     p.add_argument("--device", help="mi300x, mi325x, mi355x, mi250x, mi210, a100, a100-40gb, h100, h200, b200 or "
                                     "cpu (default: this machine's)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="devices per node (the plan's node count)")
+    p.add_argument("--gpus-per-node", type=COUNT, default=8, help="devices per node (the plan's node count)")
     p.add_argument("--context-parallel", help="context-parallel degrees to weigh, e.g. 1,2,4,8 (default: those, "
                                               "for sequences of 16k tokens or more or a config that sets it)")
     p.add_argument("--json", action="store_true", help="the numbers as JSON (everything)")
     p.add_argument("--all", action="store_true", help="also the table of memory levers (wider than 80 columns)")
-    p.add_argument("--mtbf-hours", type=float, help="mean time between failures of the job: suggests "
+    p.add_argument("--mtbf-hours", type=POSITIVE, help="mean time between failures of the job: suggests "
                                                     "checkpoint.save_steps (Young/Daly)")
-    p.add_argument("--checkpoint-s", type=float, help="with --mtbf-hours: one checkpoint's cost in seconds "
+    p.add_argument("--checkpoint-s", type=POSITIVE, help="with --mtbf-hours: one checkpoint's cost in seconds "
                                                       "(default: its size at an assumed 1 GB/s)")
-    p.add_argument("--step-s", type=float, help="with --mtbf-hours: one step's time (default: the plan's estimate)")
+    p.add_argument("--step-s", type=POSITIVE, help="with --mtbf-hours: one step's time (default: the plan's estimate)")
     p.set_defaults(func=run)
 
 

@@ -7,6 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
+from scaletrain.commands.args import COUNT, NONNEGATIVE_REAL, POSITIVE, SHARE
 from scaletrain.errors import ConfigError
 
 
@@ -14,38 +15,38 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("predict", parents=parents, help="predict scaling for N devices from measured inputs")
     src = p.add_argument_group("compute (one of)")
     src.add_argument("--from-run", help="a 1-worker run directory: its step time and gradient size")
-    src.add_argument("--step-time", type=float, help="one device's step time in seconds (no communication)")
+    src.add_argument("--step-time", type=POSITIVE, help="one device's step time in seconds (no communication)")
     src.add_argument("--run", dest="measured_run", metavar="RUN_DIR",
                      help="a finished DDP run with step breakdowns (monitor.breakdown_every): its measured compute "
                           "is the input, and at its own worker count the prediction is compared term by term with "
                           "what it measured")
-    p.add_argument("--grad-bytes", type=float, help="gradient bytes per step (default: trainable params x 4)")
-    p.add_argument("--param-bytes", type=float, default=0.0, help="FSDP: parameter bytes gathered per pass")
-    p.add_argument("--samples-per-step", type=float, help="samples per step per device (for samples/s)")
+    p.add_argument("--grad-bytes", type=POSITIVE, help="gradient bytes per step (default: trainable params x 4)")
+    p.add_argument("--param-bytes", type=NONNEGATIVE_REAL, default=0.0, help="FSDP: parameter bytes gathered per pass")
+    p.add_argument("--samples-per-step", type=POSITIVE, help="samples per step per device (for samples/s)")
     net = p.add_argument_group("network (one of)")
     net.add_argument("--profile", help="a named hardware profile: mi300x, mi325x, h100-sxm, h200, a100, pcie "
                      "(sources in scaletrain/scaling/profiles.py)")
     net.add_argument("--commbench", help="commbench.json (from commbench --out) for links inside a node")
     p.add_argument("--inter-commbench", help="commbench.json measured across nodes")
     p.add_argument("--gpus", default="1,2,4,8", help="device counts to predict")
-    p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (intra- vs inter-node links)")
-    p.add_argument("--overlap", type=float, default=0.8, help="fraction of backward that hides communication")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP gradient bucket size in MB")
+    p.add_argument("--gpus-per-node", type=COUNT, default=None, help="devices per node (intra- vs inter-node links)")
+    p.add_argument("--overlap", type=SHARE, default=0.8, help="fraction of backward that hides communication")
+    p.add_argument("--bucket-mb", type=POSITIVE, default=25.0, help="DDP gradient bucket size in MB")
     p.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp"], help="the parallel strategy predicted")
     p.add_argument("--topology", choices=["switch", "full-mesh"],
                    help="inside a node (default: the profile's; switch for a commbench curve): full-mesh scales "
                         "busbw with the GPUs taking part")
-    p.add_argument("--micro-batches", type=int, default=1, help="FSDP/ZeRO-3: micro-batches per step (each "
+    p.add_argument("--micro-batches", type=COUNT, default=1, help="FSDP/ZeRO-3: micro-batches per step (each "
                                                                 "gathers the parameters again)")
-    p.add_argument("--layers", type=int, default=32, help="FSDP: transformer blocks (one is gathered at a time)")
+    p.add_argument("--layers", type=COUNT, default=32, help="FSDP: transformer blocks (one is gathered at a time)")
     p.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
                    help="FSDP: forward's gathered parameters are kept for backward (train.fsdp_reshard_after_forward"
                         "=false): one gather per micro-batch")
     p.add_argument("--sync-each-micro-batch", action="store_true",
                    help="FSDP: gradients reduced in every micro-batch (DeepSpeed ZeRO-3) instead of once a step")
-    p.add_argument("--contention", type=float, default=None,
+    p.add_argument("--contention", type=SHARE, default=None,
                    help="compute slowdown while communication overlaps it (default 0.189: arXiv:2507.03114)")
-    p.add_argument("--straggler-cv", type=float, default=0.0,
+    p.add_argument("--straggler-cv", type=SHARE, default=0.0,
                    help="per-micro-batch compute spread across ranks, std / mean (default 0: none assumed)")
     p.add_argument("--straggler-from", metavar="RUN_DIR",
                    help="a multi-worker run: the spread of its ranks' own step work (ranks/ready_s) as --straggler-cv")

@@ -7,13 +7,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from scaletrain.commands.args import COUNT
+
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
     p = sub.add_parser("preview", parents=parents, help="show exactly what trains: examples with their trained "
                                                         "tokens marked")
     p.add_argument("config", help="the training config")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    p.add_argument("-n", type=int, default=3, help="examples to show (default 3)")
+    p.add_argument("-n", type=COUNT, default=3, help="examples to show (default 3)")
     p.add_argument("--ids", action="store_true", help="also the (label, id) pair of every token")
     p.add_argument("--split", choices=["train", "eval"], default="train", help="which split's examples to show")
     p.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from scaletrain.commands.args import POSITIVE
 from scaletrain.rundir import RunDir
 
 
@@ -17,7 +18,7 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.set_defaults(func=run_report)
     w = sub.add_parser("watch", parents=parents, help="follow a running job from another terminal")
     w.add_argument("run_dir", help="the run directory to follow")
-    w.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    w.add_argument("--interval", type=POSITIVE, default=2.0, help="seconds between refreshes")
     w.add_argument("--once", action="store_true", help="print the current state once and exit")
     w.set_defaults(func=run_watch)
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from scaletrain.commands.args import COUNT, NONNEGATIVE, POSITIVE, number
 from scaletrain.errors import ConfigError
 
 
@@ -14,18 +15,19 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("config", help="the training config")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides")
     p.add_argument("--workers", default="1,2", help="world sizes, e.g. 1,2,4,8")
-    p.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
-    p.add_argument("--steps", type=int, default=20, help="measured steps per world size")
+    p.add_argument("--warmup", type=NONNEGATIVE, default=5, help="steps excluded from timing")
+    p.add_argument("--steps", type=COUNT, default=20, help="measured steps per world size")
     p.add_argument("--fixed-global-batch", action="store_true",
                    help="keep the global batch of the config fixed (strong scaling) instead of the per-device one")
-    p.add_argument("--breakdown-every", type=int, default=5, help="sample the step-time breakdown every K steps")
+    p.add_argument("--breakdown-every", type=NONNEGATIVE, default=5,
+                   help="sample the step-time breakdown every K steps")
     p.set_defaults(func=run_scale)
     q = sub.add_parser("parity", parents=parents, help="check N workers reproduce 1 worker (same global batch)")
     q.add_argument("config", help="the training config")
     q.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    q.add_argument("--workers", type=int, default=2, help="the world size compared with 1 worker")
-    q.add_argument("--steps", type=int, default=20, help="steps each run trains")
-    q.add_argument("--tolerance", type=float, default=None, help="max relative loss difference (default 1e-3)")
+    q.add_argument("--workers", type=number(int, 2), default=2, help="the world size compared with 1 worker")
+    q.add_argument("--steps", type=COUNT, default=20, help="steps each run trains")
+    q.add_argument("--tolerance", type=POSITIVE, default=None, help="max relative loss difference (default 1e-3)")
     q.add_argument("--keep-dropout", action="store_true", help="leave dropout on (curves then differ by noise)")
     q.set_defaults(func=run_parity)
 

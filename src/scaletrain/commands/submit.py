@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+from scaletrain.commands.args import COUNT
 from scaletrain.errors import ConfigError
 
 
@@ -22,8 +23,8 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--working-dir", default=".", help="uploaded as the job's working_dir (default: here)")
     p.add_argument("--emit", choices=["slurm", "kuberay"], help="write a job for the scheduler instead of submitting")
     p.add_argument("--out", help="--emit: the file to write (default: stdout)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node of the Slurm / KubeRay job written")
-    p.add_argument("--cpus-per-node", type=int, help="CPUs per node of the Slurm / KubeRay job written")
+    p.add_argument("--gpus-per-node", type=COUNT, default=8, help="GPUs per node of the Slurm / KubeRay job written")
+    p.add_argument("--cpus-per-node", type=COUNT, help="CPUs per node of the Slurm / KubeRay job written")
     p.add_argument("--gpu-vendor", choices=["nvidia", "amd"], default="nvidia", help="--emit kuberay: the device "
                                                                                      "plugin's GPU resource")
     p.add_argument("--chaos", action="store_true", help="allow fault_tolerance.chaos (it kills workers on purpose)")

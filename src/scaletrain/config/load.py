@@ -28,8 +28,10 @@ def load_config(
     path: str | Path,
     overrides: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
+    absolute: bool = True,
 ) -> Config:
-    """Read ``path``, apply overrides, interpolate ``${VAR}``, validate; raise ConfigError."""
+    """Read ``path``, apply overrides, interpolate ``${VAR}``, validate; raise ConfigError. ``absolute=False``
+    keeps local paths as written (``submit``: the job resolves them in its own working directory)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass the path of a YAML config")
@@ -53,7 +55,8 @@ def load_config(
         apply_override(raw, item)
     raw = interpolate_env(raw, envvars.snapshot() if environ is None else environ)
     # local paths absolute, as given relative to this directory: the run directory keeps them so (self-contained)
-    return absolute_paths(validate(raw, source=str(path), overrides=overrides))
+    cfg = validate(raw, source=str(path), overrides=overrides)
+    return absolute_paths(cfg) if absolute else cfg
 
 
 class DuplicateKey(Exception):

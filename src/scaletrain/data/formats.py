@@ -195,6 +195,9 @@ def _turns(row: dict, formatting: str, c: Columns) -> tuple[list[dict] | None, s
             if why:
                 return None, why
             calls = list(message["tool_calls"])
+        elif content is not None and not isinstance(content, str) and not (kind == "tool" and isinstance(
+                content, (dict, list))):
+            return None, f"turn {i} ({tag}): '{c.content_tag}' is {_kind(content)}, not text"
         elif _text(content) is None and not (kind == "tool" and isinstance(content, (dict, list))):
             return None, f"turn {i} ({tag}) is empty"
         elif kind == "tool":

@@ -3,7 +3,8 @@ out for the scheduler that starts the cluster: an ``sbatch`` script (Slurm) or a
 
 The submitted job runs ``scaletrain train`` on the cluster, with this directory as its ``working_dir`` (Ray
 uploads it; files Ray should not upload are excluded), so the config and data travel with it unless they are
-given as paths on shared storage. It writes the same run directory, on the cluster's storage.
+given as paths on shared storage: every local file the config names is checked first (job_files.py), and one that
+only a .gitignore leaves out is uploaded all the same. It writes the same run directory, on the cluster's storage.
 """
 
 from __future__ import annotations
@@ -84,13 +85,23 @@ def submit(address: str, config: Path, overrides: list[str], working_dir: Path) 
         raise LaunchError(f"{config}: the config must be inside the working directory {working_dir} (it is "
                           f"uploaded with it); run submit from the project folder or copy the config there") \
             from None
+    from scaletrain import envvars
+    from scaletrain.config import load_config
+    from scaletrain.console import console
+    from scaletrain.launch.job_files import plan_upload, working_dir_env
+
+    # before anything is sent: the config's local files as written (the job reads them in its working directory)
+    upload = plan_upload(load_config(config, overrides, absolute=False), working_dir, EXCLUDES)
+    for note in upload.notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     c = client(address)
-    runtime_env = {"working_dir": str(working_dir), "excludes": EXCLUDES}
+    runtime_env = {"working_dir": str(working_dir), "excludes": upload.excludes}
     deadline = time.monotonic() + AGENT_WAIT_S
     while True:
         try:
-            return c.submit_job(entrypoint=entrypoint(rel, overrides), runtime_env=runtime_env,
-                                metadata={"scaletrain_config": rel})
+            with envvars.applied(working_dir_env(upload)):  # Ray packages the working directory in this call
+                return c.submit_job(entrypoint=entrypoint(rel, overrides), runtime_env=runtime_env,
+                                    metadata={"scaletrain_config": rel})
         except RuntimeError as e:
             # The head's job agent answers some seconds after its dashboard does (a head just started).
             if "No available agent" not in str(e):

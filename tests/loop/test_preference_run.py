@@ -51,7 +51,7 @@ def _trainer(cfg_dict: dict, run_dir):
     cfg, _, spec = local_spec(cfg_dict, run_dir)
     ctx = DistContext(world_rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, device="cpu",
                       backend="gloo")
-    return build_trainer(ctx, spec, cfg, Heartbeat(spec.run_dir, 0, stall_s=60), objective_for(cfg.train))
+    return build_trainer(ctx, spec, cfg, Heartbeat(spec.run_dir, 0, stall_s=60), objective_for(cfg))
 
 
 def _count(model) -> int:

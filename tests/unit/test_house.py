@@ -66,7 +66,7 @@ LAYERS = (
     ("model",),
     ("checkpoint", "metrics"),
     ("report",),
-    ("memory", "scaling", "after"),
+    ("memory", "scaling", "after", "rl"),
     ("worker",),
     ("launch",),
     ("commands",),

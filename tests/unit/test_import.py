@@ -169,3 +169,19 @@ def test_the_moe_aux_loss_coefficient_imports_with_its_meaning():
     assert _rows(rows)["moe_aux_loss_coef"].where == "train.moe_aux_loss_coef"
     ep = _rows(rows)["expert_model_parallel_size"]  # Megatron's expert parallelism: said, not silently dropped
     assert ep.where == "" and ep.note.startswith("expert parallelism is not offered")
+
+
+def test_a_ppo_file_names_grpo_and_writes_no_config(tmp_path, capsys):
+    """LLaMA-Factory's stage: ppo: one line naming GRPO as the RL stage scaletrain has, and no config written (#61;
+    a config with no task, so the default, sequence classification, was written before)."""
+    from scaletrain.cli import main
+
+    lf = tmp_path / "ppo.yaml"
+    lf.write_text(yaml.safe_dump({"model_name_or_path": "/models/qwen", "stage": "ppo", "do_train": True,
+                                  "finetuning_type": "lora", "dataset": "alpaca_en_demo", "template": "qwen",
+                                  "reward_model": "saves/rm"}))
+    out = tmp_path / "job.yaml"
+    assert main(["import", "llamafactory", str(lf), "-o", str(out)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "stage=ppo" in err and "train.stage: grpo" in err and "no config written" in err
+    assert not out.exists()

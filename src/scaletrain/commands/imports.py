@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         table.add_row(r.key, str(r.value), r.where or "[yellow]not mapped[/]", r.note)
     Console(stderr=True, width=max(160, Console(stderr=True).width)).print(table)
+    from scaletrain.config.importers import CANNOT_RUN
+
+    if blocked := [r for r in rows if CANNOT_RUN in r.note]:
+        raise ConfigError(f"{args.path}: {blocked[0].key}={blocked[0].value}: {blocked[0].note} (the table above says "
+                          f"where each key would go); no config written")
     if out is None:
         sys.stdout.write(text)
     else:

@@ -98,10 +98,11 @@ def run_parity(args: argparse.Namespace) -> int:
     result.update(workers=args.workers, tolerance=tolerance, passed=ok,
                   lr_1=r1.summary["learning_rate"], lr_n=rn.summary["learning_rate"])
     (out / "parity.json").write_text(json.dumps(result, indent=1))
+    ea, eb = result["final_eval_loss_1"], result["final_eval_loss_n"]
+    evals = f"final eval loss {ea:.5f} vs {eb:.5f}" if ea is not None and eb is not None else "no eval loss"
     console.print(f"parity 1 vs {args.workers} workers over {result['steps']} steps: max relative loss difference "
-                  f"{result['max_rel_loss_diff']:.2e} (step {result['worst_step']}), final eval loss "
-                  f"{result['final_eval_loss_1']:.5f} vs {result['final_eval_loss_n']:.5f}; tolerance {tolerance:g}: "
-                  f"{'PASS' if ok else 'FAIL'}", soft_wrap=True)
+                  f"{result['max_rel_loss_diff']:.2e} (step {result['worst_step']}), {evals}; tolerance "
+                  f"{tolerance:g}: {'PASS' if ok else 'FAIL'}", soft_wrap=True)
     if not ok:
         hint = (f" (learning rate {result['lr_1']:g} on 1 worker but {result['lr_n']:g} on {args.workers}: "
                 f"check train.lr_scaling / lr_reference_batch)" if result["lr_1"] != result["lr_n"] else "")

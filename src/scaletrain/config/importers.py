@@ -93,6 +93,7 @@ NOT_MAPPED: dict[str, str] = {
 }
 # Stages LLaMA-Factory trains that scaletrain does not yet: the issue that covers them.
 NOT_YET = {"ppo": "RL from a reward model (PPO)"}
+CANNOT_RUN = "this file cannot run here"  # a row that says so: the import writes no config
 # LLaMA-Factory's report_to values -> monitor.report_to (jsonl is always written).
 REPORTERS = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "mlflow": ["mlflow"],
              "all": ["tensorboard", "wandb", "mlflow"]}
@@ -212,8 +213,10 @@ def _stage(key, value, lf, put, rows) -> None:
                                                "(LLaMA-Factory's \"prompt\" column)")
     else:
         what = NOT_YET.get(value, f"stage {value}")
-        rows.append(Row(key, value, "", f"{what} is not in scaletrain (it trains sft, pt, dpo, kto and rm); this "
-                                        f"file cannot run here"))
+        rl = (" (its RL stage is train.stage: grpo, reinforcement learning with verifiable rewards: reward "
+              "functions instead of a reward model, TRL's names in rl:)" if value == "ppo" else "")
+        rows.append(Row(key, value, "", f"{what} is not in scaletrain (it trains sft, pt, dpo, kto, rm and "
+                                        f"grpo){rl}; {CANNOT_RUN}"))
 
 
 def _lora_target(key, value, lf, put, rows) -> None:

@@ -40,9 +40,20 @@ def absolute_paths(cfg, cwd: Path | None = None):
         elif is_local_path(dotted, value, cwd) and value.startswith("~"):
             section, key = dotted.split(".")
             updates.setdefault(section, {})[key] = str(Path(value).expanduser())
+    funcs = [_absolute_reward(f, cwd) for f in cfg.rl.reward_funcs]  # path/to/file.py:function
+    if funcs != cfg.rl.reward_funcs:
+        updates["rl"] = {"reward_funcs": funcs}
     if not updates:
         return cfg
     return cfg.model_copy(update={s: getattr(cfg, s).model_copy(update=u) for s, u in updates.items()})
+
+
+def _absolute_reward(spec: str, cwd: Path) -> str:
+    """A user reward function's file made absolute (a built-in's name is left as it is)."""
+    if ":" not in spec:
+        return spec
+    path, fn = spec.rsplit(":", 1)
+    return f"{(cwd / Path(path).expanduser()).resolve()}:{fn}" if not Path(path).is_absolute() else spec
 
 
 def missing_paths(cfg, keys: tuple[str, ...] = PATH_KEYS) -> list[str]:

@@ -15,7 +15,8 @@ from scaletrain.config import batch
 from scaletrain.config.base import _Section
 from scaletrain.config.cluster import MIN_COMM_TIMEOUT_S, CommConfig, ScalingConfig
 from scaletrain.config.data import DataConfig
-from scaletrain.config.stages import PREFERENCE_STAGES, STAGES
+from scaletrain.config.rl import RLConfig, RolloutConfig
+from scaletrain.config.stages import PREFERENCE_STAGES, RL_STAGES, STAGES
 
 __all__ = ["MIN_COMM_TIMEOUT_S", "CommConfig", "Config", "DataConfig", "ScalingConfig"]
 
@@ -127,7 +128,8 @@ class TrainConfig(_Section):
         "Seeds the model's init, the data order and dropout; the same seed gives the same run at any worker count."))
     stage: Literal[STAGES] = Field("sft", description=(
         "What trains (LLaMA-Factory's names): sft (supervised), dpo (pair preference: pref_loss), kto "
-        "(desirable/undesirable examples), rm (a reward model: a scalar head and the pairwise loss)."))
+        "(desirable/undesirable examples), rm (a reward model: a scalar head and the pairwise loss), grpo "
+        "(reinforcement learning with verifiable rewards: the rl: and rollout: sections)."))
     pref_loss: Literal["sigmoid", "hinge", "ipo", "simpo", "orpo"] = Field("sigmoid", description=(
         "stage dpo: sigmoid (DPO), hinge, ipo, simpo or orpo (the last two need no reference model)."))
     pref_beta: float = Field(0.1, gt=0, description=(
@@ -332,6 +334,32 @@ class Config(_Section):
         "Metrics sinks, the system sampler, the report and alerts."))
     output: OutputConfig = Field(default_factory=OutputConfig, description='The run directory.')
     storage: StorageConfig = Field(default_factory=StorageConfig, description='Object storage for run directories.')
+    rl: RLConfig = Field(default_factory=RLConfig, description=(
+        "Reinforcement learning with verifiable rewards (train.stage: grpo): TRL's GRPO names."))
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description=(
+        "The engine that samples the completions of train.stage: grpo, and where it runs."))
+
+    def _rl(self) -> None:
+        """train.stage: grpo's cross-section rules (rl: and rollout: apply to it only)."""
+        stage, rl = self.train.stage, self.rl
+        if stage not in RL_STAGES:  # a value the user set there (the defaults travel in every resolved config)
+            for section, default in (("rl", RLConfig()), ("rollout", RolloutConfig())):
+                if getattr(self, section) != default:
+                    raise ValueError(f"{section}: applies to train.stage=grpo (the config has {stage}); set "
+                                     f"train.stage: grpo or remove {section}:")
+            return
+        if self.model.task != "causal-lm":
+            raise ValueError(f"train.stage=grpo trains a causal LM's completions; model.task={self.model.task} has "
+                             f"none: set model.task: causal-lm")
+        if self.train.per_device_train_batch_size % rl.num_generations:
+            raise ValueError(f"train.per_device_train_batch_size={self.train.per_device_train_batch_size} counts "
+                             f"completions and must be a multiple of rl.num_generations={rl.num_generations} (each "
+                             f"prompt's group on one rank); set it to {rl.num_generations} x the prompts per device")
+        for key, on in (("train.strategy=fsdp", self.train.strategy == "fsdp"), ("data.packing", self.data.packing),
+                        ("data.streaming", self.data.streaming),
+                        ("scaling.context_parallel", self.scaling.context_parallel > 1)):
+            if on:
+                raise ValueError(f"{key} with train.stage=grpo is not supported yet; remove it (GRPO runs under DDP)")
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Config":
@@ -366,6 +394,7 @@ class Config(_Section):
         if self.data.packing and self.model.task != "causal-lm":
             raise ValueError(f"data.packing applies to model.task=causal-lm (the config has {self.model.task}); "
                              f"remove data.packing or set model.task=causal-lm")
+        self._rl()
         if self.train.stage != "sft" and self.model.task != "causal-lm":
             raise ValueError(f"train.stage={self.train.stage} trains a causal LM; set model.task=causal-lm")
         if self.train.stage in PREFERENCE_STAGES and self.data.packing:

@@ -16,7 +16,7 @@ def load_split(path: str):
 
 # What a batch says about itself besides the model's inputs: real (non-padding) tokens and examples in it, and
 # (preference pairs) the reference model's precomputed log-probabilities.
-STATS = ("num_tokens", "num_examples", "ref_logps", "kto_tag")
+STATS = ("num_tokens", "num_examples", "ref_logps", "kto_tag", "extra", "prompt_index")
 # What a context-parallel shard carries besides (context_parallel.shard_batch): targets already shifted, and the
 # whole row's position ids for the attention.
 SHARD_KEYS = ("shift_labels", "cp_positions")
@@ -70,6 +70,9 @@ class Collator:
         out.update({"position_ids": positions} if packed else {"attention_mask": mask})
         out["num_tokens"] = mask.sum()
         out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
+        if "extra" in batch[0]:  # GRPO prompts: what the rewards read and the index that seeds the sampling
+            out["extra"] = [ex["extra"] for ex in batch]
+            out["prompt_index"] = torch.tensor([ex["prompt_index"] for ex in batch])
         return out
 
     def _kto(self, batch: list[dict]) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import partial
 
 from scaletrain.config.schema import Config
-from scaletrain.config.stages import PAIR_STAGES
+from scaletrain.config.stages import PAIR_STAGES, RL_STAGES
 from scaletrain.data import encode
 from scaletrain.data.labels import Labels
 from scaletrain.data.pairs import encode_kto, encode_pairs
@@ -49,6 +49,15 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
         raise DataError(f"{src.key}={src.path}: the records are alpaca ({c.prompt}/{c.query}/{c.response} columns), "
                         f"not {src.formatting} turns; set data.formatting=alpaca"
                         + (f" (or the entry's \"formatting\" in {src.extra['info']})" if src.extra else ""))
+    if cfg.train.stage in RL_STAGES:  # prompts: TRL's prompt column, or a conversation before its last reply
+        from scaletrain.data.prompts import encode_prompts
+
+        if cfg.rl.prompt_column not in ds.column_names:
+            require_columns(ds, c.required(src.formatting), src.key, src.path,
+                            f" (or a '{cfg.rl.prompt_column}' column: TRL's prompt-only format, rl.prompt_column)")
+        return partial(encode_prompts, tokenizer=tokenizer, formatting=src.formatting, columns=c,
+                       template=template[1], prompt_column=cfg.rl.prompt_column, answer_column=cfg.rl.answer_column,
+                       max_length=d.max_length, enable_thinking=d.enable_thinking)
     preference = cfg.train.stage in PAIR_STAGES
     required = c.required(src.formatting)
     if cfg.train.stage == "kto":

@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from scaletrain.config.schema import Config
+from scaletrain.config.stages import RL_STAGES
 from scaletrain.data import encode
 from scaletrain.data.encoders import encoder_for
 from scaletrain.data.labels import Labels, resolve_labels
@@ -160,6 +161,10 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
             train, evals = _split(train, cfg, train_sources[0])
         train, evals = (x.remove_columns([CONVERSATION]) if CONVERSATION in x.column_names else x
                         for x in (train, evals))
+        if cfg.train.stage in RL_STAGES:  # a group of rows per prompt: its completions to be
+            from scaletrain.data.prompts import groups
+
+            train, evals = groups(train, cfg.rl.num_generations), groups(evals, cfg.rl.num_generations)
         train = train.add_column("length", example_lengths(train))  # for balanced ranks
         if (said := supervision_note(train, cfg)) is not None:
             notes.append(said)

@@ -49,7 +49,8 @@ def supervision_note(train, cfg: Config) -> str | None:
     import pyarrow.compute as pc
 
     d = cfg.data
-    if cfg.model.task != "causal-lm" or d.formatting == "text" or "labels" not in train.column_names:
+    if cfg.model.task != "causal-lm" or d.formatting == "text" or "labels" not in train.column_names or \
+            cfg.train.stage == "grpo":  # prompts: their completions are sampled, nothing of theirs is a label
         return None
     rows = train.with_format("arrow")["labels"]  # the selected rows, as Arrow
     labels = pc.list_flatten(rows)

@@ -74,6 +74,11 @@ def preflight(cfg: Config) -> Preflight:
     if s.context_parallel > 1 and (
             why := context_parallel_error(cfg.model, vocab, s.context_parallel, s.context_parallel_method)):
         raise ConfigError(f"scaling.context_parallel={s.context_parallel}: {why}; set scaling.context_parallel: 1")
+    rl_note = None
+    if cfg.train.stage == "grpo":  # the rewards load and the engine exists, before the data is read
+        from scaletrain.rl.rewards import check
+
+        rl_note = check(cfg)
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
     data = prepare_stream(cfg, tokenizer) if cfg.data.streaming else prepare_data(cfg, tokenizer)
@@ -86,6 +91,8 @@ def preflight(cfg: Config) -> Preflight:
                           f"its labels shifted to next-token targets before it")
     if moe_note:
         data.notes.append(moe_note)
+    if rl_note:
+        data.notes.append(rl_note)
     if (saved := head_mismatch(cfg.model)) is not None:
         data.notes.append(f"model: the classification head of {cfg.model.name_or_path} has {saved} label(s) and "
                           f"this run {cfg.model.num_labels}: it is re-initialised at the new size (the rest of "

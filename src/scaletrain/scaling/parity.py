@@ -50,9 +50,19 @@ def plan_pair(cfg: Config, workers: int, steps: int, keep_dropout: bool, out_dir
     return make(1), make(workers)
 
 
+# A loss that is 0 in expectation (GRPO's with one optimisation step per generation: the advantages of a group sum to
+# 0) is compared on this floor, not relative to its float noise.
+LOSS_FLOOR = 1e-4
+# Besides the loss, GRPO's records: the same completions give the same rewards, the same weights the same KL.
+ALSO = ("reward", "kl")
+
+
 def compare(run1, run_n) -> dict:
+    def series(run, key="train/loss"):
+        return {r["step"]: r[key] for r in read_jsonl(RunDir(run).metrics) if r["kind"] == "train" and key in r}
+
     def losses(run):
-        return {r["step"]: r["train/loss"] for r in read_jsonl(RunDir(run).metrics) if r["kind"] == "train"}
+        return series(run)
 
     def final_eval(run):
         evals = [r for r in read_jsonl(RunDir(run).metrics) if r["kind"] == "eval"]
@@ -60,7 +70,11 @@ def compare(run1, run_n) -> dict:
 
     a, b = losses(run1), losses(run_n)
     steps = sorted(set(a) & set(b))
-    rel = [abs(a[s] - b[s]) / max(abs(a[s]), 1e-12) for s in steps]
+    rel = [abs(a[s] - b[s]) / max(abs(a[s]), LOSS_FLOOR) for s in steps]
+    for key in ALSO:  # (GRPO) worse of the loss's and these series' differences, step by step
+        x, y = series(run1, key), series(run_n, key)
+        rel = [max(r, abs(x[s] - y[s]) / max(abs(x[s]), LOSS_FLOOR)) if s in x and s in y else r
+               for r, s in zip(rel, steps)]
     ea, eb = final_eval(run1), final_eval(run_n)
     return {"steps": len(steps), "max_rel_loss_diff": max(rel) if rel else float("inf"),
             "worst_step": steps[rel.index(max(rel))] if rel else None,

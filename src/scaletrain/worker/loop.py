@@ -82,7 +82,7 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbe
     _write_pid(spec.run_dir, ctx)
     log.info("worker up: %s", ctx)
     log.info("comm.env: %s", cfg.comm.env)
-    t = build_trainer(ctx, spec, cfg, beat, objective_for(cfg.train))
+    t = build_trainer(ctx, spec, cfg, beat, objective_for(cfg))
     if restored := t.resume():
         p = t.progress
         events("resume", f"from {restored.path.name}: step {p.step}, epoch {p.epoch}, "
@@ -114,10 +114,12 @@ class Data:
             self.train, self.eval = splits["train"], splits["eval"]
         d, tr = t.cfg.data, t.cfg.train
         # Causal LM only: grouping by length could group a classification task's labels (short negative reviews).
-        balance = t.cfg.model.task == "causal-lm" and d.balance_ranks and not d.packing
+        grpo = tr.stage == "grpo"  # groups of a prompt's completions stay together, in the order of the prompts
+        balance = t.cfg.model.task == "causal-lm" and d.balance_ranks and not d.packing and not grpo
         lengths = self.train["length"] if balance else None
         self.sampler = ResumableSampler(len(self.train), t.ctx.dp_size, t.ctx.dp_rank, tr.seed, lengths,
-                                        tr.per_device_train_batch_size, tr.gradient_accumulation_steps)
+                                        tr.per_device_train_batch_size, tr.gradient_accumulation_steps,
+                                        group=t.cfg.rl.num_generations if grpo else 1)
         self.record = open_record(t.run_dir.examples, t.progress.step + 1, t.ctx) if d.record_examples else None
         self._order: tuple[int, list[int]] | None = None  # (epoch, this rank's order of it)
 

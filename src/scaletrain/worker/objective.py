@@ -1,8 +1,8 @@
 """The interface through which a training objective other than the token loss plugs into the trainer.
 
-Preference tuning (DPO, KTO, ORPO, SimPO, reward models: worker/preference.py) implements it; the loop chooses
-one (``preference.objective_for``) and hands it to ``build_trainer``, so the trainer and the step never import
-the module that implements it (as the launchers implement launch/launcher.py's interface).
+Preference tuning (DPO, KTO, ORPO, SimPO, reward models: worker/preference.py) and GRPO (worker/grpo.py)
+implement it; the loop chooses one (``preference.objective_for``) and hands it to ``build_trainer``, so the trainer
+and the step never import the module that implements it (as the launchers implement launch/launcher.py's interface).
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ class Objective(Protocol):
 
     def prepare(self, t, splits: dict, collate) -> dict:
         """The training and eval splits as this objective reads them (e.g. with reference log-probabilities)."""
+
+    def begin_step(self, t, window: list[dict], step: int) -> list[dict]:
+        """The micro-batches the step trains on, from the ones the data gave (GRPO: prompts -> their completions,
+        rewarded; the others: the same)."""
 
     def micro_loss(self, t, batch: dict, n_micro: int) -> torch.Tensor:
         """This micro-batch's share of the step's loss; its statistics are added to ``t.objective_sums``."""

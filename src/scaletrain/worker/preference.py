@@ -350,6 +350,9 @@ class PreferenceObjective:
     def prepare(self, t: Trainer, splits: dict, collate) -> dict:
         return with_reference_logps(t, splits, collate) if self.train.precompute_ref_logps else splits
 
+    def begin_step(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
+        return window
+
     def micro_loss(self, t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:
         return micro_loss(t, batch, n_micro)
 
@@ -360,6 +363,10 @@ class PreferenceObjective:
         return stat_means(sums, stage=self.train.stage)  # TRL's names: rewards/chosen, rewards/accuracies, ...
 
 
-def objective_for(train: TrainConfig) -> PreferenceObjective | None:
+def objective_for(cfg) -> PreferenceObjective | None:
     """The objective of ``train.stage``: None for sft (the trainer's token or classification loss)."""
-    return PreferenceObjective(train) if train.stage in PREFERENCE_STAGES else None
+    if cfg.train.stage == "grpo":
+        from scaletrain.worker.grpo import GRPOObjective
+
+        return GRPOObjective(cfg)
+    return PreferenceObjective(cfg.train) if cfg.train.stage in PREFERENCE_STAGES else None

@@ -25,12 +25,14 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     """
 
     def __init__(self, num_samples: int, num_replicas: int, rank: int, seed: int, lengths: list[int] | None = None,
-                 batch_size: int = 1, accumulation: int = 1):
+                 batch_size: int = 1, accumulation: int = 1, group: int = 1):
         self.num_samples, self.num_replicas, self.rank, self.seed = num_samples, num_replicas, rank, seed
-        self.lengths, self.batch_size, self.accumulation = lengths, batch_size, accumulation
+        self.lengths, self.batch_size, self.accumulation, self.group = lengths, batch_size, accumulation, group
         self.per_rank = num_samples // num_replicas
         if lengths is not None:  # whole steps only: a step is one global batch
             self.per_rank = num_samples // (batch_size * accumulation * num_replicas) * batch_size * accumulation
+        if group > 1:  # whole micro-batches of whole groups
+            self.per_rank = num_samples // (batch_size * num_replicas) * batch_size
         self.epoch = self.start = 0
 
     def set_position(self, epoch: int, start: int) -> None:
@@ -39,10 +41,22 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     def epoch_order(self) -> list[int]:
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
+        if self.group > 1:
+            return self._grouped(g)
         order = torch.randperm(self.num_samples, generator=g).tolist()[: self.per_rank * self.num_replicas]
         if self.lengths is not None:
             return self._balanced(order)
         return order[self.rank:: self.num_replicas]
+
+    def _grouped(self, g: torch.Generator) -> list[int]:
+        """Groups of ``group`` consecutive rows (a GRPO prompt's completions) shuffled whole, cut into micro-batches
+        dealt to the ranks in turn: a step's micro-batches are the same groups on 1 rank or N (micro-batch k of the
+        epoch is rank k mod N's), and a group is never split."""
+        groups = torch.randperm(self.num_samples // self.group, generator=g).tolist()
+        order = [p * self.group + k for p in groups for k in range(self.group)]
+        b = self.batch_size
+        micro = [order[m:m + b] for m in range(0, self.per_rank * self.num_replicas, b)]
+        return [i for k, mb in enumerate(micro) if k % self.num_replicas == self.rank for i in mb]
 
     def _balanced(self, order: list[int]) -> list[int]:
         b, per_step = self.batch_size, self.batch_size * self.accumulation * self.num_replicas

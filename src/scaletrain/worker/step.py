@@ -123,6 +123,9 @@ def train_step(t: Trainer, window: list[dict], step: int, poison: bool = False, 
         _busy(slow)
     if pause := delay_s(t.spec.faults, t.ctx.world_rank, step, "pause"):  # fault injection: a longer run
         time.sleep(pause)
+    if t.objective is not None:  # GRPO: the prompts answered and rewarded (worker/grpo.py)
+        t.beat.enter("rollout", step)
+        window[:] = t.objective.begin_step(t, window, step)
     token_mean = t.cfg.model.task == "causal-lm" and t.cfg.train.stage == "sft"
     if t.ctx.cp_size > 1:  # this rank's share of every sequence (labels shifted before the split)
         window = [shard(t, b) for b in window]

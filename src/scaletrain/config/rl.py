@@ -1,0 +1,112 @@
+"""The `rl` and `rollout` sections (train.stage: grpo): TRL's GRPOConfig names for the algorithm, and the engine
+that samples completions (`rollout`), validated at load with the key and the allowed values in each error."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from scaletrain.config.base import _Section
+
+# TRL 1.13's loss_type names (trl/trainer/grpo_config.py); GSPO is importance_sampling_level: sequence.
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")
+NOT_YET = {"luspo": "LUSPO", "vespo": "VESPO"}
+BUILTIN_REWARDS = ("accuracy", "format", "length")
+
+
+class RLConfig(_Section):
+    reward_funcs: list[str] = Field(default_factory=lambda: ["accuracy"], description=(
+        "Reward functions, summed with reward_weights: built-ins (`accuracy`: the final answer checked against the "
+        "data's answer column with math-verify where installed, else by the last number or `\\boxed{}` / "
+        "`<answer>`; `format`: think/answer tags; `length`: a penalty past max_completion_length / 2) or "
+        "`path/to/file.py:function` with TRL's signature (prompts, completions, the data's other columns as keyword "
+        "arguments; a list of floats or None)."))
+    reward_weights: Optional[list[float]] = Field(None, description=(
+        "One weight per reward function (TRL's name); unset: 1 each."))
+    num_generations: int = Field(8, ge=2, description=(
+        "Completions sampled per prompt (a group); must divide train.per_device_train_batch_size, which counts "
+        "completions, so every group is on one rank."))
+    max_completion_length: int = Field(256, ge=1, description="Tokens a completion may have at most.")
+    beta: float = Field(0.0, ge=0, description=(
+        "KL coefficient to the reference (k3 estimator, TRL's); 0 skips the reference pass. With LoRA the reference "
+        "is the base with the adapter off (no second copy)."))
+    epsilon: float = Field(0.2, gt=0, lt=1, description=(
+        "The clipping range's low side (and high side, unless epsilon_high)."))
+    epsilon_high: Optional[float] = Field(None, gt=0, description=(
+        "The clipping range's high side (DAPO's clip-higher: 0.28); unset: epsilon. `cispo`: the ratio's cap."))
+    loss_type: str = Field("dapo", description=(
+        "TRL's loss: grpo (per-sequence mean), dapo (token mean over the global batch; TRL's default), dr_grpo "
+        "(sum / (sequences x max_completion_length)), bnpo (token mean), cispo (clipped-ratio REINFORCE), sapo "
+        "(soft gate). Every normalisation is over the global batch: 1 and N workers optimise the same loss."))
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description=(
+        "Advantages: reward minus its group's mean, divided by the group's std (group), the batch's std (batch), "
+        "or not divided (none, Dr. GRPO). TRL's true/false mean group/none."))
+    num_iterations: int = Field(1, ge=1, description=(
+        "Optimisation steps per generation batch (TRL's mu); only 1 is supported yet."))
+    importance_sampling_level: Literal["token", "sequence"] = Field("token", description=(
+        "token (GRPO's per-token ratio) or sequence (GSPO: one ratio per completion, its tokens' geometric mean)."))
+    mask_truncated_completions: bool = Field(False, description=(
+        "Completions cut at max_completion_length take no part in the loss (DAPO's overlong filtering)."))
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling's top-p of the rollouts.")
+    sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: the gate's temperature for positive advantages.")
+    sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: the gate's temperature for negative advantages.")
+    answer_column: str = Field("answer", description=(
+        "The data's reference answer for the `accuracy` reward (LLaMA-Factory rows: their reply)."))
+    prompt_column: str = Field("prompt", description=(
+        "TRL's prompt-only format: the prompt (text, or a list of messages) rendered through the chat template "
+        "with its generation prompt; the other columns go to the reward functions."))
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale(cls, v):
+        return {True: "group", False: "none"}.get(v, v)
+
+    @field_validator("loss_type")
+    @classmethod
+    def _loss(cls, v):
+        if v in NOT_YET:
+            raise ValueError(f"{v} ({NOT_YET[v]}) is not supported yet; use one of {', '.join(LOSS_TYPES)}")
+        if v not in LOSS_TYPES:
+            raise ValueError(f"{v!r} is not a loss; use one of {', '.join(LOSS_TYPES)} (TRL's names)")
+        return v
+
+    @field_validator("reward_funcs")
+    @classmethod
+    def _funcs(cls, v):
+        if not v:
+            raise ValueError("give at least one reward function")
+        for f in v:
+            if f not in BUILTIN_REWARDS and ":" not in f:
+                raise ValueError(f"{f!r} is neither a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
+                                 f"path/to/file.py:function")
+        return v
+
+    @model_validator(mode="after")
+    def _weights(self) -> RLConfig:
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"rl.reward_weights has {len(self.reward_weights)} weights for "
+                             f"{len(self.reward_funcs)} reward functions; give one each")
+        if self.num_iterations != 1:
+            raise ValueError("rl.num_iterations > 1 (several optimisation steps per generation batch) is not "
+                             "supported yet; set rl.num_iterations: 1")
+        return self
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description=(
+        "What samples the completions: hf (transformers' generate, CPU and GPU) or vllm (GPUs; the `vllm` extra)."))
+    placement: Literal["colocated", "separate"] = Field("colocated", description=(
+        "colocated: each training worker samples its own prompts' completions with the policy it trains; "
+        "separate: a pool of Ray actors on their own devices, synced after each step (not yet)."))
+    num_workers: int = Field(1, ge=1, description="separate: the rollout actors.")
+    sync_timeout_s: float = Field(300.0, gt=0, description=(
+        "A weight sync that takes longer fails naming the actor, the version and the phase, never hangs."))
+
+    @model_validator(mode="after")
+    def _supported(self) -> RolloutConfig:
+        if self.placement == "separate":
+            raise ValueError("rollout.placement=separate (rollout actors of their own) is not supported yet; use "
+                             "rollout.placement: colocated")
+        return self

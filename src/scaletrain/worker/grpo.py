@@ -1,0 +1,249 @@
+"""train.stage: grpo: one optimizer step of GRPO (and its variants) with the rollout engine colocated in the training
+workers (``rollout.engine: hf``: transformers' generate with the policy being trained).
+
+Each step (``begin_step``, before the micro-batches' forwards): every prompt of this rank's accumulation window is
+answered ``rl.num_generations`` times (its group, one row each), sampled with a seed of its own (the run's seed, the
+step and the prompt's index in the split: the same completions on 1 worker or N, and on a resumed run); the rewards
+of every completion are computed (rl/rewards.py), gathered from every rank and turned into advantages over the whole
+step (rl/advantages.py: every rank computes the same numbers), and the step's normalisers (completions, completion
+tokens) are summed over every rank. With ``rl.beta`` > 0 the reference's log-probabilities of the completions come
+from the base with the adapter off (LoRA) or the frozen copy. Then each micro-batch's loss (``micro_loss``) is
+rl/loss.py's per-token loss over its completion tokens, its share of the global normalisation x world size (DDP
+averages gradients over ranks). A completion is its tokens through the first end-of-sequence token; one that reaches
+``rl.max_completion_length`` without it is truncated (``rl.mask_truncated_completions`` leaves it out of the loss).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from scaletrain.rl import loss as rl_loss
+from scaletrain.rl import rewards as rl_rewards
+from scaletrain.rl.advantages import advantages
+from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
+
+if TYPE_CHECKING:
+    from scaletrain.config.schema import Config, TrainConfig
+    from scaletrain.worker.trainer import Trainer
+
+
+def prompt_seed(seed: int, step: int, prompt_index: int) -> int:
+    """The sampling seed of one prompt's group at one step (a stable hash, not Python's per-process one)."""
+    digest = hashlib.sha256(f"{seed}:{step}:{prompt_index}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+class GRPOObjective:
+    """worker/objective.py's ``Objective`` for ``train.stage: grpo``."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.rl = cfg, cfg.rl
+        self.specs = list(cfg.rl.reward_funcs)
+        self.names = [rl_rewards.name_of(s) for s in self.specs]
+        self.funcs = [rl_rewards.load(s) for s in self.specs]
+        self.weights = torch.tensor(cfg.rl.reward_weights or [1.0] * len(self.specs), dtype=torch.float64)
+        per_func = [f"{n}{suffix}" for n in self.names for suffix in ("", "_sq", "_n")]
+        self.stats = ("reward", "reward_sq", "reward_n", *per_func, "length", "truncated", "completions", "kl",
+                      "entropy", "tokens", "clip_low", "clip_high", "clip_count")
+        self.totals: rl_loss.Totals | None = None
+        self.tokenizer = None
+        self.samples: list[dict] = []  # a few prompts with their completions and rewards, for the report
+
+    def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
+        return self.rl.beta > 0 and not lora
+
+    def prepare(self, t: Trainer, splits: dict, collate) -> dict:
+        return splits
+
+    def evaluate(self, t: Trainer, data, collate) -> dict[str, float]:
+        return {}  # the rewards of the training completions are the run's measure (train records)
+
+    def _add(self, t: Trainer, name: str, value: float) -> None:
+        t.objective_sums[self.stats.index(name)] += value
+
+    # -- the rollout and the rewards of a step --------------------------------------------------------------
+
+    def begin_step(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
+        """The window's prompts answered, rewarded and turned into completion batches (see the module docstring)."""
+        if self.tokenizer is None:
+            from scaletrain.model.tokenizer import load_tokenizer
+
+            self.tokenizer = load_tokenizer(self.cfg.model.name_or_path)
+        policy = unwrap(t.model)
+        was_training = policy.training
+        policy.eval()  # no dropout while sampling
+        rollouts = [self._sample(t, policy, batch, step) for batch in window]
+        policy.train(was_training)
+        rewards = [self._rewards(t, r) for r in rollouts]
+        local = torch.cat(rewards) if rewards else torch.empty(0, len(self.specs), dtype=torch.float64)
+        gathered = all_gather_floats(local.flatten().tolist(), t.ctx.device)
+        everyone = torch.tensor([v for rank in gathered for v in rank], dtype=torch.float64).view(-1, len(self.specs))
+        adv, _ = advantages(everyone, self.weights, self.rl.num_generations, self.rl.scale_rewards)
+        start = t.ctx.dp_rank * local.shape[0]
+        mine = adv[start:start + local.shape[0]]
+        self._reward_stats(t, local)
+        out, at = [], 0
+        for r in rollouts:
+            n = r["input_ids"].shape[0]
+            r["advantages"] = mine[at:at + n].float()
+            at += n
+            if self.rl.beta > 0:
+                r["ref_logps"] = self._reference_logps(t, r)
+            r["num_tokens"], r["num_examples"] = r["attention_mask"].sum(), torch.tensor(n)
+            out.append({k: v for k, v in r.items() if isinstance(v, torch.Tensor)})  # what the step moves to the device
+        seqs = sum(float(r["completion_mask"].any(-1).sum()) for r in out)
+        tokens = sum(float(r["completion_mask"].sum()) for r in out)
+        seqs, tokens = all_reduce_sum([seqs, tokens], t.ctx.device)
+        self.totals = rl_loss.Totals(seqs, tokens)
+        return out
+
+    def _sample(self, t: Trainer, policy, batch: dict, step: int) -> dict:
+        """This micro-batch's completions: one generate call per group (its prompt repeated), seeded per prompt."""
+        g, cap = self.rl.num_generations, self.rl.max_completion_length
+        tok = self.tokenizer
+        eos = tok.eos_token_id
+        pad = t.spec.pad_token_id
+        rows, completions, truncated = [], [], []
+        extras = [json.loads(e) for e in batch["extra"]]
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        for first in range(0, batch["input_ids"].shape[0], g):
+            prompt = batch["input_ids"][first, :lengths[first]].to(t.ctx.device)
+            seed = prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][first]))
+            devices = [t.ctx.device] if str(t.ctx.device).startswith("cuda") else []
+            with torch.random.fork_rng(devices=devices), torch.no_grad(), t.precision.autocast():
+                torch.manual_seed(seed)
+                out = policy.generate(input_ids=prompt.repeat(g, 1), attention_mask=torch.ones(
+                    g, prompt.numel(), dtype=torch.long, device=prompt.device), do_sample=True,
+                    temperature=self.rl.temperature, top_p=self.rl.top_p, top_k=0, max_new_tokens=cap,
+                    pad_token_id=pad, eos_token_id=eos)
+            for row in out[:, prompt.numel():].tolist():
+                ended = eos in row
+                row = row[:row.index(eos) + 1] if ended else row[:cap]
+                rows.append(prompt.tolist())
+                completions.append(row)
+                truncated.append(not ended)
+        width = max(len(p) + max(len(c), 1) for p, c in zip(rows, completions))
+        c_width = max(max(len(c) for c in completions), 1)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        cmask = torch.zeros((len(rows), c_width), dtype=torch.float32)
+        starts = torch.tensor([len(p) for p in rows])
+        for i, (p, c) in enumerate(zip(rows, completions)):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            mask[i, :len(p) + len(c)] = 1
+            if not (truncated[i] and self.rl.mask_truncated_completions):
+                cmask[i, :len(c)] = 1.0
+        self._add(t, "length", float(sum(len(c) for c in completions)))
+        self._add(t, "truncated", float(sum(truncated)))
+        self._add(t, "completions", float(len(completions)))
+        return {"input_ids": ids, "attention_mask": mask, "completion_mask": cmask, "starts": starts,
+                "completion_ids": completions, "extras": extras, "truncated": truncated}
+
+    def _rewards(self, t: Trainer, r: dict) -> torch.Tensor:
+        """[completions, reward functions] (NaN where a function returned None)."""
+        tok, extras = self.tokenizer, r["extras"]
+        texts = [tok.decode(c, skip_special_tokens=True) for c in r["completion_ids"]]
+        prompts = [e["prompt"] for e in extras]
+        completions = [[{"role": "assistant", "content": x}] if isinstance(p, list) else x
+                       for p, x in zip(prompts, texts)]
+        keys = sorted({k for e in extras for k in e["columns"]})
+        columns = {k: [e["columns"].get(k) for e in extras] for k in keys}
+        out = []
+        for spec, fn in zip(self.specs, self.funcs):
+            extra = {}
+            if spec == "accuracy":
+                extra = {"answer": columns.get(self.rl.answer_column)}
+            elif spec == "length":
+                extra = {"max_completion_length": self.rl.max_completion_length}
+            cols = {k: v for k, v in columns.items() if spec not in rl_rewards.BUILTINS or k not in extra}
+            out.append(rl_rewards.call(spec, fn, prompts, completions, r["completion_ids"], cols, **extra))
+        if len(self.samples) < 4 and t.ctx.is_main:
+            self.samples.append({"prompt": str(prompts[0])[:200], "completion": texts[0][:200],
+                                 "rewards": [o[0] for o in out]})
+        return torch.tensor(out, dtype=torch.float64).T
+
+    def _reward_stats(self, t: Trainer, local: torch.Tensor) -> None:
+        total = (local * self.weights.unsqueeze(0)).nansum(dim=1)
+        total[torch.isnan(local).all(dim=1)] = math.nan
+        for name, values in (("reward", total), *((n, local[:, i]) for i, n in enumerate(self.names))):
+            ok = values[~torch.isnan(values)]
+            self._add(t, name, float(ok.sum()))
+            self._add(t, "reward_sq" if name == "reward" else f"{name}_sq", float((ok ** 2).sum()))
+            self._add(t, "reward_n" if name == "reward" else f"{name}_n", float(ok.numel()))
+
+    def _reference_logps(self, t: Trainer, r: dict) -> torch.Tensor:
+        import contextlib
+
+        model = unwrap(t.model)
+        context = model.disable_adapter() if t.lora else contextlib.nullcontext()
+        with torch.no_grad(), context, t.precision.autocast():
+            net = model if t.lora or t.reference is None else t.reference
+            logits = net(input_ids=r["input_ids"].to(t.ctx.device),
+                         attention_mask=r["attention_mask"].to(t.ctx.device), use_cache=False).logits
+        return completion_logps(logits, r["input_ids"].to(t.ctx.device), r["starts"], r["completion_mask"].shape[1])
+
+    # -- the loss --------------------------------------------------------------------------------------------
+
+    def micro_loss(self, t: Trainer, batch: dict, n_micro: int) -> torch.Tensor:
+        ids = batch["input_ids"]
+        logits = t.model(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False).logits
+        mask = batch["completion_mask"]
+        width = mask.shape[1]
+        logps, entropy = completion_logps(logits, ids, batch["starts"], width, with_entropy=True)
+        terms = rl_loss.per_token_loss(logps, None, batch.get("ref_logps"), batch["advantages"], mask, self.rl)
+        loss = rl_loss.reduce(terms.per_token, mask, self.rl, self.totals) * t.ctx.world_size
+        with torch.no_grad():
+            if terms.kl is not None:
+                self._add(t, "kl", float((terms.kl * mask).sum()))
+            self._add(t, "entropy", float((entropy * mask).sum()))
+            self._add(t, "tokens", float(mask.sum()))
+            low, high, count = rl_loss.clip_counts(terms, batch["advantages"], mask, self.rl)
+            self._add(t, "clip_low", low)
+            self._add(t, "clip_high", high)
+            self._add(t, "clip_count", count)
+        return loss
+
+    def record(self, sums: list[float]) -> dict[str, float]:
+        """TRL's metric names: reward, reward_std, rewards/NAME/mean and /std, kl, entropy, clip_ratio/*,
+        completions/mean_length and clipped_ratio."""
+        s = dict(zip(self.stats, sums))
+        out = {}
+        for name, key in (("reward", "reward"), *((n, f"rewards/{n}") for n in self.names)):
+            n = s["reward_n" if name == "reward" else f"{name}_n"]
+            if n:
+                mean = s[name] / n
+                var = max(s["reward_sq" if name == "reward" else f"{name}_sq"] / n - mean ** 2, 0.0)
+                std = math.sqrt(var * n / (n - 1)) if n > 1 else 0.0
+                out[key if name == "reward" else f"{key}/mean"] = mean
+                out["reward_std" if name == "reward" else f"{key}/std"] = std
+        if s["completions"]:
+            out["completions/mean_length"] = s["length"] / s["completions"]
+            out["completions/clipped_ratio"] = s["truncated"] / s["completions"]
+        if s["tokens"]:
+            out["entropy"] = s["entropy"] / s["tokens"]
+            if self.rl.beta > 0:
+                out["kl"] = s["kl"] / s["tokens"]
+        if s["clip_count"]:
+            out["clip_ratio/low_mean"] = s["clip_low"] / s["clip_count"]
+            out["clip_ratio/high_mean"] = s["clip_high"] / s["clip_count"]
+        return out
+
+
+def completion_logps(logits: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, width: int,
+                     with_entropy: bool = False):
+    """Each row's log-probabilities of its completion tokens ([B, width]: token j of row i is at starts[i] + j, its
+    logit one place before) in fp32; with its entropies."""
+    rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
+    where = (starts.to(ids.device).unsqueeze(1) + torch.arange(width, device=ids.device)).clamp(max=ids.shape[1] - 1)
+    picked = logits[rows, where - 1].float()  # [B, width, V]
+    logp = F.log_softmax(picked, dim=-1)
+    token_logps = logp.gather(-1, ids[rows, where].unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return token_logps
+    return token_logps, -(logp.exp() * logp).sum(-1)

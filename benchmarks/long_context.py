@@ -26,7 +26,7 @@ RUN = r"""
 import json, os, sys, time
 import torch, torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
-from scaletrain import context_parallel as cp
+from scaletrain.model import context_parallel as cp
 from scaletrain.worker.step import token_loss_sum
 
 length, method, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])

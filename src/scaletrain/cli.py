@@ -14,11 +14,12 @@ DESCRIPTION = ("Take a Transformer fine-tuning job from one device to many GPUs 
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse with its errors in one line (``scaletrain plan: error: argument --gpus-per-node: 0: must be >= 1; see
-    scaletrain plan --help``) instead of the usage block above them: every command's bad input is one line."""
+    """argparse with its errors in one line, worded as every other error of scaletrain's (``error: scaletrain plan:
+    argument --gpus-per-node: 0: must be >= 1; see scaletrain plan --help``) instead of the usage block above them:
+    every command's bad input is one line."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+        self.exit(2, f"error: {self.prog}: {message}; see {self.prog} --help\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

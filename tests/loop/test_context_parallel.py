@@ -56,7 +56,7 @@ def _reference(model, batch: dict):
 def _train_shard_and_compare(model, shard: dict, ref_loss: float, ref_grads: dict, main: bool, out: str) -> None:
     """Forward and backward of this rank's shard; the loss and gradients summed over every rank, compared with the
     reference's (the worst relative gradient difference), saved by the main rank."""
-    from scaletrain import context_parallel as cp
+    from scaletrain.model import context_parallel as cp
     from scaletrain.worker.step import token_loss_sum
 
     cp.set_batch(shard)
@@ -76,7 +76,7 @@ def _train_shard_and_compare(model, shard: dict, ref_loss: float, ref_grads: dic
 
 
 def _worker(rank: int, world: int, method: str, packed: bool, heads: int, kv_heads: int, port: int, out: str):
-    from scaletrain import context_parallel as cp
+    from scaletrain.model import context_parallel as cp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -106,8 +106,8 @@ def test_context_parallel_equals_one_rank(tmp_path, world, method, packed, heads
 def _mesh_worker(rank: int, port: int, out: str):
     """4 ranks as 2 data-parallel groups of 2 context-parallel ranks (the trainer's mesh): data-parallel rank d
     trains batch d, split over its group."""
-    from scaletrain import context_parallel as cp
     from scaletrain.comm.context import DistContext
+    from scaletrain.model import context_parallel as cp
     from scaletrain.worker.parallel import context_parallel_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--profile", help="comm profile applied to every worker (see comm.profile)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra worker variable")
     p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS or a local Ray)")
-    p.add_argument("--timeout", type=COUNT, default=300, help="collective timeout in seconds")
+    p.add_argument("--timeout", type=number(int, MIN_COMM_TIMEOUT_S), default=300,
+                   help="collective timeout in seconds (what comm.timeout_s allows: at least 10)")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--out", help="directory for results (JSON, and the winning profile of a sweep)")
     p.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="run once per combination, fresh workers each")

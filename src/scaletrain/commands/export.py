@@ -1,5 +1,5 @@
 """`scaletrain export RUN_DIR [-o DIR] [--dtype bf16] [--upload URI]`: a standalone model directory from a run
-(scaletrain/export.py: a LoRA adapter merged into its base one safetensors shard at a time), uploaded to object
+(scaletrain/after/export.py: a LoRA adapter merged into its base one safetensors shard at a time), uploaded to object
 storage where asked."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`scaletrain serve RUN_DIR --print vllm|sglang`: the command that serves a run's model with the prompt format it
-trained with (scaletrain/serving.py); scaletrain starts no server itself."""
+trained with (scaletrain/after/serving.py); scaletrain starts no server itself."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The precision policy at run time (scaletrain/model/precision.py decides it): autocast, the grad scaler, the dtypes."""
+"""The precision policy at run time (model/precision.py decides it): autocast, the grad scaler, the dtypes."""
 
 from __future__ import annotations
 

@@ -46,9 +46,10 @@ class RunDir:
     PRIVATE_ENV = ".private-env.json"  # secret variables for Ray workers (0600), removed when the workers end
     STORE = "store.json"  # a mirror's home on object storage (storage/mirror.py)
     CHECKPOINTS, DATA, FINAL = "checkpoints", "data", "final"
-    # report/plots.py's files, in this order: loss, throughput, ranks, utilization, rewards, goodput, experts
+    # report/plots.py's files, in this order: loss, throughput, ranks, utilization, rewards, goodput, experts, rl
     PLOTS = ("loss.png", "throughput.png", "ranks.png", "utilization.png", "rewards.png", "goodput.png",
-             "experts.png")
+             "experts.png", "rl.png")
+    SAMPLES = "samples.jsonl"  # GRPO: a few prompts with their completions and rewards at the start and the end
     # A run on object storage (storage/): what the mirror never uploads (the store has its own checkpoints; Ray's
     # bookkeeping, process ids and the secrets file belong to this machine), what a worker's forwarder never sends
     # to the driver (checkpoints and final/ go to the store, the data came from it, fault markers and STOP are the
@@ -102,6 +103,10 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.root / self.REPORT
+
+    @property
+    def samples(self) -> Path:
+        return self.root / self.SAMPLES
 
     @property
     def stop(self) -> Path:

@@ -61,6 +61,16 @@ def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
                 "completions/clipped_ratio", "entropy", "kl", "clip_ratio/low_mean", "train/loss"):
         assert key in first, key
     assert 0 < first["reward"] < 1 and first["completions/mean_length"] <= 8
+    # the report: the reward and length plot, and a few completions at the start and the end
+    import yaml
+
+    from scaletrain.report.markdown import write_report
+    from scaletrain.rundir import RunDir
+
+    RunDir(tmp_path / "run").resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    report = write_report(tmp_path / "run").read_text()
+    assert "![rl](rl.png)" in report and "## Completions at the start and the end" in report
+    assert "| 1 | What is" in report and "| 4 | What is" in report and "vowels 0." in report
 
 
 @pytest.mark.slow

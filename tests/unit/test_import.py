@@ -185,3 +185,34 @@ def test_a_ppo_file_names_grpo_and_writes_no_config(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "stage=ppo" in err and "train.stage: grpo" in err and "no config written" in err
     assert not out.exists()
+
+
+def test_a_trl_grpo_yaml_imports_with_a_row_per_key(tmp_path, capsys):
+    """`scaletrain import trl`: the YAML a TRL user gives `trl grpo --config` (#61): GRPOConfig's names map one to
+    one into rl:, TRL's registered rewards to the built-ins, a module.function path to its file; what does not map is
+    a row; the written config validates."""
+    from scaletrain.cli import main
+
+    model = tmp_path / "qwen"
+    model.mkdir()
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("")
+    trl = tmp_path / "grpo.yaml"
+    trl.write_text(yaml.safe_dump({
+        "model_name_or_path": str(model), "dataset_name": str(data), "dataset_train_split": "train",
+        "reward_funcs": ["accuracy_reward", "think_format_reward", "my_rewards.strict"],
+        "num_generations": 8, "max_completion_length": 256, "loss_type": "dr_grpo", "beta": 0.02,
+        "epsilon_high": 0.28, "scale_rewards": False, "learning_rate": 1e-6, "per_device_train_batch_size": 16,
+        "use_peft": True, "lora_r": 16, "use_vllm": False, "output_dir": str(tmp_path / "out"),
+        "log_completions": True}))
+    out = tmp_path / "job.yaml"
+    assert main(["import", "trl", str(trl), "-o", str(out)]) == 0
+    table = capsys.readouterr().err
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["train"]["stage"] == "grpo" and cfg["model"]["finetuning_type"] == "lora"
+    assert cfg["rl"]["reward_funcs"] == ["accuracy", "format", "my_rewards.py:strict"]
+    assert cfg["rl"]["answer_column"] == "solution" and cfg["rl"]["loss_type"] == "dr_grpo"
+    assert cfg["data"]["train_file"] == str(data) and cfg["model"]["lora_rank"] == 16
+    assert "log_completions" in table and "dataset_train_split" in table and "no scaletrain equivalent" in table
+    validate(cfg)  # (scale_rewards: false is TRL's none)
+    assert validate(cfg).rl.scale_rewards == "none"

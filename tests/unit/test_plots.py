@@ -30,7 +30,9 @@ def _train():
     return [{"step": s, "train/loss": 1.0 / s, "train/grad_norm": 0.5, "throughput/samples_per_s": 10.0 + s,
              "ranks/step_s": [0.1, 0.12], "ranks/rss_gib": [1.0, 1.1], "rewards/chosen": 0.1, "rewards/rejected": -0.1,
              "rewards/margins": 0.2, "rewards/accuracies": 0.6,
-             "moe/expert_shares": [[1.2, 0.8, 1.1, 0.9], [1.0, 1.0, 0.7, 1.3]], "moe/expert_share_min": [0.8, 0.7]}
+             "moe/expert_shares": [[1.2, 0.8, 1.1, 0.9], [1.0, 1.0, 0.7, 1.3]], "moe/expert_share_min": [0.8, 0.7],
+             "reward": 0.4 + s / 100, "reward_std": 0.1, "rewards/accuracy/mean": 0.3, "completions/mean_length": 7.5,
+             "completions/clipped_ratio": 0.25}
             for s in STEPS]
 
 
@@ -60,10 +62,10 @@ def _legend_overlaps(fig) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("draw", ["loss", "throughput", "ranks", "rewards", "experts"])
+@pytest.mark.parametrize("draw", ["loss", "throughput", "ranks", "rewards", "experts", "rl"])
 def test_step_axes_have_whole_number_ticks(draw, figures, tmp_path):
     fn = getattr(plots, draw)
-    if draw in ("ranks", "experts", "throughput"):
+    if draw in ("ranks", "experts", "throughput", "rl"):
         fn(_train(), tmp_path)
     else:
         fn(_train(), [], tmp_path)

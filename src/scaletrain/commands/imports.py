@@ -1,4 +1,5 @@
-"""`scaletrain import llamafactory LF.yaml [-o job.yaml]` and `scaletrain import deepspeed ds.json [-o ...]`."""
+"""`scaletrain import llamafactory LF.yaml [-o job.yaml]`, `scaletrain import trl grpo.yaml [-o ...]` (the YAML of
+`trl grpo --config`) and `scaletrain import deepspeed ds.json [-o ...]`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
-    p = sub.add_parser("import", parents=parents, help="write a scaletrain config from a LLaMA-Factory YAML or a "
-                                                       "DeepSpeed JSON, with a table of where each key went")
-    p.add_argument("kind", choices=("llamafactory", "deepspeed"), help="what the file is")
-    p.add_argument("path", help="the LLaMA-Factory training YAML, or the DeepSpeed JSON")
+    p = sub.add_parser("import", parents=parents, help="write a scaletrain config from a LLaMA-Factory YAML, a TRL "
+                                                       "GRPO YAML or a DeepSpeed JSON, with a table of where each "
+                                                       "key went")
+    p.add_argument("kind", choices=("llamafactory", "trl", "deepspeed"), help="what the file is")
+    p.add_argument("path", help="the LLaMA-Factory training YAML, the `trl grpo --config` YAML, or the DeepSpeed JSON")
     p.add_argument("-o", "--out", help="write the config here (never over an existing file); default: stdout")
     p.set_defaults(func=run)
 
@@ -61,6 +63,15 @@ def run(args: argparse.Namespace) -> int:
                 ds_path = Path(args.path).parent / ds_path
             ds = _read(str(ds_path), "DeepSpeed JSON")
         cfg, rows = from_llamafactory(lf, ds, str(ds_path or ""))
+    elif args.kind == "trl":
+        from scaletrain.config.trl_import import from_trl, looks_like_trl
+
+        raw = _read(args.path, "TRL YAML")
+        if not looks_like_trl(raw):
+            raise ConfigError(f"{args.path} is not a `trl grpo --config` YAML (it has none of model_name_or_path, "
+                              f"reward_funcs, num_generations, dataset_name, max_completion_length, or fewer than "
+                              f"two); pass the YAML you give `trl grpo`")
+        cfg, rows = from_trl(raw)
     else:
         train, rows = from_deepspeed(_read(args.path, "DeepSpeed JSON"), {}, args.path)
         cfg = {"train": train}

@@ -41,7 +41,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     checkpoints = [r for r in records if r.get("kind") == "checkpoint"]
     images = [p for p in (plots.loss(train, evals, out, checkpoints), plots.throughput(train, out, evals, checkpoints),
                           plots.rewards(train, evals, out), plots.goodput(summary or {}, out), plots.ranks(train, out),
-                          plots.utilization(system, out), plots.experts(train, out)) if p]
+                          plots.utilization(system, out), plots.experts(train, out), plots.rl(train, out)) if p]
     status = "finished" if summary else ("failed" if "failure:" in _read(rd.events) else "running or stopped")
     lines = [f"{TITLE}{run.name}", "", f"Status: **{status}**", "", "| | |", "|---|---|"]
     s = summary or {}
@@ -66,6 +66,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     lines += [f"| {k} | {v} |" for k, v in rows]
     lines += eval_section(run)
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({os.path.relpath(p, out)})" for p in images]
+    lines += _samples(rd)
     alerts = read_jsonl(rd.alerts)
     lines += ["", f"## Alerts ({len(alerts)})", ""]
     lines += [f"- step {a.get('step', '-')}: **{a['rule']}** {a['message']}" for a in alerts] or ["none"]
@@ -105,6 +106,20 @@ def _precision(s: dict) -> list[tuple[str, str]]:
         if s.get(key):
             rows.append((what, f"{max(s[key]) / 2**20:.1f} MiB per rank (plan {plan.get(planned, 0) / 2**20:.1f} MiB)"))
     return rows
+
+
+def _samples(rd: RunDir) -> list[str]:
+    """GRPO: a few prompts with their completions and rewards at the start and at the end of the run."""
+    rows = read_jsonl(rd.samples) if rd.samples.exists() else []
+    if not rows:
+        return []
+    cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")[:160]
+    out = ["", "## Completions at the start and the end", "", "| step | prompt | completion | rewards |",
+           "|---|---|---|---|"]
+    out += [f"| {r['step']} | {cell(r['prompt'])} | {cell(r['completion'])} | "
+            f"{', '.join(f'{k} {v:.3g}' if v is not None else f'{k} -' for k, v in r['rewards'].items())} |"
+            for r in rows]
+    return out
 
 
 def _classes(cfg: dict) -> list[tuple[str, str]]:

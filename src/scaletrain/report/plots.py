@@ -15,7 +15,7 @@ from scaletrain.rundir import RunDir
 
 FIGSIZE, DPI = (9, 5), 100  # 900 x 500 pixels
 FILES = RunDir.PLOTS  # named by the run directory's owner (trackers upload them without importing this module)
-LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT, EXPERTS = FILES
+LOSS, THROUGHPUT, RANKS, UTILIZATION, REWARDS, GOODPUT, EXPERTS, RL = FILES
 
 
 def save_figure(fig, path: Path) -> Path:
@@ -95,6 +95,34 @@ def rewards(train: list[dict], evals: list[dict], out: Path) -> Path | None:
     a.legend()
     b.legend()
     return save_figure(fig, out / REWARDS)
+
+
+def rl(train: list[dict], out: Path) -> Path | None:
+    """GRPO: the mean reward (with its std, and each reward function's mean) and the completions' length over the
+    steps."""
+    rows = [r for r in train if "reward" in r]
+    if not rows:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=FIGSIZE)
+    steps = [r["step"] for r in rows]
+    mean, std = [r["reward"] for r in rows], [r.get("reward_std", 0.0) for r in rows]
+    a.plot(steps, mean, label="reward")
+    a.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    for key in sorted({k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean")}):
+        a.plot(steps, [r.get(key) for r in rows], "--", linewidth=0.8, label=key.split("/")[1])
+    b.plot(steps, [r.get("completions/mean_length", 0.0) for r in rows], label="mean length (tokens)")
+    b2 = b.twinx()
+    b2.plot(steps, [r.get("completions/clipped_ratio", 0.0) for r in rows], color="tab:red", alpha=0.6,
+            label="share truncated")
+    b2.set(ylabel="share truncated", ylim=(0, 1.05))
+    a.set(xlabel="step", ylabel="reward", title="Reward (mean, std band; each function's mean)")
+    b.set(xlabel="step", ylabel="tokens", title="Completion length")
+    whole_numbers(a, b)
+    a.legend(fontsize="small")
+    lines, labels = b.get_legend_handles_labels()
+    more = b2.get_legend_handles_labels()
+    b.legend(lines + more[0], labels + more[1], fontsize="small")
+    return save_figure(fig, out / RL)
 
 
 def experts(train: list[dict], out: Path) -> Path | None:

@@ -53,7 +53,6 @@ class GRPOObjective:
                       "entropy", "tokens", "clip_low", "clip_high", "clip_count")
         self.totals: rl_loss.Totals | None = None
         self.tokenizer = None
-        self.samples: list[dict] = []  # a few prompts with their completions and rewards, for the report
 
     def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
         return self.rl.beta > 0 and not lora
@@ -81,6 +80,8 @@ class GRPOObjective:
         rollouts = [self._sample(t, policy, batch, step) for batch in window]
         policy.train(was_training)
         rewards = [self._rewards(t, r) for r in rollouts]
+        if t.ctx.is_main and step in (1, t.spec.total_steps):  # what the run's report shows at its start and end
+            self._write_samples(t, rollouts[0], rewards[0], step)
         local = torch.cat(rewards) if rewards else torch.empty(0, len(self.specs), dtype=torch.float64)
         gathered = all_gather_floats(local.flatten().tolist(), t.ctx.device)
         everyone = torch.tensor([v for rank in gathered for v in rank], dtype=torch.float64).view(-1, len(self.specs))
@@ -163,10 +164,18 @@ class GRPOObjective:
                 extra = {"max_completion_length": self.rl.max_completion_length}
             cols = {k: v for k, v in columns.items() if spec not in rl_rewards.BUILTINS or k not in extra}
             out.append(rl_rewards.call(spec, fn, prompts, completions, r["completion_ids"], cols, **extra))
-        if len(self.samples) < 4 and t.ctx.is_main:
-            self.samples.append({"prompt": str(prompts[0])[:200], "completion": texts[0][:200],
-                                 "rewards": [o[0] for o in out]})
+        r["texts"], r["prompts"] = texts, prompts
         return torch.tensor(out, dtype=torch.float64).T
+
+    def _write_samples(self, t: Trainer, r: dict, rewards: torch.Tensor, step: int) -> None:
+        """The first prompt of the step and three of its completions, with their rewards (rank 0)."""
+        with open(t.run_dir.samples, "a", encoding="utf-8") as f:
+            for i in range(min(3, len(r["texts"]))):
+                prompt = r["prompts"][i]
+                shown = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+                values = {n: (None if math.isnan(float(v)) else float(v)) for n, v in zip(self.names, rewards[i])}
+                f.write(json.dumps({"step": step, "prompt": shown, "completion": r["texts"][i],
+                                    "rewards": values}, ensure_ascii=False) + "\n")
 
     def _reward_stats(self, t: Trainer, local: torch.Tensor) -> None:
         total = (local * self.weights.unsqueeze(0)).nansum(dim=1)

@@ -2,8 +2,9 @@
 workers (``rollout.engine: hf``: transformers' generate with the policy being trained).
 
 Each step (``begin_step``, before the micro-batches' forwards): every prompt of this rank's accumulation window is
-answered ``rl.num_generations`` times (its group, one row each), sampled with a seed of its own (the run's seed, the
-step and the prompt's index in the split: the same completions on 1 worker or N, and on a resumed run); the rewards
+answered ``rl.num_generations`` times (its group, one row each), each row drawn from a random stream of its own (the
+run's seed, the step, the prompt's index in the split and the row's place in its group: rl/sampling.py; the same
+completions on 1 worker or N, and on a resumed run); the rewards
 of every completion are computed (rl/rewards.py), gathered from every rank and turned into advantages over the whole
 step (rl/advantages.py: every rank computes the same numbers), and the step's normalisers (completions, completion
 tokens) are summed over every rank. With ``rl.beta`` > 0 the reference's log-probabilities of the completions come
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
+from scaletrain.rl.sampling import sample
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
 
 if TYPE_CHECKING:
@@ -105,30 +107,38 @@ class GRPOObjective:
         return out
 
     def _sample(self, t: Trainer, policy, batch: dict, step: int) -> dict:
-        """This micro-batch's completions: one generate call per group (its prompt repeated), seeded per prompt."""
-        g, cap = self.rl.num_generations, self.rl.max_completion_length
+        """This micro-batch's completions: all its groups in one batch (each prompt repeated, left-padded), each row
+        drawn from its own random stream (its prompt's seed and its place in the group): the same completions on any
+        number of workers, whatever else shares the micro-batch."""
+        cap = self.rl.max_completion_length
         tok = self.tokenizer
         eos = tok.eos_token_id
         pad = t.spec.pad_token_id
-        rows, completions, truncated = [], [], []
         extras = [json.loads(e) for e in batch["extra"]]
         lengths = batch["attention_mask"].sum(-1).tolist()
-        for first in range(0, batch["input_ids"].shape[0], g):
-            prompt = batch["input_ids"][first, :lengths[first]].to(t.ctx.device)
-            seed = prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][first]))
-            devices = [t.ctx.device] if str(t.ctx.device).startswith("cuda") else []
-            with torch.random.fork_rng(devices=devices), torch.no_grad(), t.precision.autocast():
-                torch.manual_seed(seed)
-                out = policy.generate(input_ids=prompt.repeat(g, 1), attention_mask=torch.ones(
-                    g, prompt.numel(), dtype=torch.long, device=prompt.device), do_sample=True,
-                    temperature=self.rl.temperature, top_p=self.rl.top_p, top_k=0, max_new_tokens=cap,
-                    pad_token_id=pad, eos_token_id=eos)
-            for row in out[:, prompt.numel():].tolist():
-                ended = eos in row
-                row = row[:row.index(eos) + 1] if ended else row[:cap]
-                rows.append(prompt.tolist())
-                completions.append(row)
-                truncated.append(not ended)
+        prompts = [batch["input_ids"][i, :lengths[i]].tolist() for i in range(batch["input_ids"].shape[0])]
+        width = max(lengths)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding: every row's completion starts at column `width`
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        # each row's own random stream: the prompt's seed and the row's place in its group (rl/sampling.py)
+        gen_device = t.ctx.device if str(t.ctx.device).startswith("cuda") else "cpu"
+        generators = [torch.Generator(device=gen_device).manual_seed(
+            prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][i])) + i % self.rl.num_generations)
+            for i in range(len(prompts))]
+        with t.precision.autocast():
+            out = sample(policy, ids.to(t.ctx.device), mask.to(t.ctx.device), generators, cap, eos, pad,
+                         self.rl.temperature, self.rl.top_p)
+        rows, completions, truncated = [], [], []
+        for p, row in zip(prompts, out.tolist()):
+            ended = eos in row
+            row = row[:row.index(eos) + 1] if ended else row[:cap]
+            rows.append(p)
+            completions.append(row)
+            truncated.append(not ended)
+
         width = max(len(p) + max(len(c), 1) for p, c in zip(rows, completions))
         c_width = max(max(len(c) for c in completions), 1)
         ids = torch.full((len(rows), width), pad, dtype=torch.long)

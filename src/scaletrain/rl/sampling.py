@@ -1,0 +1,51 @@
+"""Sampling a batch of completions where each row draws from a random stream of its own.
+
+transformers' ``generate`` samples every row of a batch with one ``torch.multinomial`` call on the global generator,
+so a row's tokens depend on which other rows share its batch. GRPO's completions must not: 1 and N workers hold
+different micro-batches (per-device batches differ) and must sample the same completions, and a resumed run the
+same as an uninterrupted one. Seeding one ``generate`` call per prompt does that but runs the model once per group;
+this loop runs the whole micro-batch through the model at once (left-padded prompts, a KV cache, the position ids
+from the attention mask as ``generate`` does) and draws each row's token from that row's own ``torch.Generator``,
+with temperature and top-p applied as transformers' warpers do."""
+
+from __future__ import annotations
+
+import torch
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits outside the smallest set whose probability reaches ``top_p`` set to -inf (at least one kept), as
+    transformers' TopPLogitsWarper."""
+    if top_p >= 1.0:
+        return logits
+    ordered, index = torch.sort(logits, descending=False)
+    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p)
+    remove[..., -1:] = False
+    return logits.masked_fill(remove.scatter(-1, index, remove), float("-inf"))
+
+
+@torch.no_grad()
+def sample(model, ids: torch.Tensor, mask: torch.Tensor, generators: list[torch.Generator], max_new_tokens: int,
+           eos: int, pad: int, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """[rows, <= max_new_tokens] sampled tokens after left-padded ``ids`` (a row is ``pad`` after its EOS)."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    cache, logits = out.past_key_values, out.logits[:, -1]
+    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    tokens = []
+    for _ in range(max_new_tokens):
+        probs = top_p_filter(logits.float() / temperature, top_p).softmax(dim=-1)
+        drawn = torch.cat([torch.multinomial(probs[i].cpu() if g.device.type == "cpu" else probs[i], 1, generator=g)
+                           for i, g in enumerate(generators)]).to(ids.device)
+        drawn = torch.where(done, torch.full_like(drawn, pad), drawn)
+        tokens.append(drawn)
+        done |= drawn == eos
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1
+        out = model(input_ids=drawn.unsqueeze(1), attention_mask=mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+    return torch.stack(tokens, dim=1) if tokens else ids.new_zeros((ids.shape[0], 0))

@@ -54,7 +54,7 @@ def _records(run) -> list[dict]:
 
 
 def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
-    cfg, _, spec = local_spec(_cfg(task, beta=0.04, loss_type="grpo"), tmp_path / "run")
+    cfg, tokenizer, spec = local_spec(_cfg(task, beta=0.04, loss_type="grpo"), tmp_path / "run")
     run_in_process(spec)
     first = _records(tmp_path / "run")[0]
     for key in ("reward", "reward_std", "rewards/vowels/mean", "rewards/accuracy/mean", "completions/mean_length",
@@ -71,6 +71,18 @@ def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
     report = write_report(tmp_path / "run").read_text()
     assert "![rl](rl.png)" in report and "## Completions at the start and the end" in report
     assert "| 1 | What is" in report and "| 4 | What is" in report and "vowels 0." in report
+    # after training, as an SFT run: final/ completed as the driver does, chat through the template the run
+    # trained with, export a standalone model
+    from scaletrain.after.chat import open_chat
+    from scaletrain.after.export import export_run
+    from scaletrain.launch.job import finish_final
+
+    finish_final(cfg, tmp_path / "run", tokenizer)
+
+    chat = open_chat(tmp_path / "run")
+    assert chat.tokenizer.chat_template and chat.model is not None
+    export_run(tmp_path / "run", tmp_path / "exported")
+    assert (tmp_path / "exported" / "config.json").exists()
 
 
 @pytest.mark.slow

@@ -1,0 +1,50 @@
+"""GRPO's sampling loop (rl/sampling.py): each row draws from its own random stream, so a row's completion is the
+same alone or in a batch with other prompts of other lengths (1 and N workers hold different micro-batches); greedy
+at a tiny temperature equals transformers' generate; top-p keeps the smallest set reaching p."""
+
+import torch
+
+from scaletrain.rl.sampling import sample, top_p_filter
+
+
+def _model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2)).eval()
+
+
+def _left_padded(prompts, pad=0):
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    return ids, mask
+
+
+def test_a_row_samples_the_same_alone_or_in_any_batch():
+    model = _model()
+    a, b = [5, 6, 7], [9, 10, 11, 12, 13, 14]
+    gen = lambda seed: torch.Generator().manual_seed(seed)
+    alone = sample(model, *_left_padded([a]), [gen(1)], 6, eos=49, pad=0)
+    batched = sample(model, *_left_padded([b, a, b]), [gen(2), gen(1), gen(3)], 6, eos=49, pad=0)
+    assert batched[1, :alone.shape[1]].tolist() == alone[0].tolist()
+    again = sample(model, *_left_padded([a, b]), [gen(1), gen(2)], 6, eos=49, pad=0)
+    assert again[0, :alone.shape[1]].tolist() == alone[0].tolist()
+
+
+def test_a_cold_temperature_is_greedy_as_generate():
+    model = _model()
+    ids, mask = _left_padded([[5, 6, 7], [8, 9]])
+    ours = sample(model, ids, mask, [torch.Generator().manual_seed(0)] * 2, 5, eos=49, pad=0, temperature=1e-4)
+    theirs = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0,
+                            eos_token_id=49)[:, ids.shape[1]:]
+    assert ours.tolist() == theirs.tolist()
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(top_p_filter(logits, 0.75))
+    assert kept.tolist() == [[True, True, False, False]]

@@ -10,7 +10,7 @@ import pytest
 
 from scaletrain.launch.local import run_in_process
 from scaletrain.metrics.records import read_jsonl
-from tests.conftest import local_spec
+from tests.conftest import local_spec, resumes_bit_identical
 
 pytestmark = pytest.mark.loop
 
@@ -99,24 +99,10 @@ def test_the_mean_reward_rises(task, tmp_path, seed):
 
 
 def test_a_killed_run_resumes_bit_identical(task, tmp_path):
-    import shutil
-
-    import torch
-    from safetensors.torch import load_file
-
     cfg = _cfg(task, steps=4, beta=0.04)
     cfg["checkpoint"] = {"save_steps": 2}
-    _, _, whole = local_spec(cfg, tmp_path / "whole")
-    run_in_process(whole)
-    _, _, again = local_spec(cfg, tmp_path / "again")  # killed after the step-2 checkpoint
-    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step-2", tmp_path / "again" / "checkpoints" / "step-2")
-    run_in_process(again)
-    assert "resume: from step-2" in (tmp_path / "again" / "logs" / "main.log").read_text()
-    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
-    b = load_file(tmp_path / "again" / "final" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["reward"] for r in _records(tmp_path / "whole")][2:] == \
-        [r["reward"] for r in _records(tmp_path / "again")][-2:]
+    whole, again = resumes_bit_identical(cfg, tmp_path, 2)
+    assert [r["reward"] for r in _records(whole)][2:] == [r["reward"] for r in _records(again)][-2:]
 
 
 @pytest.mark.parametrize("change,message", [

@@ -6,7 +6,7 @@ import pytest
 
 from scaletrain.launch.local import run_in_process
 from scaletrain.metrics.records import read_jsonl
-from tests.conftest import local_spec, train_losses
+from tests.conftest import local_spec, resumes_bit_identical, train_losses
 
 pytestmark = pytest.mark.loop
 
@@ -68,22 +68,9 @@ def test_lora_dpo_holds_no_second_copy_and_full_dpo_a_frozen_one(demo_dir, tmp_p
 
 
 def test_resume_mid_run_is_bit_identical(demo_dir, tmp_path):
-    import shutil
-
-    import torch
-    from safetensors.torch import load_file
-
     cfg = _cfg(demo_dir, "sigmoid", "full", steps=8)
     cfg["checkpoint"] = {"save_steps": 4}
-    _, _, whole = local_spec(cfg, tmp_path / "whole")
-    run_in_process(whole)
-    _, _, again = local_spec(cfg, tmp_path / "again")  # killed after the step-4 checkpoint
-    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step-4", tmp_path / "again" / "checkpoints" / "step-4")
-    run_in_process(again)
-    assert "resume: from step-4" in (tmp_path / "again" / "logs" / "main.log").read_text()
-    a = load_file(tmp_path / "whole" / "final" / "model.safetensors")
-    b = load_file(tmp_path / "again" / "final" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    resumes_bit_identical(cfg, tmp_path, 4)
 
 
 def test_a_reward_model_learns_the_preference_and_final_loads_as_a_scorer(demo_dir, tmp_path):

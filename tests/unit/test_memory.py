@@ -281,3 +281,32 @@ def test_the_plan_counts_the_preference_reference_and_both_sides_of_a_pair(vocab
     assert dpo == model_shape(_cfg(), Vocab(vocab, 0), 8, 512, 8)
     squeezed = type(device_named("a100-40gb"))("test", full.train_peak - full.reference // 2)
     assert "the frozen reference model holds" in advice(_cfg(stage="dpo"), shape, 1, squeezed)
+
+
+def _grpo(**rl):
+    finetuning = rl.pop("finetuning_type", "full")
+    return validate({"model": {"name_or_path": "builtin:llama-100m", "task": "causal-lm",
+                               "finetuning_type": finetuning},
+                     "data": {"train_file": "x.jsonl", "max_length": 256},
+                     "train": {"stage": "grpo", "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8},
+                     "rl": {"num_generations": 8, "max_completion_length": 256, **rl}, "scaling": {"num_workers": 2}})
+
+
+def test_the_plan_knows_grpo_a_sequence_its_reference_and_the_rollouts_cache(vocab):
+    """#61: a GRPO sequence is a prompt and its completion (256 + 256 here); full fine-tuning with beta > 0 holds a
+    frozen reference (LoRA: the adapter off, none); sampling colocated holds the micro-batch's KV cache over every
+    layer and one position's fp32 logits with their softmax: layers x rows x tokens x 2 x kv width x bytes."""
+    from scaletrain.memory.estimate import rollout_bytes
+    from scaletrain.memory.plan import shape_for
+
+    shape = shape_for(_grpo(beta=0.04), Vocab(vocab, 0))
+    assert shape.seq == 512 and shape == model_shape(_grpo(), Vocab(vocab, 0), 8, 512, 8)
+    full = estimate(_grpo(beta=0.04), shape, 1, "gpu")
+    assert full.reference == shape.total * 4
+    assert estimate(_grpo(beta=0.0), shape, 1, "gpu").reference == 0
+    assert estimate(_grpo(beta=0.04, finetuning_type="lora"), shape, 1, "gpu").reference == 0
+    kv = shape.layers * 8 * 512 * 2 * shape.kv_width * 4  # fp32 on a GPU without bf16 asked
+    assert rollout_bytes(_grpo(), shape, 4) == kv + 2 * 8 * vocab * 4
+    sft = validate({"model": {"name_or_path": "builtin:llama-100m", "task": "causal-lm"},
+                    "data": {"train_file": "x.jsonl", "max_length": 256}})
+    assert shape_for(sft, Vocab(vocab, 0)).seq == 256  # an SFT sequence is max_length alone

@@ -122,6 +122,13 @@ def sequences_per_micro_batch(train: TrainConfig, eval_batch: bool = False) -> i
     return per * (2 if train.stage in PREFERENCE_STAGES else 1)
 
 
+def sequence_length(cfg) -> int:
+    """The tokens of one trained sequence: data.max_length, and for train.stage: grpo a prompt (max_length) and its
+    completion (rl.max_completion_length)."""
+    grpo = cfg.train.stage == "grpo"
+    return cfg.data.max_length + (cfg.rl.max_completion_length if grpo else 0)
+
+
 def steps_per_epoch(num_train: int, train: TrainConfig, world_size: int) -> int:
     # Each rank drops its last partial micro-batch, and a partial accumulation window is dropped too.
     per_rank = num_train // world_size

@@ -261,6 +261,18 @@ def loss_terms(cfg: Config, shape: Shape) -> tuple[int, int, int]:
     return min(tokens, chunk) * per_token + held, 0, min(eval_tokens, chunk) * per_token
 
 
+def rollout_bytes(cfg: Config, shape: Shape, compute_bytes: int) -> int:
+    """train.stage: grpo with the rollout colocated (worker/grpo.py samples a micro-batch at a time): the keys and
+    values of every layer over the prompt and the completion for each of its rows, and one position's fp32 logits
+    with their softmax."""
+    from scaletrain.config.batch import sequence_length
+
+    rows = cfg.train.per_device_train_batch_size
+    kv = shape.layers * rows * sequence_length(cfg) * 2 * shape.kv_width * compute_bytes
+    vocab = shape.logits // max(1, rows * (shape.seq or sequence_length(cfg))) // BYTES_FP32
+    return kv + 2 * rows * vocab * BYTES_FP32
+
+
 def gathered_kv(cfg: Config, shape: Shape) -> int:
     """Context parallelism's ring: every rank keeps the whole sequence's keys and values of a layer for backward
     (the pass at the rank's positions counted its own); ulysses keeps 1/N of the heads over the whole sequence,
@@ -316,6 +328,8 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     start_of_backward = kept + loss_kept + logits_grad
     end_of_backward = grads + int(per_block * act_scale)
     phases = {"backward start": start_of_backward, "backward end": end_of_backward, "eval": evaluation}
+    if t.stage == "grpo":  # sampling, colocated: the micro-batch's KV cache and one position's logits (fp32)
+        phases["rollout"] = rollout_bytes(cfg, shape, compute_bytes)
     when = max(phases, key=phases.get)
     grads_at_peak = grads if when == "backward end" else 0
     activations = phases[when] - grads_at_peak
@@ -323,8 +337,9 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     if not gpu:  # the full model on every rank, then (FSDP) its shards beside it
         build = weights + (weights // group if fsdp else 0)
     reference = 0
-    if t.stage == "dpo" and cfg.model.finetuning_type != "lora" and t.pref_loss not in ("simpo", "orpo") and (
-            not t.precompute_ref_logps):
+    if (t.stage == "dpo" and cfg.model.finetuning_type != "lora" and t.pref_loss not in ("simpo", "orpo") and (
+            not t.precompute_ref_logps)) or (t.stage == "grpo" and cfg.rl.beta > 0 and
+                                             cfg.model.finetuning_type != "lora"):
         reference = shape.total * BYTES[prec.master] // group  # a frozen copy of the initial model, sharded like it
     return Breakdown(parameters=params, gradients=grads_at_peak, optimizer=optim, activations=activations,
                      buffers=buffers, overhead=int(GPU_OVERHEAD_BYTES) if gpu else 0, host=host, build=build,

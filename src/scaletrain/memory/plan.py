@@ -70,7 +70,9 @@ def shape_for(cfg: Config, vocab: Vocab) -> Shape:
     from scaletrain.model.context_parallel import padded_width
 
     n = cfg.scaling.context_parallel
-    return model_shape(cfg, vocab, sequences_per_micro_batch(cfg.train), padded_width(cfg.data.max_length, n) // n,
+    from scaletrain.config.batch import sequence_length
+
+    return model_shape(cfg, vocab, sequences_per_micro_batch(cfg.train), padded_width(sequence_length(cfg), n) // n,
                        sequences_per_micro_batch(cfg.train, eval_batch=True))
 
 

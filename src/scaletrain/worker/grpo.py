@@ -100,7 +100,7 @@ class GRPOObjective:
                 r["ref_logps"] = self._reference_logps(t, r)
             r["num_tokens"], r["num_examples"] = r["attention_mask"].sum(), torch.tensor(n)
             out.append({k: v for k, v in r.items() if isinstance(v, torch.Tensor)})  # what the step moves to the device
-        seqs = sum(float(r["completion_mask"].any(-1).sum()) for r in out)
+        seqs = sum(float(r["completion_mask"].shape[0]) for r in out)  # every completion, masked ones too (TRL's)
         tokens = sum(float(r["completion_mask"].sum()) for r in out)
         seqs, tokens = all_reduce_sum([seqs, tokens], t.ctx.device)
         self.totals = rl_loss.Totals(seqs, tokens)

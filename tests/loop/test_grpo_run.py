@@ -114,6 +114,8 @@ def test_a_killed_run_resumes_bit_identical(task, tmp_path):
     ({"rollout": {"sync_timeout_s": 0}}, "rollout.sync_timeout_s=0 is not valid"),
     ({"model": {"task": "sequence-classification"}}, "train.stage=grpo trains a causal LM's completions"),
     ({"data": {"max_length": 8}}, "more than data.max_length=8"),
+    ({"rl": {"answer_column": "solution"}}, "the 'solution' column, and the records have none (columns: answer, "
+                                            "prompt); set rl.answer_column"),
 ])
 def test_bad_grpo_input_is_one_line_before_any_worker_starts(task, tmp_path, change, message):
     from scaletrain.errors import ScaletrainError

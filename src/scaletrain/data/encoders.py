@@ -55,6 +55,10 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
         if cfg.rl.prompt_column not in ds.column_names:
             require_columns(ds, c.required(src.formatting), src.key, src.path,
                             f" (or a '{cfg.rl.prompt_column}' column: TRL's prompt-only format, rl.prompt_column)")
+        elif "accuracy" in cfg.rl.reward_funcs and cfg.rl.answer_column not in ds.column_names:
+            raise DataError(f"{src.key}={src.path}: rl.reward_funcs has accuracy, which checks each completion "
+                            f"against the '{cfg.rl.answer_column}' column, and the records have none (columns: "
+                            f"{', '.join(sorted(ds.column_names))}); set rl.answer_column to the answer's column")
         return partial(encode_prompts, tokenizer=tokenizer, formatting=src.formatting, columns=c,
                        template=template[1], prompt_column=cfg.rl.prompt_column, answer_column=cfg.rl.answer_column,
                        max_length=d.max_length, enable_thinking=d.enable_thinking)

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         plan,
         predict,
         preview,
+        prune,
         report,
         scale,
         serve,
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, doctor, plan, preview, submit, cluster, env, topo, commbench, report, scale, predict,
-                    export, evaluate, serve, chat, imports):
+                    export, evaluate, serve, chat, imports, prune):
         command.register(sub, [common])
     return parser
 

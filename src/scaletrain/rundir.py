@@ -161,6 +161,11 @@ class RunDir:
         return self.root / "pids" / f"rank-{rank}.pid"
 
     @property
+    def pids(self) -> list[Path]:
+        """Every rank's process-id file of the run's latest workers."""
+        return sorted((self.root / "pids").glob("rank-*.pid"))
+
+    @property
     def flight(self) -> Path:
         """Prefix directory of the NCCL/RCCL flight-recorder dumps."""
         return self.root / "flight"

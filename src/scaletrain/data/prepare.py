@@ -101,11 +101,12 @@ def cached_entry(cfg: Config, tokenizer) -> Path | None:
     template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
     for src in train_sources + eval_srcs:
         exists(src)  # a missing file: one line naming its key, as train says it
-    entry = _cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
+    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
     return entry if (entry / META).is_file() else None
 
 
-def _cache_root(cfg: Config) -> Path:
+def cache_root(cfg: Config) -> Path:
+    """Where the job's tokenized data is cached (data.cache_dir, default <output_dir>/.cache/data)."""
     d = cfg.data
     return Path(d.cache_dir or local_output_dir(cfg.output.output_dir, cfg.storage) / ".cache" / "data"
                 ).expanduser().resolve()
@@ -126,7 +127,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     for src in train_sources + eval_srcs:
         exists(src)
     template_notes = check_template(*template, tokenizer) if template[0] else []
-    entry = _cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
+    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if (entry / META).is_file() and not d.overwrite_cache:
         meta = json.loads((entry / META).read_text())

@@ -70,6 +70,7 @@ def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
     RunDir(tmp_path / "run").resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     report = write_report(tmp_path / "run").read_text()
     assert "![rl](rl.png)" in report and "## Completions at the start and the end" in report
+    assert "| device-hours |" in report  # (#63: what the run cost in devices)
     assert "| 1 | What is" in report and "| 4 | What is" in report and "vowels 0." in report
     # after training, as an SFT run: final/ completed as the driver does, chat through the template the run
     # trained with, export a standalone model

@@ -310,3 +310,43 @@ def test_the_plan_knows_grpo_a_sequence_its_reference_and_the_rollouts_cache(voc
     sft = validate({"model": {"name_or_path": "builtin:llama-100m", "task": "causal-lm"},
                     "data": {"train_file": "x.jsonl", "max_length": 256}})
     assert shape_for(sft, Vocab(vocab, 0)).seq == 256  # an SFT sequence is max_length alone
+
+
+def test_the_cost_of_a_job_per_device_count_and_the_cheapest_within_a_deadline():
+    """#63: the job's samples fixed (its steps at its workers), at n devices steps x workers / n steps of the step
+    time at n; device-hours = hours x n; cost = device-hours x price; the cheapest that fits and meets a deadline."""
+    from scaletrain.memory.cost import cheapest, job_rows, parse_prices
+    from scaletrain.memory.plan import device_named
+
+    rows = job_rows({1: 2.0, 2: 1.1, 4: 0.6}, steps=3600, workers=2, price=3.0, fits={1: False, 2: True, 4: True})
+    two = rows[1]
+    assert two["hours"] == pytest.approx(3600 * 2 / 2 * 1.1 / 3600) and two["device_hours"] == pytest.approx(2.2)
+    assert two["cost"] == pytest.approx(6.6) and rows[2]["hours"] == pytest.approx(0.3)  # 1800 steps x 0.6 s
+    other = job_rows({2: 0.9, 4: 0.5}, steps=3600, workers=2, price=5.0, fits={2: True, 4: True})
+    both = {"MI300X": rows, "H100-SXM": other}
+    assert cheapest(both, None) == ("MI300X", rows[2])  # 4 x MI300X: 1.2 device-hours, 3.6 (H100 x 4: 5.0)
+    assert cheapest(both, 0.26) == ("H100-SXM", other[1])  # only 4 x H100 finishes in 0.25 h
+    assert cheapest(both, 0.1) is None
+    assert cheapest({"MI300X": [{**rows[0], "fits": False}]}, None) is None  # what does not fit is no option
+    assert parse_prices(["mi300x=3.2", "H100=4.5"], device_named) == {"MI300X": 3.2, "H100-SXM": 4.5}
+    for bad, said in (("mi300x", "give DEVICE=PRICE_PER_DEVICE_HOUR"), ("mi300x=-1", "must be > 0"),
+                      ("cpu=1", "not cpu"),
+                      ("mi3000x=2", "--price mi3000x=2: no memory size known for it; did you mean mi300x")):
+        with pytest.raises(ConfigError, match=said):
+            parse_prices([bad], device_named)
+
+
+def test_plan_prices_devices_side_by_side(tmp_path, capsys):
+    from scaletrain.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: {name_or_path: 'builtin:llama-100m', task: causal-lm}\n"
+                   "data: {train_file: x.jsonl, max_length: 512}\n"
+                   "train: {bf16: true, per_device_train_batch_size: 4, max_steps: 1000}\nscaling: {num_workers: 2}\n")
+    assert main(["plan", str(cfg), "--gpus", "1,2,4", "--price", "mi300x=3.2", "--price", "h100=4.5",
+                 "--deadline", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "cost of 1000 steps at 2 worker(s)" in out and "MI300X" in out and "H100-SXM" in out
+    assert "cheapest within 10 h:" in out
+    assert main(["plan", str(cfg), "--deadline", "3"]) != 0
+    assert "--deadline and --steps go with --price" in capsys.readouterr().err

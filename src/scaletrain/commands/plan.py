@@ -28,6 +28,13 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("--checkpoint-s", type=POSITIVE, help="with --mtbf-hours: one checkpoint's cost in seconds "
                                                       "(default: its size at an assumed 1 GB/s)")
     p.add_argument("--step-s", type=POSITIVE, help="with --mtbf-hours: one step's time (default: the plan's estimate)")
+    p.add_argument("--price", action="append", default=[], metavar="DEVICE=PER_HOUR",
+                   help="price per device-hour (repeat to compare devices side by side): device-hours and cost per "
+                        "device count, e.g. --price mi300x=3.2 --price h100=4.5")
+    p.add_argument("--steps", type=COUNT, help="with --price: the job's optimizer steps at scaling.num_workers "
+                                               "(default: train.max_steps)")
+    p.add_argument("--deadline", type=POSITIVE, metavar="HOURS",
+                   help="with --price: the cheapest device and count that finishes within this many hours")
     p.set_defaults(func=run)
 
 
@@ -44,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.memory.estimate import GIB, estimate
     from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
     from scaletrain.model.tokenizer import plan_vocab
-    from scaletrain.scaling.predict import Inputs, table
-    from scaletrain.scaling.profiles import missing, profile_for
 
     cfg = load_config(args.config, args.overrides)
     sizes = parse_workers(args.gpus, "--gpus")
@@ -65,21 +70,7 @@ def run(args: argparse.Namespace) -> int:
     verdicts = {n: verdict(cfg, shape, n, device) for n in sizes}
     dtype = "bf16" if cfg.train.bf16 else "fp16" if cfg.train.fp16 else "fp32"
     compute = step_time_s(cfg, shape, device, dtype)
-    timing = []
-    if compute is not None:
-        profile = profile_for(device.key)
-        if profile:
-            grads = shape.trainable * 4
-            inp = Inputs(compute_s=compute, grad_bytes=grads, intra=profile["intra"], inter=profile["inter"],
-                         gpus_per_node=args.gpus_per_node, strategy=cfg.train.strategy, topology=profile["topology"],
-                         param_bytes=shape.total * (2 if dtype != "fp32" else 4), n_layers=max(1, shape.layers),
-                         micro_batches=cfg.train.gradient_accumulation_steps,  # FSDP gathers in each one
-                         reshard_after_forward=cfg.train.fsdp_reshard_after_forward,
-                         shard_size=cfg.train.fsdp_shard_size)
-            timing = table(inp, sizes)
-        else:
-            timing = [{"workers": n, "step_time_s": compute, "note": f"compute only: {missing(device.key)}"}
-                      for n in sizes]
+    timing = _timing(args, cfg, shape, device, dtype, compute, sizes) if compute is not None else []
     interval = save_steps_for(args, cfg, shape, compute) if args.mtbf_hours is not None else None
     cp_rows, cp_lines = _context_parallel(args, cfg, vocab, sizes, device)
     if args.json:
@@ -98,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
             import textwrap
 
             print(textwrap.fill(interval["note"], WIDTH, subsequent_indent="  ", break_long_words=False))
+    if args.price:
+        _costs(args, cfg, shape, sizes, dtype)
+    elif args.deadline or args.steps:
+        raise ConfigError("--deadline and --steps go with --price DEVICE=PER_HOUR (what a device-hour costs)")
     if not any(ok for ok, _ in verdicts.values()):
         split = next((r for r in cp_rows if r["fits"]), None)
         fix = (f"set scaling.context_parallel={split['context_parallel']} on {split['devices']} devices (each "
@@ -105,6 +100,57 @@ def run(args: argparse.Namespace) -> int:
                verdicts[sizes[-1]][1].split('; ', 1)[1])
         raise ConfigError(f"the job fits none of --gpus {args.gpus} on {device.key}: {fix}")
     return 0
+
+
+def _costs(args, cfg, shape, sizes, dtype) -> None:
+    """--price: device-hours and cost per device count for each priced device, side by side (memory/cost.py)."""
+    from scaletrain.memory.cost import cheapest, job_rows, parse_prices
+    from scaletrain.memory.plan import device_named, step_time_s, verdict
+
+    steps = args.steps or (cfg.train.max_steps if cfg.train.max_steps > 0 else None)
+    if steps is None:
+        raise ConfigError("--price: give --steps N (the job's optimizer steps at scaling.num_workers) or set "
+                          "train.max_steps, so the job's length is known")
+    by_device = {}
+    for key, price in parse_prices(args.price, device_named).items():
+        device = device_named(key)
+        compute = step_time_s(cfg, shape, device, dtype)
+        if compute is None:
+            raise ConfigError(f"--price {key}: the plan has no step time for {key} (no peak FLOPs known); price "
+                              f"another device")
+        times = {r["workers"]: r["step_time_s"] for r in _timing(args, cfg, shape, device, dtype, compute, sizes)}
+        fits = {n: verdict(cfg, shape, n, device)[0] for n in sizes}
+        by_device[key] = job_rows(times, steps, cfg.scaling.num_workers, price, fits)
+    print(f"cost of {steps} steps at {cfg.scaling.num_workers} worker(s) (the same samples on every count):")
+    print(f"{'device':<10}{'count':>6}{'fits':>6}{'hours':>10}{'dev-hours':>11}{'cost':>11}")
+    for key, rows in by_device.items():
+        for r in rows:
+            print(f"{key:<10}{r['devices']:>6}{'yes' if r['fits'] else 'no':>6}{r['hours']:>10.2f}"
+                  f"{r['device_hours']:>11.1f}{r['cost']:>11.2f}")
+    best = cheapest(by_device, args.deadline)
+    within = f" within {args.deadline:g} h" if args.deadline else ""
+    if best is None:
+        raise ConfigError(f"--deadline {args.deadline:g}: no priced device count in --gpus {args.gpus} fits and "
+                          f"finishes{within}; add devices (--gpus) or relax the deadline")
+    key, r = best
+    _say(f"cheapest{within}: {r['devices']} x {key}, {r['hours']:.2f} h, {r['device_hours']:.1f} device-hours, "
+         f"cost {r['cost']:.2f}")
+
+
+def _timing(args, cfg, shape, device, dtype, compute, sizes) -> list[dict]:
+    """The predicted step time per world size on ``device`` (compute only where it has no network profile)."""
+    from scaletrain.scaling.predict import Inputs, table
+    from scaletrain.scaling.profiles import missing, profile_for
+
+    profile = profile_for(device.key)
+    if not profile:
+        return [{"workers": n, "step_time_s": compute, "note": f"compute only: {missing(device.key)}"} for n in sizes]
+    inp = Inputs(compute_s=compute, grad_bytes=shape.trainable * 4, intra=profile["intra"], inter=profile["inter"],
+                 gpus_per_node=args.gpus_per_node, strategy=cfg.train.strategy, topology=profile["topology"],
+                 param_bytes=shape.total * (2 if dtype != "fp32" else 4), n_layers=max(1, shape.layers),
+                 micro_batches=cfg.train.gradient_accumulation_steps,
+                 reshard_after_forward=cfg.train.fsdp_reshard_after_forward, shard_size=cfg.train.fsdp_shard_size)
+    return table(inp, sizes)
 
 
 LONG_SEQUENCE = 16384  # tokens from which `plan` weighs context parallelism unasked

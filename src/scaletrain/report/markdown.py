@@ -54,7 +54,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             ("global batch", gb), ("steps", s.get("steps", train[-1]["step"] if train else 0)),
             ("train time", f"{s['train_time_s']:.1f} s" if summary else "-"),
             ("eval time", f"{s['eval_time_s']:.1f} s" if summary else "-"),
-            ("throughput", f"{s['throughput/samples_per_s']:.1f} samples/s" if summary else "-")]
+            ("throughput", f"{s['throughput/samples_per_s']:.1f} samples/s" if summary else "-"),
+            # what the run cost in devices: its wall time (goodput's, else the train time) x its devices
+            ("device-hours", f"{world * s.get('goodput/wall_s', s['train_time_s']) / 3600:.3f}" if summary else "-")]
     padding = [r["data/padding_pct"] for r in train if "data/padding_pct" in r]
     spread = [r["data/tokens_per_rank_spread"] for r in train if "data/tokens_per_rank_spread" in r]
     if padding:  # the median over the run's records: how much compute went to padding, how even the ranks were

@@ -71,6 +71,11 @@ def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
     report = write_report(tmp_path / "run").read_text()
     assert "![rl](rl.png)" in report and "## Completions at the start and the end" in report
     assert "| device-hours |" in report  # (#63: what the run cost in devices)
+    priced = write_report(tmp_path / "run", price=2.5).read_text()
+    hours = float(next(ln for ln in priced.splitlines() if ln.startswith("| device-hours |")).split("|")[2])
+    cost = next(ln for ln in priced.splitlines() if ln.startswith("| cost |"))
+    assert cost.endswith("(at 2.5 per device-hour) |") and abs(float(cost.split("|")[2].split()[0]) - 2.5 * hours) \
+        < 0.01
     assert "| 1 | What is" in report and "| 4 | What is" in report and "vowels 0." in report
     # after training, as an SFT run: final/ completed as the driver does, chat through the template the run
     # trained with, export a standalone model

@@ -15,6 +15,8 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("run_dir", nargs="+", help="a run directory; two or more: a comparison table")
     p.add_argument("--out", help="directory for report.md and the PNGs (default: the run directory); with several "
                                  "runs, where comparison.md goes (default: printed only)")
+    p.add_argument("--price", type=POSITIVE, metavar="PER_DEVICE_HOUR",
+                   help="what a device-hour cost: the report states the run's cost beside its device-hours")
     p.set_defaults(func=run_report)
     w = sub.add_parser("watch", parents=parents, help="follow a running job from another terminal")
     w.add_argument("run_dir", help="the run directory to follow")
@@ -34,7 +36,7 @@ def run_report(args: argparse.Namespace) -> int:
     run_dir = local_run(args.run_dir[0], [], "report")
     store = home_of(run_dir)
     mirror = Mirror(run_dir, store, 0).assume_synced() if store and not args.out else None
-    path = write_report(run_dir, args.out)
+    path = write_report(run_dir, args.out, price=args.price)
     if mirror is not None:  # the report and its plots beside the run on the store
         mirror.sync()
         path = f"{store.uri}/{RunDir.REPORT} (and here: {path})"

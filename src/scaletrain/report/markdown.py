@@ -21,7 +21,7 @@ from scaletrain.rundir import RunDir
 REPORT, TITLE = RunDir.REPORT, "# scaletrain report: "
 
 
-def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None, price: float | None = None) -> Path:
     rd = RunDir(run_dir).require_run()
     run = rd.root
     out = Path(out_dir) if out_dir else run
@@ -56,7 +56,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             ("eval time", f"{s['eval_time_s']:.1f} s" if summary else "-"),
             ("throughput", f"{s['throughput/samples_per_s']:.1f} samples/s" if summary else "-"),
             # what the run cost in devices: its wall time (goodput's, else the train time) x its devices
-            ("device-hours", f"{world * s.get('goodput/wall_s', s['train_time_s']) / 3600:.3f}" if summary else "-")]
+            ("device-hours", f"{world * s.get('goodput/wall_s', s['train_time_s']) / 3600:.3f}" if summary else "-"),
+            *([("cost", f"{price * world * s.get('goodput/wall_s', s['train_time_s']) / 3600:.2f} (at {price:g} "
+                        f"per device-hour)")] if summary and price else [])]
     padding = [r["data/padding_pct"] for r in train if "data/padding_pct" in r]
     spread = [r["data/tokens_per_rank_spread"] for r in train if "data/tokens_per_rank_spread" in r]
     if padding:  # the median over the run's records: how much compute went to padding, how even the ranks were

@@ -74,7 +74,8 @@ def local_spec(cfg_dict: dict, run_dir: Path):
     return pre.cfg, pre.tokenizer, build_spec(pre, run_dir, "gloo")
 
 
-def resumes_bit_identical(cfg_dict: dict, root: Path, step: int) -> tuple[Path, Path]:
+def resumes_bit_identical(cfg_dict: dict, root: Path, step: int, weights: str = "model.safetensors"
+                          ) -> tuple[Path, Path]:
     """An uninterrupted in-process run, and one killed after its step-``step`` checkpoint (that checkpoint copied
     into a fresh run directory) then resumed: asserts the resume and that both final/ weights are equal to the bit;
     returns (whole, again) for the caller's own checks."""
@@ -91,7 +92,7 @@ def resumes_bit_identical(cfg_dict: dict, root: Path, step: int) -> tuple[Path, 
     shutil.copytree(root / "whole" / "checkpoints" / f"step-{step}", root / "again" / "checkpoints" / f"step-{step}")
     run_in_process(again)
     assert f"resume: from step-{step}" in (root / "again" / "logs" / "main.log").read_text()
-    a, b = (load_file(root / run / "final" / "model.safetensors") for run in ("whole", "again"))
+    a, b = (load_file(root / run / "final" / weights) for run in ("whole", "again"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     return root / "whole", root / "again"
 

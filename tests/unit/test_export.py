@@ -26,7 +26,8 @@ def _base(path: Path, hidden=64, layers=4, intermediate=128, shard="60KB", vocab
     return path
 
 
-def _run(tmp_path: Path, base: Path, *, rslora=False, save=None, targets=("q_proj", "v_proj", "down_proj")) -> Path:
+def _run(tmp_path: Path, base: Path, *, rslora=False, save=None, targets=("q_proj", "v_proj", "down_proj"),
+         dora=False) -> Path:
     """A finished LoRA run's directory: final/ with the adapter (B made non-zero, as training leaves it), the
     tokenizer with the run's template, and the resolved config naming the base."""
     from peft import LoraConfig, get_peft_model
@@ -38,12 +39,14 @@ def _run(tmp_path: Path, base: Path, *, rslora=False, save=None, targets=("q_pro
     (run / "final").mkdir(parents=True)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(targets), use_rslora=rslora,
-                                            modules_to_save=save))
+                                            modules_to_save=save, use_dora=dora))
     torch.manual_seed(1)
     with torch.no_grad():
         for name, p in peft.named_parameters():
             if "lora_B" in name or "modules_to_save" in name:
                 p.add_(torch.randn_like(p) * 0.05)
+            elif "lora_magnitude_vector" in name:  # DoRA: training moves the magnitudes too
+                p.mul_(1 + torch.randn_like(p) * 0.05)
     peft.save_pretrained(run / "final")
     tok = tiny_llama_tokenizer()
     tok.chat_template = TEMPLATE
@@ -68,14 +71,14 @@ def _within_one_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a - b).abs() <= ulp).all())
 
 
-@pytest.mark.parametrize("rslora,save", [(False, None), (True, ["lm_head"])])
-def test_a_merged_export_equals_peft_merge_and_unload(tmp_path, rslora, save):
+@pytest.mark.parametrize("rslora,save,dora", [(False, None, False), (True, ["lm_head"], False), (False, None, True)])
+def test_a_merged_export_equals_peft_merge_and_unload(tmp_path, rslora, save, dora):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base = _base(tmp_path / "base")
     assert len(shards_of(base)) >= 4
-    run = _run(tmp_path, base, rslora=rslora, save=save)
+    run = _run(tmp_path, base, rslora=rslora, save=save, dora=dora)
     done = export_run(run)
     assert done.path == run / "export" and done.shards == len(shards_of(base)) and done.dtype == "bf16"
     assert done.merged == 3 * 4 and done.replaced == (1 if save else 0)

@@ -106,9 +106,9 @@ class Adapter:
         settings = json.loads((directory / ADAPTER_CONFIG).read_text())
         if settings.get("peft_type", "LORA") != "LORA":
             raise ConfigError(f"{directory}: a {settings['peft_type']} adapter; export merges LoRA adapters only")
-        if settings.get("use_dora"):
-            raise ConfigError(f"{directory}: a DoRA adapter (use_dora); export merges plain LoRA only: merge it with "
-                              f"peft's merge_and_unload (output.merge_lora: true)")
+        self.dora = bool(settings.get("use_dora"))
+        if self.dora and settings.get("target_parameters"):
+            raise ConfigError(f"{directory}: a DoRA adapter on fused parameters; export merges DoRA on modules only")
         r, alpha = settings["r"], settings.get("lora_alpha", settings["r"])
         self.scale = alpha / math.sqrt(r) if settings.get("use_rslora") else alpha / r
         self.fan_in_fan_out = bool(settings.get("fan_in_fan_out"))
@@ -121,8 +121,11 @@ class Adapter:
         rename = self.fused.checkpoint_key if self.fused else (lambda key: key)
         self.pairs: dict[str, tuple] = {}  # base weight key -> (A, B)
         self.saved: dict[str, object] = {}  # base key -> a modules_to_save tensor
+        self.magnitudes: dict[str, object] = {}  # DoRA: base key -> its trained magnitude (one per output row)
         for name, value in tensors.items():
-            if ".lora_A." in name:
+            if name.endswith(".lora_magnitude_vector"):
+                self.magnitudes[rename(name.removesuffix(".lora_magnitude_vector") + ".weight")] = value
+            elif ".lora_A." in name:
                 self.pairs.setdefault(rename(name.replace(".lora_A.", ".")), [None, None])[0] = value
             elif ".lora_B." in name:
                 self.pairs.setdefault(rename(name.replace(".lora_B.", ".")), [None, None])[1] = value
@@ -139,6 +142,16 @@ class Adapter:
         a, b = self.pairs[key]
         d = (b.float() @ a.float()) * self.scale
         return d.T if self.fan_in_fan_out else d
+
+    def merged(self, key: str, w):
+        """The base weight ``key`` with its delta merged, in fp32: W + ΔW, and for DoRA (peft's merge) the result's
+        rows rescaled to the trained magnitudes, m / ||W + ΔW|| (the norm over each output row's inputs)."""
+        combined = w.float() + self.delta(key)
+        if key not in self.magnitudes:
+            return combined
+        rows = combined.T if self.fan_in_fan_out else combined
+        factor = (self.magnitudes[key].float() / rows.norm(dim=1)).view(-1, 1)
+        return (factor * rows).T if self.fan_in_fan_out else factor * rows
 
 
 def export_run(run_dir: str | Path, out: str | Path | None = None, dtype: str | None = None) -> Exported:
@@ -225,8 +238,7 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exporte
                     elif key in adapter.pairs or key in fused:
                         # added in fp32 and rounded once, to the dtype written (a bf16 base exported in fp32 keeps
                         # the adapter's fp32 precision)
-                        d = adapter.delta(key) if key in adapter.pairs else adapter.fused.delta(key)
-                        w = w.float() + d
+                        w = adapter.merged(key, w) if key in adapter.pairs else w.float() + adapter.fused.delta(key)
                         merged.add(key)
                     out[key] = w.to(torch_dtype(dtype)).contiguous()
                     weight_map[key] = name

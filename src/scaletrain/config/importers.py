@@ -19,6 +19,7 @@ DIRECT: dict[str, tuple[str, str]] = {
     "lora_rank": ("model", "lora_rank"),
     "lora_alpha": ("model", "lora_alpha"),
     "lora_dropout": ("model", "lora_dropout"),
+    "use_dora": ("model", "use_dora"),
     "dataset_dir": ("data", "dataset_dir"),
     "cutoff_len": ("data", "max_length"),
     "max_samples": ("data", "max_samples"),

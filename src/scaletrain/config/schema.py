@@ -45,6 +45,9 @@ class ModelConfig(_Section):
         "LLaMA-Factory's `all` works too): attention, the other linear layers and an MoE's routed experts, never "
         "skipped silently; `attention`, `experts` and `router` name those parts of an MoE (the router only on "
         "request)."))
+    use_dora: bool = Field(False, description=(
+        "DoRA (LLaMA-Factory's name): each adapted weight's magnitude trained apart from its direction (peft's "
+        "use_dora); export merges it shard by shard, equal to peft's merge_and_unload."))
     torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description=(
         "Storage dtype of frozen weights (a LoRA base): auto (the compute dtype on GPUs, fp32 on CPU), bfloat16, "
         "float16 or float32; trainable weights are fp32 master weights whatever the checkpoint (model/precision.py)."))
@@ -416,6 +419,9 @@ class Config(_Section):
             if 0 <= failures < chaos.kills:
                 raise ValueError(f"fault_tolerance.chaos.kills={chaos.kills} needs fault_tolerance.max_failures >= "
                                  f"{chaos.kills} (now {failures}): each kill is a failure the run must survive")
+        if self.model.use_dora and self.model.finetuning_type != "lora":
+            raise ValueError("model.use_dora applies to model.finetuning_type=lora (DoRA is a LoRA variant); set "
+                             "model.finetuning_type: lora or remove model.use_dora")
         if self.model.task == "causal-lm" and self.model.num_labels is not None:
             # num_labels means nothing for a causal LM; a value is a mistake.
             raise ValueError("model.num_labels applies to sequence-classification only; remove it")

@@ -234,8 +234,12 @@ def apply_lora(model, cfg: ModelConfig):
 
     task = TaskType.SEQ_CLS if cfg.task == "sequence-classification" else TaskType.CAUSAL_LM
     targets = resolve(model, cfg.lora_target, cfg.name_or_path)
+    if cfg.use_dora and targets.parameters:
+        raise ConfigError("model.use_dora with LoRA on an MoE's fused experts: peft has no DoRA for parameters; set "
+                          "model.lora_target to the attention/linear modules, or model.use_dora: false")
     lcfg = LoraConfig(task_type=task, r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets.peft_modules, target_parameters=targets.parameters or None)
+                      target_modules=targets.peft_modules, target_parameters=targets.parameters or None,
+                      use_dora=cfg.use_dora)
     try:
         adapted = get_peft_model(model, lcfg)
     except ValueError as e:

@@ -3,7 +3,6 @@ released templates (tests/fixtures/chat_templates, sources in its SOURCES.md). T
 model writes after its generation prompt (ids equal apply_chat_template's); where a template writes a turn
 otherwise (its history form), drops a part, or the data contradicts a setting, it is said in one line or refused."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -109,16 +108,10 @@ def _runs(tok, ex) -> list[str]:
 
 
 def _prepared(tmp_path, tok, rows, **data):
-    from scaletrain.config import validate
-    from scaletrain.data import prepare_data
+    """The data step as the driver runs it (test_history_templates' helper), at 512 tokens."""
+    from tests.unit.test_history_templates import _prepared as prepared
 
-    path = tmp_path / "chat.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
-                    "data": {"train_file": str(path), "formatting": "messages", "max_length": 512, "eval_ratio": 0,
-                             **data},
-                    "output": {"output_dir": str(tmp_path / "runs")}})
-    return prepare_data(cfg, tok)
+    return prepared(tmp_path, tok, rows, **{"max_length": 512, **data})
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "thinking", "reasoning", "inline"])

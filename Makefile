@@ -28,8 +28,8 @@ PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
 # runs under torchrun. The shared Ray's workers are forked pre-imported (tests/integration/conftest.py). 2026-12-06:
 # the Ray group ends at ~580 s and both workers at ~1450 s, the 2 cores 95% busy (2750 CPU-seconds; with plain
 # Ray workers: ~1010 s, ~1690 s, 97%, ~3280): the suite is CPU-bound. Later that day, with GRPO's tests (+160 tests,
-# the slowest a 2-worker GRPO parity run, 45 s): 1519 s, 1058 passed. The quick tiers are CPU-bound and keep one
-# worker (make test-fast: 98 s on one).
+# the slowest a 2-worker GRPO parity run, 45 s): 1519 s, 1058 passed; at the stop (DoRA, prune, cost too):
+# 1596 s, 1076 passed. The quick tiers are CPU-bound and keep one worker (make test-fast: 102 s on one).
 PARALLEL = -n 2 --dist loadgroup
 timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 

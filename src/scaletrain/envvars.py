@@ -74,8 +74,14 @@ TOKEN_DRIVER_DEFAULTS = WARM_CLUSTER_DRIVER_DEFAULTS  # any cluster that require
 RAY_TRAIN_ENABLE_PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 # Set in the driver when scaletrain starts an embedded local Ray (a user's value wins); a cluster keeps Ray's.
+# An embedded Ray has no dashboard and nothing that scrapes its metrics, yet every one of its processes collects
+# them and keeps per-event-loop statistics: with both off its runtime's CPU during training falls from ~4.8% to
+# ~3.7% of a core (2 MiniLM workers on 2 cores: benchmarks/overhead.py --part breakdown), CPU the workers get back.
+RAY_ENABLE_METRICS_COLLECTION, RAY_EVENT_STATS = "RAY_enable_metrics_collection", "RAY_event_stats"
 LOCAL_RAY_DEFAULTS: dict[str, str] = {
     RAY_TRAIN_ENABLE_PREEMPTION_WATCHER: "0",
+    RAY_ENABLE_METRICS_COLLECTION: "0",
+    RAY_EVENT_STATS: "0",
 }
 
 # `scaletrain eval` (harness.py): lm-eval's model and task data only from this machine (a user's value wins).
@@ -92,7 +98,30 @@ def eval_worker_env(processes: int) -> dict[str, str]:
     threads = os.environ.get(OMP_NUM_THREADS) or str(max(1, (os.cpu_count() or 1) // processes))
     return {**os.environ, SCALETRAIN_EVAL_WORKER: "1", OMP_NUM_THREADS: threads}
 
-# Variables every worker gets from the driver (values shown are scaletrain's defaults).
+# glibc's malloc hands freed memory back to the OS above its trim threshold, and serves a non-main thread from an
+# arena of its own that it grows and shrinks in 64 MiB heaps. A CPU training step frees and reallocates its
+# activations and gradients every step, so each step faults them in again: 45,000-56,000 page faults a second per
+# MiniLM worker, 8-12% of its training thread's CPU in the kernel, the most under Ray, whose actor trains in a
+# thread of its own (benchmarks/overhead.py --part breakdown). The largest mmap threshold glibc allows (32 MiB), a
+# 4 GiB trim threshold and one arena keep the freed pages for the next step, in the same place for every thread:
+# 0.28 vs 0.31 s a step under torchrun, page faults -35% under Ray; the process holds its step's peak between
+# steps (+0.02 GiB here). Read by the loader when a process starts: set in the environment a CPU worker starts with.
+GLIBC_TUNABLES = "GLIBC_TUNABLES"
+CPU_WORKER_ENV_DEFAULTS: dict[str, str] = {
+    GLIBC_TUNABLES: "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296:"
+                    "glibc.malloc.arena_max=1"}
+
+
+def cpu_worker_env(*environs: Mapping[str, str]) -> dict[str, str]:
+    """The variables a CPU worker starts with beside the others; none where the user's environment (``environs``,
+    default this process's) sets glibc's allocator already (GLIBC_TUNABLES or a MALLOC_ variable such as
+    MALLOC_MMAP_THRESHOLD_, which memory measurement uses): theirs is kept whole."""
+    for environ in environs or (os.environ,):
+        if any(k == GLIBC_TUNABLES or k.startswith("MALLOC_") for k in environ):
+            return {}
+    return dict(CPU_WORKER_ENV_DEFAULTS)
+
+
 WORKER_ENV_DEFAULTS: dict[str, str] = {
     HF_HUB_OFFLINE: "1",
     TRANSFORMERS_OFFLINE: "1",

@@ -5,6 +5,7 @@ import socket
 
 import pytest
 
+from scaletrain.envvars import LOCAL_RAY_DEFAULTS
 from scaletrain.envvars import RAY_TRAIN_ENABLE_PREEMPTION_WATCHER as WATCHER
 from scaletrain.errors import LaunchError
 from scaletrain.launch.cluster_auth import Answer
@@ -70,8 +71,9 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr("scaletrain.launch.cluster_auth.ask_gcs", lambda address, token=None: Answer("ok"))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # setenv first so the teardown restores the variable ensure_ray sets (delenv of an unset name records nothing)
-    monkeypatch.setenv(WATCHER, "unset")
-    monkeypatch.delenv(WATCHER)
+    for name in LOCAL_RAY_DEFAULTS:
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
     calls.notices = notices
     yield calls
     notice_logger.removeHandler(handler)
@@ -83,6 +85,8 @@ def test_embedded_ray_drops_the_preemption_watcher_unless_the_user_set_it(fake_r
 
     assert ensure_ray(None) is True
     assert os.environ[WATCHER] == "0"
+    # nothing scrapes an embedded Ray's metrics: its processes neither collect them nor keep event-loop statistics
+    assert os.environ["RAY_enable_metrics_collection"] == "0" and os.environ["RAY_event_stats"] == "0"
     assert "address" not in fake_ray[0]
     assert fake_ray.notices == []  # Ray's token-authentication notice is not in every run's output
 
@@ -96,5 +100,5 @@ def test_a_cluster_keeps_the_preemption_watcher(fake_ray, monkeypatch):
 
     assert ensure_ray("10.0.0.1:6379") is False
     assert fake_ray[0]["address"] == "10.0.0.1:6379"
-    assert WATCHER not in os.environ
+    assert not any(name in os.environ for name in LOCAL_RAY_DEFAULTS)  # a cluster's metrics may be scraped
     assert [n.split(".")[0] for n in fake_ray.notices] == ["Token authentication is enabled for this Ray cluster"]

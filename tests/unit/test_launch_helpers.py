@@ -322,5 +322,40 @@ def test_an_elastic_run_with_context_parallelism_resizes_by_whole_groups():
         scaling_policy=plain, failure_policy="f") == "result"
     assert isinstance(seen["scaling_policy"], WholeGroupsPolicy) and seen["scaling_policy"].group == 2
     assert seen["failure_policy"] == "f"
-    _lean_trainer(Trainer, embedded=True)()._initialize_and_run_controller(scaling_policy=plain)
+    _lean_trainer(Trainer, embedded=True, elastic=True)()._initialize_and_run_controller(scaling_policy=plain)
     assert seen["scaling_policy"] is plain  # no CP: Ray's own policy
+
+
+def test_a_fixed_run_on_the_local_ray_starts_no_autoscaling_coordinator():
+    """Ray Train's fixed policy starts an autoscaling-coordinator actor (a process waking 100 times a second) to
+    forward resource requests to an autoscaler; the local Ray scaletrain starts has none, so it is left out there,
+    and kept on a cluster (which may autoscale)."""
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+    from scaletrain.launch.ray_launcher import _lean_trainer
+    from scaletrain.launch.ray_policy import LocalFixedPolicy
+
+    config = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1})
+    seen = {}
+
+    class Trainer:
+        datasets = None
+        scaling_config = config
+
+        def _create_default_callbacks(self):
+            return []
+
+        def _initialize_and_run_controller(self, **kwargs):
+            seen.update(kwargs)
+
+    plain = FixedScalingPolicy(config)
+    _lean_trainer(Trainer, embedded=True)()._initialize_and_run_controller(scaling_policy=plain)
+    local = seen["scaling_policy"]
+    assert isinstance(local, LocalFixedPolicy)
+    local.after_controller_start(None)  # Ray's would make the coordinator's client (and so its actor) here
+    assert local._coordinator_client is None
+    assert local.make_decision_for_non_running_worker_group().num_workers == 2  # sizes as Ray's does
+    local.make_decision_for_running_worker_group(None, None)
+    _lean_trainer(Trainer, embedded=False)()._initialize_and_run_controller(scaling_policy=plain)
+    assert seen["scaling_policy"] is plain  # a cluster keeps Ray's policy

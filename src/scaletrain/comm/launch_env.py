@@ -31,10 +31,13 @@ def prepare_ray_driver() -> list[str]:
     return [note] if note else []
 
 
-def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dict[str, str]:
+def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str, cpu: bool = False) -> dict[str, str]:
     """Every worker's variables: scaletrain's defaults < the driver's shell < the comm profile < comm.env, plus
-    the collective watchdog (nccl) and the ROCm device-view fix; a user's value wins over the last two."""
+    the collective watchdog (nccl), the ROCm device-view fix and, for ``cpu`` workers, the allocator's setting
+    (envvars.CPU_WORKER_ENV_DEFAULTS); a user's value wins over the last three."""
     out = envvars.worker_env(effective_env(comm.profile, comm.env))
+    if cpu:
+        out = {**envvars.cpu_worker_env(envvars.snapshot(), out), **out}
     if backend == "nccl":
         # A stuck collective fails after comm.timeout_s and leaves a flight-recorder trace.
         for k, v in envvars.nccl_watchdog_env(str(RunDir(run_dir).flight)).items():
@@ -44,14 +47,16 @@ def worker_env(comm: CommConfig, vendor: str, backend: str, run_dir: str) -> dic
     return out
 
 
-def torchrun_agent_env(comm: CommConfig, cpus_per_worker: float,
-                       environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The torchrun agent's environment: the driver's, comm variables, and the workers' thread count."""
+def torchrun_agent_env(comm: CommConfig, cpus_per_worker: float, environ: Mapping[str, str] | None = None,
+                       cpu: bool = False) -> dict[str, str]:
+    """The torchrun agent's environment: the driver's, comm variables, the workers' thread count and, for ``cpu``
+    workers, the allocator's setting (a user's value wins)."""
     # The same thread count under both launchers keeps their numbers (and results) comparable: Ray gives
     # each worker OMP_NUM_THREADS = its CPUs, torchrun sets 1 only with several processes per node.
     environ = envvars.snapshot() if environ is None else dict(environ)
     comm_vars = envvars.worker_env(effective_env(comm.profile, comm.env), environ)
-    return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus_per_worker))), **environ, **comm_vars}
+    allocator = envvars.cpu_worker_env(environ, comm_vars) if cpu else {}
+    return {envvars.OMP_NUM_THREADS: str(max(1, int(cpus_per_worker))), **allocator, **environ, **comm_vars}
 
 
 @contextlib.contextmanager

@@ -28,6 +28,10 @@ class ScalingConfig(_Section):
     resources_per_worker: Optional[dict[str, float]] = Field(None, description=(
         "Resources of one worker; default: every core used, none oversubscribed: {`CPU`: the node's cores / the "
         "workers on it} (a GPU worker: the node's cores / its GPUs, plus {`GPU`: 1})."))
+    bind_cores: bool = Field(True, description=(
+        "CPU workers: each worker's threads run on its own block of its node's cores (comm/cores.py), on a node "
+        "the run has to itself (torchrun, or the local Ray it starts); false: the OS places them. GPU workers are "
+        "never bound."))
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field("PACK", description=(
         "Ray placement group strategy for the workers' bundles."))
     address: Optional[str] = Field(None, description=(

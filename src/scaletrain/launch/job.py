@@ -111,7 +111,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     if resume_dir is None:
         rd.resolved_config.write_text(yaml.safe_dump(resolved, sort_keys=False))
     rd.stop.unlink(missing_ok=True)  # a stop request of the previous session is done
-    spec = build_spec(pre, run_dir, plan.backend, store)
+    spec = replace(build_spec(pre, run_dir, plan.backend, store), bind_cores=plan.bind_cores)
     spec = replace(spec, faults=injected_faults(cfg, spec.total_steps, events))
     if mirror is not None:  # the config and the data on the store before a worker looks for them
         mirror.sync()

@@ -3,8 +3,10 @@ resources, and whether the workers fit (before any worker or run directory exist
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from scaletrain import envvars
+from scaletrain.comm.cores import binding_note
 from scaletrain.comm.device import Platform, select_backend
 from scaletrain.config.schema import CommConfig, Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
@@ -17,6 +19,7 @@ class ClusterPlan:
     backend: str
     resources_per_worker: dict[str, float]
     notes: tuple[str, ...] = ()  # what the user should know about the choice (backend fallback, device fixes)
+    bind_cores: bool = False  # each CPU worker's threads on its own cores (comm/cores.py)
 
 
 def cpus_per_worker(nodes: list[dict[str, float]], workers: int, use_gpu: bool) -> int:
@@ -61,7 +64,29 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
                 f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
                 f"or scaling.resources_per_worker"
             )
-    return ClusterPlan(use_gpu, choice.backend, per_worker, tuple(notes))
+    return with_allocator(ClusterPlan(use_gpu, choice.backend, per_worker, tuple(notes)), comm)
+
+
+def with_allocator(plan: ClusterPlan, comm: CommConfig) -> ClusterPlan:
+    """``plan`` with the line that says what CPU workers' allocator is given (envvars.CPU_WORKER_ENV_DEFAULTS), where
+    the user set none of glibc's variables in the shell or ``comm.env``; the launchers put it in the workers' start
+    environment the same way (comm/launch_env.py)."""
+    given = envvars.cpu_worker_env(envvars.snapshot(), comm.env) if not plan.use_gpu else {}
+    if not given:
+        return plan
+    note = ("CPU workers keep the memory a step frees for the next one (" + ", ".join(
+        f"{k}={v}" for k, v in given.items()) + "): no page faults to touch a step's tensors again, the step's peak "
+        "held between steps; set GLIBC_TUNABLES or a MALLOC_ variable (comm.env) to use yours")
+    return replace(plan, notes=(*plan.notes, note))
+
+
+def with_binding(plan: ClusterPlan, scaling: ScalingSection, cores: list[int], workers: int) -> ClusterPlan:
+    """``plan`` with its CPU workers bound to cores of a node the run has to itself (``workers`` of them there),
+    said in its notes; unchanged for GPU workers, one worker, or ``scaling.bind_cores: false``."""
+    if plan.use_gpu or not scaling.bind_cores:
+        return plan
+    note = binding_note(cores, workers, int(plan.resources_per_worker.get("CPU", 1)))
+    return replace(plan, bind_cores=True, notes=(*plan.notes, note)) if note else plan
 
 
 def plan_node(cfg: Config, platform: Platform, cpus: int) -> ClusterPlan:
@@ -82,7 +107,8 @@ def plan_node(cfg: Config, platform: Platform, cpus: int) -> ClusterPlan:
         notes.append(f"{int(threads)} CPU thread(s) per process: this node's {cpus} cores / its "
                      f"{'GPUs' if use_gpu else f'{per_node} process(es)'} (scaling.resources_per_worker: {{CPU: n}} "
                      f"overrides)")
-    return ClusterPlan(use_gpu, choice.backend, {"CPU": threads, **({"GPU": 1} if use_gpu else {})}, tuple(notes))
+    plan = ClusterPlan(use_gpu, choice.backend, {"CPU": threads, **({"GPU": 1} if use_gpu else {})}, tuple(notes))
+    return with_binding(with_allocator(plan, cfg.comm), s, list(range(cpus)), per_node)
 
 
 def check_placement(strategy: str, n: int, per_worker: dict[str, float], nodes: list[dict[str, float]]) -> None:

@@ -11,13 +11,14 @@ from dataclasses import replace
 from typing import Iterator
 
 from scaletrain import envvars
+from scaletrain.comm.cores import usable_cores
 from scaletrain.comm.device import Platform
 from scaletrain.comm.launch_env import load_private_env, prepare_ray_driver, private_env, worker_env
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.credentials import split_secrets
 from scaletrain.errors import LaunchError
-from scaletrain.launch.plan import ClusterPlan, check_placement, plan_scaling
+from scaletrain.launch.plan import ClusterPlan, check_placement, plan_scaling, with_binding
 from scaletrain.redact import Redactor
 from scaletrain.worker.spec import JobSpec
 
@@ -48,6 +49,8 @@ class RayLauncher:
         notes = self.connect()
         self.vendor = platform.vendor
         plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor, node_resources())
+        if _EMBEDDED[0]:  # the local Ray this driver started: the node is this run's alone (comm/cores.py)
+            plan = with_binding(plan, self.cfg.scaling, usable_cores(), self.cfg.scaling.num_workers)
         return replace(plan, notes=(*notes, *plan.notes))
 
     def run(self, spec: JobSpec, plan: ClusterPlan) -> None:
@@ -60,7 +63,7 @@ class RayLauncher:
                         plan.resources_per_worker, node_resources())
         if spec.store is None:  # on object storage the workers need no shared disk (storage/relay.py)
             check_shared_storage(spec.run_dir)
-        env = worker_env(cfg.comm, self.vendor, plan.backend, spec.run_dir)
+        env = worker_env(cfg.comm, self.vendor, plan.backend, spec.run_dir, cpu=not plan.use_gpu)
         # Ray keeps train_loop_config in its object store and may log it: comm.env's secrets travel in the
         # workers' private environment only (comm/launch_env.private_env), never in the config.
         mirror, spec = spec.run_dir, replace(spec, config=self.redact.mapping(spec.config))
@@ -272,7 +275,7 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
     from ray.train.torch import TorchConfig, TorchTrainer
 
     group = scaling.context_parallel if scaling.elastic else 1
-    trainer = _lean_trainer(TorchTrainer, embedded=_EMBEDDED[0], group=group)(
+    trainer = _lean_trainer(TorchTrainer, embedded=_EMBEDDED[0], group=group, elastic=scaling.elastic)(
         train_loop_per_worker=_with_private_env,
         train_loop_config={"entry": entry, "config": entry_config, "private": entry_config.pop("private", None)},
         torch_config=TorchConfig(backend=plan.backend, timeout_s=timeout_s),
@@ -307,14 +310,16 @@ def _fit(entry, entry_config: dict, scaling: ScalingSection, plan: ClusterPlan, 
         raise outcome["error"]
 
 
-def _lean_trainer(trainer_cls, embedded: bool, group: int = 1):
+def _lean_trainer(trainer_cls, embedded: bool, group: int = 1, elastic: bool = False):
     """Ray Train V2 starts a helper actor (a Python process, ~0.2 GiB) for each of its default callbacks; two do
     nothing for scaletrain: the Ray Datasets manager (scaletrain passes no Ray Dataset: each worker reads its own
     shard) and, on the embedded Ray that dies with this driver, the detached placement-group cleaner (it frees the
     workers' reservation if the controller dies while the cluster lives on). Ray has no switch for them, so this
     subclass leaves them out of the default list (benchmarks/RESULTS.md "cold start"); on a Ray whose private
-    classes moved it changes nothing. With ``group`` > 1 (an elastic run with context parallelism) its scaling
-    policy resizes by whole groups (``ray_policy.py``); on a Ray without that private class it is refused."""
+    classes moved it changes nothing. A fixed-size run on the embedded Ray leaves out the autoscaling
+    coordinator too (``ray_policy.LocalFixedPolicy``). With ``group`` > 1 (an elastic run with context
+    parallelism) its scaling policy resizes by whole groups (``ray_policy.py``); on a Ray without that private
+    class it is refused."""
     if group > 1:
         try:
             from scaletrain.launch.ray_policy import WholeGroupsPolicy
@@ -322,6 +327,12 @@ def _lean_trainer(trainer_cls, embedded: bool, group: int = 1):
             raise LaunchError(f"scaling.context_parallel={group} with an elastic scaling.num_workers needs Ray "
                               f"Train's ElasticScalingPolicy, which this Ray does not have ({e}); set a fixed "
                               f"scaling.num_workers") from None
+    local_policy = None
+    if embedded and not elastic:
+        try:
+            from scaletrain.launch.ray_policy import LocalFixedPolicy as local_policy
+        except ImportError:
+            pass
     try:
         from ray.train.v2._internal.callbacks import DatasetsCallback
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
@@ -338,6 +349,8 @@ def _lean_trainer(trainer_cls, embedded: bool, group: int = 1):
         def _initialize_and_run_controller(self, **kwargs):
             if group > 1:  # Ray made its elastic policy from the ScalingConfig; the same, by whole groups
                 kwargs["scaling_policy"] = WholeGroupsPolicy(self.scaling_config, group)
+            elif local_policy is not None:  # a fixed size on the local Ray: no autoscaler to ask
+                kwargs["scaling_policy"] = local_policy(self.scaling_config)
             return super()._initialize_and_run_controller(**kwargs)
 
     return LeanTrainer

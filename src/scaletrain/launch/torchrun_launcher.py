@@ -172,8 +172,8 @@ class TorchrunNode:
                 "-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
 
     def env(self) -> dict[str, str]:
-        threads = plan_node(self.cfg, Platform.detect(), os.cpu_count() or 1).resources_per_worker["CPU"]
-        return torchrun_agent_env(self.cfg.comm, threads)
+        plan = plan_node(self.cfg, Platform.detect(), os.cpu_count() or 1)
+        return torchrun_agent_env(self.cfg.comm, plan.resources_per_worker["CPU"], cpu=not plan.use_gpu)
 
     def run(self, spec: JobSpec) -> None:
         """Hand the spec to the workers (starting the agent if it is not running) and wait for them."""

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from scaletrain.comm.context import DistContext
+from scaletrain.comm.cores import bind_process, core_block, describe, usable_cores
 from scaletrain.comm.device import Platform
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import for_world_size
@@ -53,6 +54,8 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
     ctx = dataclasses.replace(ctx, cp_size=cfg.scaling.context_parallel)  # the data x context parallel mesh
     redact = Redactor.from_environment()
     setup_worker_logging(spec.run_dir, ctx.world_rank, redact)
+    if spec.bind_cores and ctx.device == "cpu":
+        _bind_cores(ctx)
     events = EventLog(spec.run_dir, f"rank {ctx.world_rank}", redact) if ctx.is_main else (lambda *a, **k: None)
     beat = Heartbeat(spec.run_dir, ctx.world_rank, stall_s=max(5.0, cfg.comm.timeout_s / 2))
     gpu = reader_for(ctx.device, Platform.detect().vendor)
@@ -76,6 +79,13 @@ def train(ctx: DistContext, spec: JobSpec) -> dict:
         raise
     finally:
         system.stop()
+
+
+def _bind_cores(ctx: DistContext) -> None:
+    """This worker's threads on its own cores of the node, as the driver planned and said (comm/cores.py)."""
+    block = core_block(usable_cores(), ctx.local_rank, ctx.local_world_size, torch.get_num_threads())
+    if block is not None:
+        log.info("cores: %d threads bound to %s", bind_process(block), describe([block]).split(": ", 1)[1])
 
 
 def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbeat, system: SystemSampler) -> dict:

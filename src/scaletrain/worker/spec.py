@@ -27,6 +27,8 @@ class JobSpec:
     store: str | None = None
     # data.streaming: the shards the workers read (data/stream.py StreamSource.to_spec); train_path is then "".
     stream: dict | None = None
+    # CPU workers: each binds its threads to its own block of the node's cores (comm/cores.py), as planned.
+    bind_cores: bool = False
 
     @property
     def vocab(self) -> Vocab:

@@ -381,8 +381,9 @@ def main() -> None:
             runs += overhead_runs(cfg, prepared["overhead"], work, i, w, s)
         if "efficiency" in parts:
             for n in (1, 2):
-                e = {launcher: cfg(EFFICIENCY_CONFIG, f"e{n}-{launcher}{i}", n, launcher)
-                     for launcher in ("ray", "torchrun")}
+                # one thread a worker at both sizes: one worker alone would otherwise take both cores
+                e = {launcher: cfg(EFFICIENCY_CONFIG, f"e{n}-{launcher}{i}", n, launcher,
+                                   "scaling.resources_per_worker={CPU: 1}") for launcher in ("ray", "torchrun")}
                 runs += [(f"efficiency/bare/{n}", partial(bare, e["ray"], prepared["efficiency"], w, s, n)),
                          (f"efficiency/torchrun/{n}", partial(ours, e["torchrun"], w)),
                          (f"efficiency/ray/{n}", partial(ours, e["ray"], w))]

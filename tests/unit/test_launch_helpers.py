@@ -288,6 +288,22 @@ def test_the_lean_trainer_leaves_out_the_helper_actors_scaletrain_does_not_use()
                                                                                                cleaner]
 
 
+def _fake_trainer(config, seen: dict):
+    """DataParallelTrainer's hooks the lean subclass touches; the controller's arguments land in ``seen``."""
+    class Trainer:
+        datasets = None
+        scaling_config = config
+
+        def _create_default_callbacks(self):
+            return []
+
+        def _initialize_and_run_controller(self, **kwargs):
+            seen.update(kwargs)
+            return "result"
+
+    return Trainer
+
+
 def test_an_elastic_run_with_context_parallelism_resizes_by_whole_groups():
     """Ray's elastic policy picks any count the free resources allow; with CP 2, 3 free CPUs must give 2 workers (a
     3-rank group cannot form the data x context mesh), 5 give 4, and the range's top caps it."""
@@ -306,18 +322,7 @@ def test_an_elastic_run_with_context_parallelism_resizes_by_whole_groups():
     assert plain._count_possible_workers({"a": {"CPU": 3.0}}) == 3  # what Ray alone would start
 
     seen = {}
-
-    class Trainer:  # DataParallelTrainer's hooks the subclass touches
-        datasets = None
-        scaling_config = config
-
-        def _create_default_callbacks(self):
-            return []
-
-        def _initialize_and_run_controller(self, **kwargs):
-            seen.update(kwargs)
-            return "result"
-
+    Trainer = _fake_trainer(config, seen)
     assert _lean_trainer(Trainer, embedded=True, group=2)()._initialize_and_run_controller(
         scaling_policy=plain, failure_policy="f") == "result"
     assert isinstance(seen["scaling_policy"], WholeGroupsPolicy) and seen["scaling_policy"].group == 2
@@ -338,17 +343,7 @@ def test_a_fixed_run_on_the_local_ray_starts_no_autoscaling_coordinator():
 
     config = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1})
     seen = {}
-
-    class Trainer:
-        datasets = None
-        scaling_config = config
-
-        def _create_default_callbacks(self):
-            return []
-
-        def _initialize_and_run_controller(self, **kwargs):
-            seen.update(kwargs)
-
+    Trainer = _fake_trainer(config, seen)
     plain = FixedScalingPolicy(config)
     _lean_trainer(Trainer, embedded=True)()._initialize_and_run_controller(scaling_policy=plain)
     local = seen["scaling_policy"]

@@ -29,7 +29,8 @@ PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
 # the Ray group ends at ~580 s and both workers at ~1450 s, the 2 cores 95% busy (2750 CPU-seconds; with plain
 # Ray workers: ~1010 s, ~1690 s, 97%, ~3280): the suite is CPU-bound. Later that day, with GRPO's tests (+160 tests,
 # the slowest a 2-worker GRPO parity run, 45 s): 1519 s, 1058 passed; at the stop (DoRA, prune, cost too):
-# 1596 s, 1076 passed. The quick tiers are CPU-bound and keep one worker (make test-fast: 102 s on one).
+# 1596 s, 1076 passed; with CPU workers bound to their cores and keeping their freed pages (#64): 1431 s, 1090
+# passed. The quick tiers are CPU-bound and keep one worker (make test-fast: 102 s on one).
 PARALLEL = -n 2 --dist loadgroup
 timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 

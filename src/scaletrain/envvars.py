@@ -122,6 +122,7 @@ def cpu_worker_env(*environs: Mapping[str, str]) -> dict[str, str]:
     return dict(CPU_WORKER_ENV_DEFAULTS)
 
 
+# Variables every worker gets from the driver (values shown are scaletrain's defaults).
 WORKER_ENV_DEFAULTS: dict[str, str] = {
     HF_HUB_OFFLINE: "1",
     TRANSFORMERS_OFFLINE: "1",

@@ -104,12 +104,15 @@ def eval_worker_env(processes: int) -> dict[str, str]:
 # MiniLM worker, 8-12% of its training thread's CPU in the kernel, the most under Ray, whose actor trains in a
 # thread of its own (benchmarks/overhead.py --part breakdown). The largest mmap threshold glibc allows (32 MiB), a
 # 4 GiB trim threshold and one arena keep the freed pages for the next step, in the same place for every thread:
-# 0.28 vs 0.31 s a step under torchrun, page faults -35% under Ray; the process holds its step's peak between
-# steps (+0.02 GiB here). Read by the loader when a process starts: set in the environment a CPU worker starts with.
+# 0.28 vs 0.31 s a step under torchrun; the process holds its step's peak between steps (+0.02 GiB here). glibc's
+# own variables, read by the loader when a process starts: set in the environment a CPU worker starts with. One
+# variable each rather than GLIBC_TUNABLES's a:b:c list, which Ray's runtime_env cuts at the first colon.
 GLIBC_TUNABLES = "GLIBC_TUNABLES"
 CPU_WORKER_ENV_DEFAULTS: dict[str, str] = {
-    GLIBC_TUNABLES: "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296:"
-                    "glibc.malloc.arena_max=1"}
+    MALLOC_MMAP_THRESHOLD: "33554432",
+    "MALLOC_TRIM_THRESHOLD_": "4294967296",
+    "MALLOC_ARENA_MAX": "1",
+}
 
 
 def cpu_worker_env(*environs: Mapping[str, str]) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 from scaletrain.comm.cores import bind_process, binding_note, core_block
 from scaletrain.comm.device import Platform
 from scaletrain.config import validate
-from scaletrain.launch.plan import ClusterPlan, plan_node, with_binding
+from scaletrain.launch.plan import ClusterPlan, plan_node, with_allocator, with_binding
 
 
 @pytest.mark.parametrize("cores, workers, threads, blocks", [
@@ -91,21 +91,26 @@ def test_cpu_workers_start_with_the_allocator_setting_unless_the_user_has_one(mo
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     for k in [k for k in os.environ if k.startswith("MALLOC_")]:
         monkeypatch.delenv(k)
-    ours = envvars.CPU_WORKER_ENV_DEFAULTS["GLIBC_TUNABLES"]
-    assert "mmap_threshold=33554432" in ours and "trim_threshold=4294967296" in ours and "arena_max=1" in ours
+    ours = envvars.CPU_WORKER_ENV_DEFAULTS
+    assert ours == {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296",
+                    "MALLOC_ARENA_MAX": "1"}
+    assert not any(":" in v for v in ours.values())  # Ray's runtime_env cuts a value at its first colon
     comm = _cfg().comm
-    assert worker_env(comm, "cpu", "gloo", "/runs/x", cpu=True)["GLIBC_TUNABLES"] == ours  # Ray's workers
-    assert "GLIBC_TUNABLES" not in worker_env(comm, "cuda", "nccl", "/runs/x", cpu=False)
-    assert torchrun_agent_env(comm, 1, environ={}, cpu=True)["GLIBC_TUNABLES"] == ours  # torchrun's
-    assert "GLIBC_TUNABLES" not in torchrun_agent_env(comm, 1, environ={}, cpu=False)
-    assert torchrun_agent_env(comm, 1, environ={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
-                              cpu=True)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+
+    def given(env):
+        return {k: env[k] for k in ours if k in env}
+
+    assert given(worker_env(comm, "cpu", "gloo", "/runs/x", cpu=True)) == ours  # Ray's workers
+    assert given(worker_env(comm, "cuda", "nccl", "/runs/x", cpu=False)) == {}
+    assert given(torchrun_agent_env(comm, 1, environ={}, cpu=True)) == ours  # torchrun's
+    assert given(torchrun_agent_env(comm, 1, environ={}, cpu=False)) == {}
+    theirs = torchrun_agent_env(comm, 1, environ={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, cpu=True)
+    assert theirs["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2" and given(theirs) == {}
     measuring = _cfg(comm={"env": {"MALLOC_MMAP_THRESHOLD_": 65536}}).comm
-    assert "GLIBC_TUNABLES" not in torchrun_agent_env(measuring, 1, environ={}, cpu=True)
-    assert "GLIBC_TUNABLES" not in worker_env(measuring, "cpu", "gloo", "/runs/x", cpu=True)
+    assert given(torchrun_agent_env(measuring, 1, environ={}, cpu=True)) == {"MALLOC_MMAP_THRESHOLD_": "65536"}
+    assert given(worker_env(measuring, "cpu", "gloo", "/runs/x", cpu=True)) == {"MALLOC_MMAP_THRESHOLD_": "65536"}
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")  # the driver's shell, under Ray
-    env = worker_env(comm, "cpu", "gloo", "/runs/x", cpu=True)  # the embedded Ray's workers inherit the shell's
-    assert env.get("GLIBC_TUNABLES") in (None, "glibc.malloc.trim_threshold=0")
+    assert given(worker_env(comm, "cpu", "gloo", "/runs/x", cpu=True)) == {}
 
 
 def test_the_allocator_setting_is_said_at_start_unless_the_user_has_one(monkeypatch):
@@ -114,8 +119,30 @@ def test_the_allocator_setting_is_said_at_start_unless_the_user_has_one(monkeypa
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     for k in [k for k in os.environ if k.startswith("MALLOC_")]:
         monkeypatch.delenv(k)
-    said = [n for n in plan_scaling(_cfg().scaling, _cfg().comm, {"CPU": 2.0}, "cpu").notes if "GLIBC_TUNABLES=" in n]
-    assert len(said) == 1 and "use yours" in said[0]
-    assert not [n for n in plan_node(_cfg(), Platform("cuda", 2), 16).notes if "GLIBC_TUNABLES=" in n]  # GPU workers
+    plan = with_allocator(plan_scaling(_cfg().scaling, _cfg().comm, {"CPU": 2.0}, "cpu"), _cfg().comm)  # Ray's
+    said = [n for n in plan.notes if "MALLOC_TRIM_THRESHOLD_=" in n]
+    assert plan.allocator and len(said) == 1 and "use yours" in said[0]
+    assert plan_node(_cfg(), Platform("cpu", 0), 2).allocator  # torchrun's
+    assert not plan_node(_cfg(), Platform("cuda", 2), 16).allocator  # GPU workers
     mine = _cfg(comm={"env": {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}})
-    assert not [n for n in plan_node(mine, Platform("cpu", 0), 2).notes if "GLIBC_TUNABLES=" in n]
+    assert not [n for n in plan_node(mine, Platform("cpu", 0), 2).notes if "MALLOC_TRIM_THRESHOLD_=" in n]
+    assert not plan_node(mine, Platform("cpu", 0), 2).allocator
+
+
+def test_workers_forked_from_the_warm_cluster_are_not_promised_the_allocator_setting(monkeypatch):
+    """A worker forked from `scaletrain up`'s server keeps the allocator the server started with: neither the
+    variable nor the start line (which would say something that is not so)."""
+    from scaletrain.launch import ray_launcher
+
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    for k in [k for k in os.environ if k.startswith("MALLOC_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setattr(ray_launcher, "node_resources", lambda: [{"CPU": 2.0}])
+    launcher = ray_launcher.RayLauncher(_cfg(launcher="ray"), None)
+    launcher.resources = {"CPU": 2.0}
+    monkeypatch.setattr(launcher, "connect", lambda: [])  # the warm cluster joined
+    monkeypatch.setattr(ray_launcher, "_EMBEDDED", [False])
+    monkeypatch.setattr(ray_launcher, "_FORKED", [True])
+    assert not launcher.plan(Platform("cpu", 0)).allocator
+    monkeypatch.setattr(ray_launcher, "_FORKED", [False])
+    assert launcher.plan(Platform("cpu", 0)).allocator

@@ -20,6 +20,7 @@ class ClusterPlan:
     resources_per_worker: dict[str, float]
     notes: tuple[str, ...] = ()  # what the user should know about the choice (backend fallback, device fixes)
     bind_cores: bool = False  # each CPU worker's threads on its own cores (comm/cores.py)
+    allocator: bool = False  # CPU workers start with envvars.CPU_WORKER_ENV_DEFAULTS (comm/launch_env.py)
 
 
 def cpus_per_worker(nodes: list[dict[str, float]], workers: int, use_gpu: bool) -> int:
@@ -64,20 +65,20 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
                 f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
                 f"or scaling.resources_per_worker"
             )
-    return with_allocator(ClusterPlan(use_gpu, choice.backend, per_worker, tuple(notes)), comm)
+    return ClusterPlan(use_gpu, choice.backend, per_worker, tuple(notes))
 
 
 def with_allocator(plan: ClusterPlan, comm: CommConfig) -> ClusterPlan:
-    """``plan`` with the line that says what CPU workers' allocator is given (envvars.CPU_WORKER_ENV_DEFAULTS), where
-    the user set none of glibc's variables in the shell or ``comm.env``; the launchers put it in the workers' start
-    environment the same way (comm/launch_env.py)."""
+    """``plan`` with its CPU workers given glibc's allocator setting (envvars.CPU_WORKER_ENV_DEFAULTS) where the
+    user set none of glibc's variables in the shell or ``comm.env``, and the line that says so. For workers that
+    start a process of their own (the loader reads it then), not ones forked from a running server."""
     given = envvars.cpu_worker_env(envvars.snapshot(), comm.env) if not plan.use_gpu else {}
     if not given:
         return plan
     note = ("CPU workers keep the memory a step frees for the next one (" + ", ".join(
         f"{k}={v}" for k, v in given.items()) + "): no page faults to touch a step's tensors again, the step's peak "
-        "held between steps; set GLIBC_TUNABLES or a MALLOC_ variable (comm.env) to use yours")
-    return replace(plan, notes=(*plan.notes, note))
+        "held between steps; set a MALLOC_ variable or GLIBC_TUNABLES (comm.env) to use yours")
+    return replace(plan, allocator=True, notes=(*plan.notes, note))
 
 
 def with_binding(plan: ClusterPlan, scaling: ScalingSection, cores: list[int], workers: int) -> ClusterPlan:

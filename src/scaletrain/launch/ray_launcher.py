@@ -18,7 +18,7 @@ from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
 from scaletrain.credentials import split_secrets
 from scaletrain.errors import LaunchError
-from scaletrain.launch.plan import ClusterPlan, check_placement, plan_scaling, with_binding
+from scaletrain.launch.plan import ClusterPlan, check_placement, plan_scaling, with_allocator, with_binding
 from scaletrain.redact import Redactor
 from scaletrain.worker.spec import JobSpec
 
@@ -51,6 +51,8 @@ class RayLauncher:
         plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor, node_resources())
         if _EMBEDDED[0]:  # the local Ray this driver started: the node is this run's alone (comm/cores.py)
             plan = with_binding(plan, self.cfg.scaling, usable_cores(), self.cfg.scaling.num_workers)
+        if not _FORKED[0]:  # workers forked from the warm cluster's server keep its allocator as it started
+            plan = with_allocator(plan, self.cfg.comm)
         return replace(plan, notes=(*notes, *plan.notes))
 
     def run(self, spec: JobSpec, plan: ClusterPlan) -> None:
@@ -63,7 +65,7 @@ class RayLauncher:
                         plan.resources_per_worker, node_resources())
         if spec.store is None:  # on object storage the workers need no shared disk (storage/relay.py)
             check_shared_storage(spec.run_dir)
-        env = worker_env(cfg.comm, self.vendor, plan.backend, spec.run_dir, cpu=not plan.use_gpu)
+        env = worker_env(cfg.comm, self.vendor, plan.backend, spec.run_dir, cpu=plan.allocator)
         # Ray keeps train_loop_config in its object store and may log it: comm.env's secrets travel in the
         # workers' private environment only (comm/launch_env.private_env), never in the config.
         mirror, spec = spec.run_dir, replace(spec, config=self.redact.mapping(spec.config))
@@ -173,6 +175,7 @@ def _join_warm(warm) -> None:
     forked = bool(warm.forkserver) and forkserver.answers(warm.forkserver)
     console.print(f"[yellow]note:[/] using the local Ray cluster started by scaletrain up ({warm.address}, "
                   f"{warm.num_cpus} CPUs{forked_note() if forked else ''}); scaletrain down stops it", soft_wrap=True)
+    _FORKED[0] = forked
     if forked:
         kwargs["runtime_env"] = {"py_executable": forkserver.command(warm.forkserver), "env_vars": warm_job_env()}
     envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # one machine, as an embedded Ray
@@ -180,6 +183,7 @@ def _join_warm(warm) -> None:
 
 
 _EMBEDDED = [False]  # this driver started the Ray it runs on (it stops with the driver)
+_FORKED = [False]  # its workers are forked from the warm cluster's server (launch/warm/forkserver.py)
 
 
 def _start_embedded() -> None:

@@ -173,7 +173,7 @@ class TorchrunNode:
 
     def env(self) -> dict[str, str]:
         plan = plan_node(self.cfg, Platform.detect(), os.cpu_count() or 1)
-        return torchrun_agent_env(self.cfg.comm, plan.resources_per_worker["CPU"], cpu=not plan.use_gpu)
+        return torchrun_agent_env(self.cfg.comm, plan.resources_per_worker["CPU"], cpu=plan.allocator)
 
     def run(self, spec: JobSpec) -> None:
         """Hand the spec to the workers (starting the agent if it is not running) and wait for them."""

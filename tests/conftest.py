@@ -229,6 +229,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def save_tiny_llama(d: Path, hidden: int = 256, intermediate: int = 512) -> Path:
+    """A tiny Llama in bf16 (as the real checkpoints) whose linear weights are NF4-sized (multiples of 16384 values:
+    QLoRA's tests) at the default widths, and the tiny tokenizer, saved in ``d``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scaletrain.model.tokenizer import tiny_llama_tokenizer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=2048, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=intermediate, max_position_embeddings=512,
+                         tie_word_embeddings=False)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(d)
+    tiny_llama_tokenizer().save_pretrained(d)
+    return d
+
+
 def save_tiny_qwen3_moe(d: Path, dtype=None) -> Path:
     """A tiny Qwen3-MoE (4 experts, top-2, router_aux_loss_coef 0.01) and the tiny tokenizer saved in ``d``, in
     ``dtype`` (e.g. bf16, as the real checkpoints) or fp32."""

@@ -20,14 +20,21 @@ LIBRARY_NOISE = (
     # peft's PeftModel reads model.is_gradient_checkpointing, deprecated in transformers 5 (eval, chat, export, train)
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
 )
+# Loggers whose import-time warnings say nothing to act on: with torchao installed (the QLoRA extra), transformers
+# imports it in every process; it warns that its CUDA-only extensions do not load on this build, and torch that
+# torchao registers enums the old way.
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 def quiet_library_warnings() -> None:
     """Filter LIBRARY_NOISE in this process (the CLI calls it once, before any command runs)."""
+    import logging
     import warnings
 
     for message, category in LIBRARY_NOISE:
         warnings.filterwarnings("ignore", message=message, category=category)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 class ProgressView:

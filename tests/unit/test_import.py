@@ -216,3 +216,16 @@ def test_a_trl_grpo_yaml_imports_with_a_row_per_key(tmp_path, capsys):
     assert "log_completions" in table and "dataset_train_split" in table and "no scaletrain equivalent" in table
     validate(cfg)  # (scale_rewards: false is TRL's none)
     assert validate(cfg).rl.scale_rewards == "none"
+
+
+def test_llamafactorys_qlora_example_imports_with_its_quantization_keys():
+    """LLaMA-Factory's examples/train_qlora/qwen3_lora_sft_bnb_npu.yaml (#63): quantization_bit, the method and the
+    double quantization land in model.*, none of them dropped as 'no equivalent'."""
+    lf = yaml.safe_load((FIXTURES / "qwen3_lora_sft_bnb_npu.yaml").read_text())
+    cfg, rows = from_llamafactory(lf)
+    m = validate(cfg).model
+    assert (m.quantization_bit, m.quantization_method, m.double_quantization, m.finetuning_type) == (
+        4, "bnb", False, "lora")
+    by_key = _rows(rows)
+    assert {by_key[k].where for k in ("quantization_bit", "quantization_method", "double_quantization")} == {
+        "model.quantization_bit", "model.quantization_method", "model.double_quantization"}

@@ -350,3 +350,43 @@ def test_plan_prices_devices_side_by_side(tmp_path, capsys):
     assert "cheapest within 10 h:" in out
     assert main(["plan", str(cfg), "--deadline", "3"]) != 0
     assert "--deadline and --steps go with --price" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["8b", "70b"])
+def test_the_plan_counts_a_qlora_base_in_4_bits(tmp_path, size):
+    """QLoRA (#63): Llama-3-8B on one 24 GB card and Llama-3.1-70B on 2 x 80 GB, from their configs alone; the
+    parameters' bytes are the arithmetic below: each decoder block's 7 linear weights in NF4 (4 bits + an int8
+    scale per 64 values + an fp32 factor per 256 scales), embeddings/head/norms in bf16, LoRA fp32 masters."""
+    from transformers import LlamaConfig
+
+    from scaletrain.model.quantize import NF4_BYTES
+
+    hidden, inter, layers, heads = (4096, 14336, 32, 32) if size == "8b" else (8192, 28672, 80, 64)
+    LlamaConfig(vocab_size=128256, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=8, max_position_embeddings=8192,
+                tie_word_embeddings=False).save_pretrained(tmp_path)
+    kv = 8 * hidden // heads
+    per_block = 2 * hidden * hidden + 2 * kv * hidden + 3 * hidden * inter  # q, o; k, v; gate, up, down
+    r = 16
+    lora = layers * r * (2 * (2 * hidden) + 2 * (hidden + kv) + 3 * (hidden + inter))
+    devices = 1 if size == "8b" else 2
+    cfg = validate({"model": {"name_or_path": str(tmp_path), "task": "causal-lm", "finetuning_type": "lora",
+                              "lora_rank": r, "quantization_bit": 4},
+                    "data": {"train_file": "x.jsonl", "max_length": 2048},
+                    "train": {"bf16": True, "gradient_checkpointing": True, "per_device_train_batch_size": 1,
+                              "per_device_eval_batch_size": 1, "strategy": "fsdp" if devices > 1 else "ddp"},
+                    "scaling": {"num_workers": devices}})
+    shape = model_shape(cfg, Vocab(128256, 0), 1, 2048, 1)
+    assert shape.quantized == layers * per_block and shape.trainable == lora
+    rest = shape.total - shape.quantized - lora  # embeddings, output layer, norms
+    assert rest == 2 * 128256 * hidden + (2 * layers + 1) * hidden
+    expected = lora * 4 + shape.quantized * NF4_BYTES + rest * 2
+    plan = estimate(cfg, shape, devices, "gpu")
+    assert plan.parameters == int(expected) // devices
+    bf16_lora = estimate(cfg.model_copy(update={"model": cfg.model.model_copy(update={"quantization_bit": None})}),
+                         shape.__class__(**{**shape.__dict__, "quantized": 0, "block_quantized": 0}), devices, "gpu")
+    assert plan.parameters < 0.4 * bf16_lora.parameters  # the base: ~4x smaller, embeddings and head aside
+    # 8B: 7.9 GiB against 17.6 GiB for bf16 LoRA; 70B on 2: 29.1 GiB each against 79.3 GiB (no room left on 80)
+    card = 24 if size == "8b" else 80
+    assert plan.peak < card * GIB and plan.peak < 0.5 * bf16_lora.peak
+    assert size == "8b" or bf16_lora.peak > 0.95 * card * GIB

@@ -20,6 +20,10 @@ DIRECT: dict[str, tuple[str, str]] = {
     "lora_alpha": ("model", "lora_alpha"),
     "lora_dropout": ("model", "lora_dropout"),
     "use_dora": ("model", "use_dora"),
+    "quantization_bit": ("model", "quantization_bit"),  # QLoRA: LF's default method (bnb) is auto's on a GPU
+    "quantization_method": ("model", "quantization_method"),
+    "quantization_type": ("model", "quantization_type"),
+    "double_quantization": ("model", "double_quantization"),
     "dataset_dir": ("data", "dataset_dir"),
     "cutoff_len": ("data", "max_length"),
     "max_samples": ("data", "max_samples"),

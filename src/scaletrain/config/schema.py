@@ -58,6 +58,18 @@ class ModelConfig(_Section):
     use_dora: bool = Field(False, description=(
         "DoRA (LLaMA-Factory's name): each adapted weight's magnitude trained apart from its direction (peft's "
         "use_dora); export merges it shard by shard, equal to peft's merge_and_unload."))
+    quantization_bit: Optional[Literal[4, 8]] = Field(None, description=(
+        "QLoRA (LLaMA-Factory's name): the frozen base of a LoRA run stored in 4 bits (NF4: the decoder blocks' "
+        "linear weights, about 0.52 bytes per parameter) or 8 (bitsandbytes' LLM.int8, GPUs); unset: the base in "
+        "model.torch_dtype."))
+    quantization_method: Literal["auto", "torchao", "bnb"] = Field("auto", description=(
+        "Which library quantizes the base: torchao (NF4 on CPU and GPU, FSDP2 shards it), bnb (bitsandbytes, "
+        "CUDA or ROCm GPUs), auto (bnb on a GPU where it is installed, else torchao)."))
+    quantization_type: Literal["nf4", "fp4"] = Field("nf4", description=(
+        "The 4-bit format (LLaMA-Factory's name): nf4 (QLoRA's NormalFloat) or fp4 (bitsandbytes only)."))
+    double_quantization: bool = Field(True, description=(
+        "Quantize the 4-bit blocks' scales again (QLoRA's double quantization, about 0.37 bits per parameter "
+        "saved); torchao's NF4 always does."))
     torch_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description=(
         "Storage dtype of frozen weights (a LoRA base): auto (the compute dtype on GPUs, fp32 on CPU), bfloat16, "
         "float16 or float32; trainable weights are fp32 master weights whatever the checkpoint (model/precision.py)."))
@@ -284,6 +296,10 @@ class Config(_Section):
             if 0 <= failures < chaos.kills:
                 raise ValueError(f"fault_tolerance.chaos.kills={chaos.kills} needs fault_tolerance.max_failures >= "
                                  f"{chaos.kills} (now {failures}): each kill is a failure the run must survive")
+        if self.model.quantization_bit and self.model.finetuning_type != "lora":
+            raise ValueError(f"model.quantization_bit={self.model.quantization_bit} quantizes a frozen base, and "
+                             f"model.finetuning_type={self.model.finetuning_type} trains every weight; set "
+                             f"model.finetuning_type: lora (QLoRA) or remove model.quantization_bit")
         if self.model.use_dora and self.model.finetuning_type != "lora":
             raise ValueError("model.use_dora applies to model.finetuning_type=lora (DoRA is a LoRA variant); set "
                              "model.finetuning_type: lora or remove model.use_dora")

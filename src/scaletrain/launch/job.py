@@ -97,6 +97,7 @@ def _run_job(cfg: Config, config_path: str | Path, resume_dir: Path | None, show
     phases(f"cluster ready ({launcher.name}, {plan.backend})")
     notes += pre.fit_notes(plan.use_gpu)
     precision = pre.precision(plan.use_gpu)  # a combination that cannot train: one line, before any worker
+    notes += pre.quantization_notes(plan.use_gpu)
     if cfg.train.fsdp_offload and not plan.use_gpu:
         notes.append("train.fsdp_offload: CPU workers keep everything on the host already; nothing to offload")
     run_dir = resume_dir or new_run_dir(cfg, config_path)

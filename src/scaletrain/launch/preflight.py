@@ -21,6 +21,7 @@ from scaletrain.model.build import (
     check_model,
     context_parallel_error,
     packing_support_error,
+    quantization_note,
     router_loss_note,
 )
 from scaletrain.model.files import final_dtype, head_mismatch, model_dir
@@ -55,6 +56,12 @@ class Preflight:
         prec = policy("gpu" if use_gpu else "cpu", t.bf16, t.fp16, self.cfg.model.torch_dtype, t.strategy)
         final_dtype(self.cfg.model, prec.compute)
         return prec
+
+    def quantization_notes(self, use_gpu: bool) -> list[str]:
+        """A QLoRA base on the devices the job was placed on: its engine and what it quantizes (errors: one line)."""
+        c = self.cfg
+        note = quantization_note(c.model, self.vocab, use_gpu, c.train.strategy, c.scaling.num_workers)
+        return [f"model: {note}"] if note else []
 
     def memory_shape(self) -> dict | None:
         """The shape as the job spec carries it to the workers (they estimate for their own world size)."""

@@ -32,6 +32,7 @@ from scaletrain.config.schema import Config
 from scaletrain.model.dtypes import BYTES
 from scaletrain.model.moe import active_parameters, experts_of
 from scaletrain.model.precision import policy
+from scaletrain.model.quantize import block_linears, bytes_per_param, quantizable
 from scaletrain.model.tokenizer import Vocab
 
 GIB = 2**30
@@ -62,6 +63,8 @@ class Shape:
     kv_width: int = 0  # key/value heads x head dim: one token's key (or value) in a layer
     q_width: int = 0  # attention heads x head dim: one token's query (or attention output) in a layer
     seq: int = 0  # positions per rank the pass ran at (the sequence / context_parallel, padded to 2N)
+    quantized: int = 0  # QLoRA: frozen parameters stored in 4 or 8 bits (the blocks' linear weights)
+    block_quantized: int = 0  # the same in one block
 
     @property
     def active_total(self) -> int:
@@ -183,6 +186,8 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
                                   else (0, 0))
     block_trainable = sum(p.numel() for p in block.parameters() if p.requires_grad) if block is not None else 0
     causal = cfg.model.task == "causal-lm"
+    quantized = [m.weight.numel() for _, m in block_linears(model, blocks)  # peft's own lora_A/B train: not those
+                 if quantizable(m.weight) and not m.weight.requires_grad] if cfg.model.quantization_bit else []
     mc = model.config
     heads = getattr(mc, "num_attention_heads", 0) or 0
     head_dim = getattr(mc, "head_dim", None) or (hidden // heads if heads else 0)
@@ -194,7 +199,8 @@ def _model_shape(cfg: Config, vocab: Vocab, batch: int, seq: int, eval_batch: in
                  act_outside=saved["outside"], act_loss=saved["loss"],
                  logits=batch * (seq if causal else 1) * per_token_logits,
                  eval_logits=eval_batch * (seq if causal else 1) * per_token_logits, active_block_params=active_block,
-                 experts=(experts.count, experts.top_k) if experts else None)
+                 experts=(experts.count, experts.top_k) if experts else None,
+                 quantized=sum(quantized), block_quantized=sum(quantized) // max(1, len(blocks)))
 
 
 def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -299,7 +305,10 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     half = prec.compute != "fp32"
     act_scale = 0.5 if half else 1.0  # autocast keeps most saved activations in 16 bits
     trainable = shape.trainable
-    weights = trainable * BYTES[prec.master] + (shape.total - trainable) * BYTES[prec.frozen]
+    # a QLoRA base: the blocks' linear weights in 4 (or 8) bits, the rest of the frozen weights in their dtype
+    qbytes = bytes_per_param(cfg.model.quantization_bit, cfg.model.double_quantization) if shape.quantized else 0
+    weights = int(trainable * BYTES[prec.master] + (shape.total - trainable - shape.quantized) * BYTES[prec.frozen]
+                  + shape.quantized * qbytes)
     fsdp = t.strategy == "fsdp" and world_size > 1
     group = min(t.fsdp_shard_size or world_size, world_size) if fsdp else 1
     compute_bytes = 2 if half else BYTES_FP32
@@ -307,11 +316,13 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
         params, grads, optim = weights // group, trainable * BYTES_FP32 // group, trainable * ADAM_BYTES // group
         outside = max(0, shape.total - shape.layers * shape.block_params)  # embeddings, head: the root's
         gathered_blocks = 2 if t.fsdp_reshard_after_forward else shape.layers  # the current one and the next
-        buffers = (min(gathered_blocks, shape.layers) * shape.block_params + outside) * compute_bytes
+        # a gathered block: its quantized weights stay quantized (dequantized one layer at a time in forward)
+        block = (shape.block_params - shape.block_quantized) * compute_bytes + shape.block_quantized * qbytes
+        buffers = int(min(gathered_blocks, shape.layers) * block + outside * compute_bytes)
         buffers += shape.block_trainable * BYTES_FP32  # the block's unsharded gradient before reduce-scatter
         # and the collectives' own copies: the all-gather's input (this rank's shards of a block, copied in) and
         # the reduce-scatter's output (the block's gradient shard)
-        buffers += (shape.block_params * compute_bytes + shape.block_trainable * BYTES_FP32) // group
+        buffers += int(block + shape.block_trainable * BYTES_FP32) // group
     else:
         params, grads, optim = weights, trainable * BYTES_FP32, trainable * ADAM_BYTES
         buffers = trainable * BYTES_FP32 if world_size > 1 and t.strategy == "ddp" else 0  # DDP's buckets
@@ -334,8 +345,9 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     grads_at_peak = grads if when == "backward end" else 0
     activations = phases[when] - grads_at_peak
     build = 0
-    if not gpu:  # the full model on every rank, then (FSDP) its shards beside it
-        build = weights + (weights // group if fsdp else 0)
+    if not gpu:  # the full model on every rank (as loaded: before a QLoRA base is quantized), then its shards
+        loaded = trainable * BYTES[prec.master] + (shape.total - trainable) * BYTES[prec.frozen]
+        build = max(loaded, weights + (weights // group if fsdp else 0))
     reference = 0
     if (t.stage == "dpo" and cfg.model.finetuning_type != "lora" and t.pref_loss not in ("simpo", "orpo") and (
             not t.precompute_ref_logps)) or (t.stage == "grpo" and cfg.rl.beta > 0 and

@@ -12,6 +12,17 @@ from scaletrain.config.schema import Config, ModelConfig
 from scaletrain.errors import ConfigError
 from scaletrain.model.files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
 from scaletrain.model.lora_targets import WORDS, resolve
+from scaletrain.model.quantize import (
+    PREQUANTIZED,
+    Quantized,
+    block_linears,
+    bnb_kwargs,
+    engine_for,
+    is_nf4,
+    quantizable,
+    quantize_nf4,
+    shard_error,
+)
 from scaletrain.model.tokenizer import Vocab
 
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
@@ -86,32 +97,44 @@ def auto_and_config(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | Non
 
 
 def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = None, packed: bool = False,
-                frozen_dtype=None):
+                frozen_dtype=None, quantize: str | None = None, device: str = "cpu"):
     """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks.
     ``packed``: it trains on packed rows, and SDPA attends per example (``attention.py``). ``frozen_dtype``: the
     precision policy's storage of frozen weights; trainable parameters are fp32 master weights whatever the
-    checkpoint's dtype (a LoRA base is loaded in ``frozen_dtype`` directly, never upcast on the way)."""
+    checkpoint's dtype (a LoRA base is loaded in ``frozen_dtype`` directly, never upcast on the way).
+    ``quantize``: the engine of a 4-bit/8-bit base (quantize.engine_for): torchao's NF4 quantizes the blocks after
+    loading, bitsandbytes while loading (straight onto ``device``)."""
     import torch
 
     frozen_dtype = frozen_dtype or torch.float32
     load_dtype = frozen_dtype if cfg.finetuning_type == "lora" else torch.float32
     auto, config = auto_and_config(cfg, vocab, label_names)
     path = model_dir(cfg.name_or_path)
+    extra = {}
+    if quantize == "bnb":
+        if path is None:
+            raise ConfigError(f"model.quantization_method=bnb quantizes a checkpoint as it loads, and "
+                              f"{cfg.name_or_path} is built from a config; set model.quantization_method: torchao")
+        compute = frozen_dtype if frozen_dtype != torch.float32 else torch.bfloat16
+        extra = {**bnb_kwargs(cfg.quantization_bit, cfg.quantization_type, cfg.double_quantization, compute),
+                 "device_map": {"": torch.device(device).index or 0}}
     if path is None:
         model = auto.from_config(config)
     else:
         # a classification head of another size is re-initialised (said before the run: head_mismatch)
         model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=load_dtype,
-                                     ignore_mismatched_sizes=head_mismatch(cfg) is not None)
+                                     ignore_mismatched_sizes=head_mismatch(cfg) is not None, **extra)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = vocab.pad_id
     if packed:
         from scaletrain.model.attention import isolate_examples
 
         isolate_examples(model)
+    quantized = quantize_nf4(model, transformer_blocks(model)) if quantize == "torchao" else None
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
     set_dtypes(model, frozen_dtype)
+    model.scaletrain_quantized = quantized  # what the base holds, for the start-of-run line and the tests
     return model
 
 
@@ -130,7 +153,7 @@ def set_dtypes(model, frozen_dtype) -> None:
 
     for p in model.parameters():
         want = torch.float32 if p.requires_grad else frozen_dtype
-        if p.is_floating_point() and p.dtype != want:
+        if p.is_floating_point() and p.dtype != want and not is_nf4(p):  # a 4-bit base stays 4-bit
             p.data = p.data.to(want)
 
 
@@ -159,6 +182,8 @@ def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:
     if path is not None:
         check_files(path, cfg.name_or_path)
         check_weights(path, cfg.name_or_path)
+        if why := prequantized_error(path):
+            raise ConfigError(f"model.name_or_path={cfg.name_or_path}: {why}")
     _, config = auto_and_config(cfg, Vocab.of(tokenizer))
     positions = getattr(config, "max_position_embeddings", None)
     if positions and max_length > positions:
@@ -170,6 +195,51 @@ def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path}: its tokenizer has {len(tokenizer)} tokens but "
                           f"the model's vocabulary has {vocab} (config.json vocab_size); use the tokenizer that was "
                           f"trained with this model")
+
+
+def quantization_note(cfg: ModelConfig, vocab: Vocab, gpu: bool, strategy: str, world_size: int) -> str | None:
+    """What a QLoRA base will hold, said at start (and its errors before any worker starts): the engine on this
+    device kind, the layers quantized and kept, FSDP2's even split of the NF4 weights (on a meta-device copy)."""
+    import torch
+
+    if not cfg.quantization_bit:
+        return None
+    engine = engine_for(cfg, gpu)
+    if engine == "bnb":
+        what = ("8-bit (LLM.int8)" if cfg.quantization_bit == 8 else
+                f"4-bit {cfg.quantization_type}" + (", double-quantized scales" if cfg.double_quantization else ""))
+        return f"qlora: the base loaded {what} by bitsandbytes, frozen; LoRA on top"
+    auto, config = auto_and_config(cfg, vocab)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    linears = block_linears(model, transformer_blocks(model))
+    kept = tuple(name for name, m in linears if not quantizable(m.weight))
+    params = sum(m.weight.numel() for name, m in linears if name not in kept)
+    if not params:
+        raise ConfigError(f"model.quantization_bit=4: no linear weight in the decoder blocks of {cfg.name_or_path} "
+                          f"is NF4-sized (a multiple of 16384 values); remove model.quantization_bit")
+    if strategy == "fsdp" and world_size > 1 and (why := shard_error(linears, world_size)):
+        raise ConfigError(f"model.quantization_bit=4 under FSDP2: {why}")
+    return Quantized("torchao", len(linears) - len(kept), params, kept).note()
+
+
+def prequantized_error(path) -> str | None:
+    """Why a pre-quantized checkpoint (config.json ``quantization_config``: GPTQ, AWQ, ...) cannot load here, or
+    None: transformers loads it when the method's package is installed."""
+    import importlib.util
+    import json
+
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if not method:
+        return None
+    package = PREQUANTIZED.get(method)
+    if package is None:
+        return f"its quantization_config names quant_method {method}, which scaletrain does not load"
+    if importlib.util.find_spec(package[0]) is None:
+        return (f"a {method} checkpoint (config.json quantization_config); transformers loads it with {package[1]}, "
+                f"which is not installed: pip install {package[1]}, or train on the original-precision model")
+    return None
 
 
 def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> str | None:

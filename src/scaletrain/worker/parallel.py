@@ -13,6 +13,7 @@ from scaletrain.comm.context import DistContext
 from scaletrain.config.schema import TrainConfig
 from scaletrain.model.build import enable_checkpointing, transformer_blocks
 from scaletrain.model.precision import Policy
+from scaletrain.model.quantize import is_nf4
 
 
 def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig, precision: Policy | None = None) -> nn.Module:
@@ -23,6 +24,10 @@ def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig, precision
         model.to(ctx.device)  # offloaded parameters stay on the host; FSDP moves each block in for its compute
     if ctx.world_size == 1 and strategy == "ddp":
         return model  # nothing to synchronise; keeps the 1-worker baseline free of DDP overhead
+    if ctx.world_size == 1 and any(is_nf4(p) for p in model.parameters()):
+        # nothing to shard, and torch 2.13's one-rank FSDP path copies only the first of a tensor subclass's
+        # inner tensors (an NF4 weight has three): the QLoRA base stays whole, autocast computes as under FSDP
+        return model
     if strategy == "ddp":
         ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, **no_forward_buffer_sync())

@@ -32,6 +32,7 @@ from scaletrain.model.build import (
     trained_model_config,
 )
 from scaletrain.model.moe import experts_of, router_terms
+from scaletrain.model.quantize import engine_for
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
@@ -152,8 +153,10 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     memory = PeakMemory(ctx.device)
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
     precision, progress = Precision(cfg, ctx.device), TrainState()
+    engine = engine_for(cfg.model, ctx.device != "cpu") if cfg.model.quantization_bit else None  # QLoRA's base
     model = build_model(trained_model_config(cfg.model, cfg.train.stage), spec.vocab, cfg.data.label_names,
-                        packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"))
+                        packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"),
+                        quantize=engine, device=ctx.device)
     cp_note = install_context_parallel(model, ctx, cfg) if ctx.cp_size > 1 else None
     trainable, total = count_parameters(model)
     model_config = getattr(model, "config", None)  # before wrapping (peft, DDP and FSDP keep it, or hide it)

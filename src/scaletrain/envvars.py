@@ -143,6 +143,10 @@ STORAGE_PREFIXES = ("AWS_", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_")
 PROPAGATED_PREFIXES = (*COMM_PREFIXES, "HF_", *STORAGE_PREFIXES)
 
 
+# The C++ compiler inductor builds CPU kernels with (train.compile on CPU workers; g++ where unset).
+CXX = "CXX"
+
+
 def read(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if environ is None else environ).get(name)
 

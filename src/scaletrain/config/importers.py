@@ -50,6 +50,7 @@ DIRECT: dict[str, tuple[str, str]] = {
     "bf16": ("train", "bf16"),
     "fp16": ("train", "fp16"),
     "seed": ("train", "seed"),
+    "torch_compile": ("train", "compile"),  # the HF Trainer's switch; here regional (each decoder block)
     "logging_steps": ("train", "logging_steps"),
     "eval_steps": ("train", "eval_steps"),
     "save_steps": ("checkpoint", "save_steps"),

@@ -143,6 +143,10 @@ class TrainConfig(_Section):
     loss_backend: Literal["auto", "chunked", "liger"] = Field("auto", description=(
         "How the chunked loss runs: auto = Liger's fused linear cross-entropy where liger-kernel is installed "
         "(scaletrain[kernels]) and the worker has a GPU, else scaletrain's own chunks; chunked; liger (required)."))
+    compile: bool = Field(False, description=(
+        "torch.compile each decoder block (regional compilation, as torchtitan: one compiled graph reused by every "
+        "block; LoRA layers inside them included); the compile time is its own goodput category (compile_s). A "
+        "block that cannot compile runs eager, said in one line."))
     bf16: bool = Field(False, description='Compute in bfloat16 autocast (trainable weights stay fp32 masters).')
     fp16: bool = Field(False, description=(
         "Compute in float16 autocast with a gradient scaler; at most one of bf16 and fp16."))

@@ -27,7 +27,14 @@ from scaletrain.model.build import (
 from scaletrain.model.files import final_dtype, head_mismatch, model_dir
 from scaletrain.model.precision import Policy, policy
 from scaletrain.model.tokenizer import Vocab, load_tokenizer
+from scaletrain.worker.compile import MIN_TORCH, torch_too_old
 from scaletrain.worker.loss import LIGER_FIX, liger_installed
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,9 @@ def preflight(cfg: Config) -> Preflight:
         from scaletrain.rl.rewards import check
 
         rl_note = check(cfg)
+    if cfg.train.compile and torch_too_old(torch_version()):
+        raise ConfigError(f"train.compile: torch {torch_version()} is too old for regional compilation under FSDP2 "
+                          f"(torch >= {'.'.join(map(str, MIN_TORCH))}); upgrade torch or remove train.compile")
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
     data = prepare_stream(cfg, tokenizer) if cfg.data.streaming else prepare_data(cfg, tokenizer)

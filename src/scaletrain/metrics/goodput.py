@@ -12,6 +12,8 @@ idle waits):
 - ``cluster_start_s``: data prepared to the cluster being up (Ray started or joined; torchrun agents).
 - ``worker_start_s``: cluster up to the workers' processes running.
 - ``model_load_s``: worker start to the model built and its checkpoint restored.
+- ``compile_s``: ``train.compile``'s compiling (the first steps' graphs, and any recompile), kept out of the
+  step time.
 - ``productive_s``: step time of the steps that count (each step once).
 - ``lost_work_s``: step time of steps trained again after a restart (the work since the last checkpoint).
 - ``eval_s``, ``checkpoint_s``: evaluation, and the time steps waited for checkpoint saves.
@@ -37,8 +39,8 @@ from scaletrain.metrics.records import read_jsonl
 from scaletrain.rundir import RunDir
 
 RESTART_PARTS = ("detect", "worker_start", "restore")
-CATEGORIES = ("data_prep", "cluster_start", "worker_start", "model_load", "productive", "lost_work", "eval",
-              "checkpoint", "restart", "finish", "other")
+CATEGORIES = ("data_prep", "cluster_start", "worker_start", "model_load", "compile", "productive", "lost_work",
+              "eval", "checkpoint", "restart", "finish", "other")
 
 
 def young_daly_s(checkpoint_s: float, mtbf_s: float) -> float:
@@ -149,6 +151,7 @@ def _steps(records: list[dict], total: dict) -> None:
             total["lost_work"] += redone * per
             total["productive"] += (n - redone) * per
             done, last = max(done, step), step
+            total["compile"] += r.get("time/compile_s", 0.0)  # train.compile: kept out of the step time
         elif kind == "eval":
             total["eval"] += r.get("time/eval_s", r.get("time/final_eval_s", 0.0))
         elif kind == "checkpoint":

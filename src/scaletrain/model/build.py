@@ -375,15 +375,19 @@ def count_parameters(model) -> tuple[int, int]:
     return trainable, total
 
 
-def transformer_blocks(model) -> list:
-    """The repeated layers of an HF model: children of the largest ModuleList (FSDP's units, checkpointing's
-    and the memory estimate's blocks)."""
+def block_list(model):
+    """The ModuleList holding an HF model's repeated layers (the largest one), or None."""
     import torch.nn as nn
 
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
-    if not lists:
-        return []
-    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters())) if lists else None
+
+
+def transformer_blocks(model) -> list:
+    """The repeated layers of an HF model: children of the largest ModuleList (FSDP's units, checkpointing's,
+    compilation's and the memory estimate's blocks)."""
+    blocks = block_list(model)
+    return list(blocks) if blocks is not None else []
 
 
 def packing_support_error(cfg: ModelConfig, vocab: Vocab) -> str | None:

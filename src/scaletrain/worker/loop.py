@@ -205,6 +205,8 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
             progress.micro_batches_in_epoch += accum
             beat.finished_step(step)
             metrics.step_done(loss, window, timing)
+            if t.compiled is not None and (note := t.compiled.fallback_note()):
+                events("compile", note)
             if due(cfg.train.eval_steps, step) and step < spec.total_steps:
                 run_eval(t, data, metrics, events, clock)
             saved = save_checkpoint(t, metrics, events) if due(cfg.checkpoint.save_steps, step) else None

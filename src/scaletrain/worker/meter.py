@@ -13,6 +13,7 @@ from scaletrain.metrics.flops import flops_per_token, mfu, peak_tflops
 from scaletrain.metrics.records import JsonlSink
 from scaletrain.metrics.sampler import CpuShare, SystemSampler
 from scaletrain.worker.breakdown import shares
+from scaletrain.worker.compile import compile_seconds
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum
 from scaletrain.worker.step_check import due
 from scaletrain.worker.trainer import Trainer
@@ -48,6 +49,8 @@ class Meter:
         self.last_wait = 0.0
         self.nodes = _nodes(self.ctx)  # each rank's host, for naming a straggler's node
         self.cpu = CpuShare()  # the process's CPU share over each record's window: a straggler's host cause
+        self.compiling = trainer.cfg.train.compile  # compile time is kept out of step time (goodput/compile_s)
+        self.compile_mark = compile_seconds() if self.compiling else 0.0
         self._reset()
 
     def _reset(self):
@@ -96,7 +99,9 @@ class Meter:
 
     def _flush(self) -> None:
         progress = self.t.progress
-        elapsed = time.perf_counter() - self.t0
+        compiled = compile_seconds() - self.compile_mark if self.compiling else 0.0
+        self.compile_mark += compiled
+        elapsed = time.perf_counter() - self.t0 - compiled
         self.t.beat.enter("metrics", progress.step)
         router = [*self.t.router.sums, *self.t.router.health_values()] if self.t.router is not None else []
         loss, samples, tokens, positions, *pref = all_reduce_sum(
@@ -104,7 +109,8 @@ class Meter:
         pref, router_totals = pref[:len(pref) - len(router)], pref[len(pref) - len(router):]
         system = {**self.sampler.sample(cpu=False), "system/cpu_pct": self.cpu.pct()}
         per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
-                                      self.tokens, self.ready / self.steps, system["system/cpu_pct"]], self.ctx.device)
+                                      self.tokens, self.ready / self.steps, system["system/cpu_pct"], compiled],
+                                     self.ctx.device)
         rank_tokens = [r[3] for r in per_rank]
         mean_tokens = sum(rank_tokens) / len(rank_tokens)
         slowest = max(r[0] for r in per_rank) * self.steps
@@ -131,6 +137,8 @@ class Meter:
             "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
             "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,
         }
+        if self.compiling:  # the slowest rank's, as the step time
+            record["time/compile_s"] = max(r[6] for r in per_rank)
         if router_totals and router_totals[1]:  # the steps' auxiliary values summed over ranks / the steps
             record["train/moe_aux_loss"] = router_totals[0] * self.ctx.world_size / router_totals[1]
             if self.t.router.z_coef:

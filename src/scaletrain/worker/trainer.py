@@ -24,6 +24,7 @@ from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import context_parallel
 from scaletrain.model.attention import device_kernel_note
 from scaletrain.model.build import (
+    block_list,
     build_model,
     count_parameters,
     experts_kernel,
@@ -35,6 +36,7 @@ from scaletrain.model.moe import experts_of, router_terms
 from scaletrain.model.quantize import engine_for
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
+from scaletrain.worker.compile import Compiled, compile_blocks
 from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
 from scaletrain.worker.loss import install as install_chunked_loss
 from scaletrain.worker.objective import Objective
@@ -101,6 +103,7 @@ class Trainer:
     reference: torch.nn.Module | None = None  # the objective's frozen copy of the initial model, where it holds one
     objective_sums: list[float] = field(default_factory=list)  # the objective's stats summed since the last record
     router: RouterLoss | None = None  # an MoE's load-balancing loss over the global batch (worker/router.py)
+    compiled: Compiled | None = None  # train.compile: the blocks compiled, and what fell back to eager
 
     @property
     def run_dir(self) -> RunDir:
@@ -143,6 +146,7 @@ class Trainer:
                 + ")" + (f"; loss in chunks of {output_layer(self.model).chunk_tokens} tokens (the whole logits never "
                          f"materialised)" if self.chunked_loss else "") + (f"; {f.experts}" if f.experts else "")
                 + (f"; {f.context_parallel}" if f.context_parallel else "")
+                + (f"; {self.compiled.note()}" if self.compiled else "")
                 + (f"; {device_kernel_note(ctx.device)}" if ctx.device != "cpu" and not f.context_parallel else ""))
 
 
@@ -155,7 +159,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     precision, progress = Precision(cfg, ctx.device), TrainState()
     engine = engine_for(cfg.model, ctx.device != "cpu") if cfg.model.quantization_bit else None  # QLoRA's base
     model = build_model(trained_model_config(cfg.model, cfg.train.stage), spec.vocab, cfg.data.label_names,
-                        packed=cfg.data.packing, frozen_dtype=precision.policy.torch_dtype("frozen"),
+                        packed=cfg.data.packing and not cfg.train.compile,  # compile: transformers' packed mask
+                        frozen_dtype=precision.policy.torch_dtype("frozen"),
                         quantize=engine, device=ctx.device)
     cp_note = install_context_parallel(model, ctx, cfg) if ctx.cp_size > 1 else None
     trainable, total = count_parameters(model)
@@ -170,6 +175,9 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
         install_chunked_loss(model, chunk, backend)  # before wrapping: DDP and FSDP see an ordinary output layer
     holds = objective is not None and objective.holds_reference(cfg.train, lora)
     reference = frozen_reference(model, ctx, cfg, precision) if holds else None
+    # regionally compiled after the reference copy and the loss's install, before checkpointing and sharding wrap
+    # the blocks (torchtitan's order)
+    compiled = compile_blocks(block_list(model), ctx.device, cfg.data.packing) if cfg.train.compile else None
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
     root, storage = checkpoints_of(spec.run_dir, Store(spec.store, cfg.storage.endpoint_url) if spec.store else None)
@@ -180,7 +188,7 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
                    memory, objective=objective, reference=reference,
                    objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [],
-                   router=router_loss_for(cfg, model_config, ctx))
+                   router=router_loss_for(cfg, model_config, ctx), compiled=compiled)
 
 
 def install_context_parallel(model, ctx: DistContext, cfg: Config) -> str:

@@ -55,6 +55,10 @@ def test_qlora_trains_and_exports_into_the_original_precision_base(tiny_llama, t
     (tmp_path / "run" / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     losses = train_losses(tmp_path / "run")
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 1.0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    held, planned = summary["memory/param_bytes_per_rank"][0], summary["memory/predicted"]["parameters"]
+    assert held == pytest.approx(planned, rel=0.01)  # the plan counts the NF4 base as the run holds it
+    assert held < 0.6 * summary["parameters/total"] * 4  # fp32 on CPU but for the 4-bit blocks
     done = export_run(tmp_path / "run")
     assert done.merged == 14 and done.dtype == "bf16"  # every adapted linear of the 2 blocks, in the base's dtype
     reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16),

@@ -8,6 +8,7 @@ import torch
 
 from scaletrain.config import validate
 from scaletrain.errors import ConfigError
+from scaletrain.memory.measure import stored_bytes
 from scaletrain.model import quantize as q
 from scaletrain.model.build import build_model, prequantized_error, quantization_note
 from scaletrain.model.tokenizer import Vocab, tiny_llama_tokenizer
@@ -33,11 +34,11 @@ def test_the_base_is_4_bit_frozen_and_lora_trains_on_top(tiny_llama):
     model = build_model(cfg, vocab, quantize="torchao")
     quantized = model.scaletrain_quantized
     assert (quantized.layers, quantized.kept) == (14, ())  # 2 blocks x (q, k, v, o, gate, up, down)
-    nf4, bf16 = q.stored_bytes(model)
+    weights = [p for n, p in model.named_parameters() if q.is_nf4(p)]
+    nf4, bf16 = sum(stored_bytes(p) for p in weights), sum(p.numel() * 2 for p in weights)
     # 4 bits + an int8 scale per 64 values + an fp32 factor per 256 scales, against 16 bits
     assert bf16 == quantized.params * 2 and nf4 == pytest.approx(quantized.params * q.NF4_BYTES, rel=1e-3)
     assert nf4 / bf16 == pytest.approx(0.258, abs=1e-3)
-    weights = [p for n, p in model.named_parameters() if q.is_nf4(p)]
     assert len(weights) == 14 and not any(p.requires_grad for p in weights)
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert trainable and all(p.dtype == torch.float32 and not q.is_nf4(p) for p in trainable)

@@ -101,10 +101,17 @@ def _cpu_measure(cfg) -> str:
 def held_bytes(model, optimizer) -> tuple[int, int]:
     """The bytes of parameters and of optimizer state this rank holds (its shards under FSDP), as they are:
     what the plan's parameter and optimizer figures predict."""
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
-
-    params = sum(local(p).numel() * local(p).element_size() for p in model.parameters())
-    optim = sum(local(v).numel() * local(v).element_size() for state in optimizer.state.values()
+    params = sum(stored_bytes(p) for p in model.parameters())
+    optim = sum(stored_bytes(v) for state in optimizer.state.values()
                 for v in state.values() if torch.is_tensor(v) and v.dim() > 0)  # not the scalar step counts
     return params, optim
+
+
+def stored_bytes(t) -> int:
+    """The bytes a tensor holds: this rank's shard of a DTensor; a tensor subclass (a QLoRA base's NF4 weight) by
+    the inner tensors it stores, not by the dtype it reports."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    if hasattr(t, "__tensor_flatten__"):
+        inner, _ = t.__tensor_flatten__()
+        return sum(stored_bytes(getattr(t, name)) for name in inner)
+    return t.numel() * t.element_size()

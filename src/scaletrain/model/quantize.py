@@ -190,14 +190,3 @@ def is_nf4(tensor) -> bool:
     """Whether a parameter holds an NF4 weight (its storage is not a plain tensor: never cast or upcast it)."""
     data = getattr(tensor, "data", tensor)
     return type(data).__name__ == "NF4Tensor"
-
-
-def stored_bytes(model) -> tuple[int, int]:
-    """(bytes of the NF4 weights as stored, bytes they would take in bf16): the tests' proof that the base is 4-bit."""
-    nf4 = bf16 = 0
-    for p in model.parameters():
-        if is_nf4(p):
-            inner, _ = p.data.__tensor_flatten__()
-            nf4 += sum(getattr(p.data, a).numel() * getattr(p.data, a).element_size() for a in inner)
-            bf16 += p.numel() * 2
-    return nf4, bf16

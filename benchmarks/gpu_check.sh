@@ -7,6 +7,9 @@
 #   padded, packed     LoRA on records of mixed lengths: packing with per-example attention vs padding
 #   plain-loss, chunked-loss   the 128k-vocabulary model: the whole logits vs the chunked loss (peak, step)
 #   fsdp               FSDP2 with its bf16 mixed-precision policy under torchrun with NCCL on 1 GPU
+#   qlora, compile     LoRA on the 1B with an NF4 base (torchao; peak memory against lora's), and with
+#                      train.compile (tokens/s against lora's, the cold compile time)
+#   fp8                LoRA on the 1B with its base's matmuls in FP8 (model.fp8_base; a GPU with FP8 units)
 #   plain-loop         the LoRA step in a plain PyTorch + PEFT loop: scaletrain's tokens/s over it (>= 0.97)
 #   commbench          when there are 2 or more GPUs
 #   context-parallel   when there are 2 or more GPUs: LoRA with each sequence split over 2 (scaling.context_parallel)
@@ -96,6 +99,14 @@ train plain-loss 70 model.name_or_path="$MODELS/llama-128k" train.loss_chunk_tok
   train.per_device_train_batch_size=4
 train chunked-loss 70 model.name_or_path="$MODELS/llama-128k" data.max_length=2048 train.per_device_train_batch_size=4
 train fsdp 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora train.strategy=fsdp train.max_steps=10
+train qlora 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora model.quantization_bit=4 \
+  model.quantization_method=torchao train.max_steps=15
+train compile 120 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora train.compile=true
+if [ "$GPUS" -ge 1 ]; then
+  train fp8 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora model.fp8_base=true
+else
+  echo "== fp8: skipped, no GPU (FP8 matmuls need FP8 units: H100/H200, MI300X and newer)"
+fi
 
 echo "== plain-loop: the LoRA step in a plain PyTorch + PEFT loop"
 PLAIN_ARGS=${GPU_CHECK_PLAIN_ARGS:-"1024 8 20"}

@@ -24,6 +24,9 @@ def figures(run: Path) -> dict[str, str]:
         out["step_s"] = str(round(statistics.median(r["time/step_s"] for r in train), 4))
         mfus = [r["perf/mfu"] for r in train if "perf/mfu" in r]
         out["mfu"] = f"{statistics.median(mfus):.1%}" if mfus else "n/a (unknown device)"
+    compiling = [r["time/compile_s"] for r in recs if "time/compile_s" in r]
+    if compiling:  # train.compile: the time compiling, kept out of the step time
+        out["compile_s"] = str(round(sum(compiling), 1))
     peaks = [r["memory/peak_gib"] for r in recs if "memory/peak_gib" in r]
     out["peak_gib"] = str(round(max(peaks), 2)) if peaks else "n/a (no GPU memory statistics)"
     summary_path = run / "summary.json"
@@ -31,6 +34,8 @@ def figures(run: Path) -> dict[str, str]:
         s = json.loads(summary_path.read_text())
         ratio = s.get("memory/predicted_over_measured")
         out["plan/measured"] = f"{ratio:.3f}" if ratio else "n/a"
+        held = s.get("memory/param_bytes_per_rank")
+        out["params_gib"] = f"{held[0] / 2**30:.3f}" if held else "n/a"
         out["measured_as"] = str(s.get("memory/measured_as"))
         out["precision"] = ", ".join(f"{k.removeprefix('precision/')} {v}" for k, v in s.items()
                                      if k.startswith("precision/"))

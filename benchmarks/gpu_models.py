@@ -30,9 +30,10 @@ def main(out: Path, small: bool) -> None:
                            num_key_value_heads=4, intermediate_size=1024),
     }
     for name, shape in shapes.items():
-        if small:
-            shape = {**shape, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                     "num_key_value_heads": 2, "intermediate_size": 128}
+        if small:  # the 1B's blocks NF4-sized (multiples of 16384 values), for the qlora part
+            wide = name == "llama-1b"
+            shape = {**shape, "hidden_size": 256 if wide else 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "intermediate_size": 512 if wide else 128}
         torch.manual_seed(0)
         config = LlamaConfig(**shape, max_position_embeddings=4096, pad_token_id=tok.pad_token_id,
                              tie_word_embeddings=False)

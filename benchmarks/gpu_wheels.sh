@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The wheels the borrowed GPU machine lacks (it has torch, transformers, peft, pyarrow, pandas, rich, psutil,
-# nvidia-ml-py, but no pydantic, no datasets, no Ray: /work/.library/device/KINDS.md), for CPython 3.12 on
+# nvidia-ml-py, but no pydantic, no datasets, no torchao (QLoRA, FP8), no Ray: /work/.library/device/KINDS.md), for CPython 3.12 on
 # manylinux x86-64, downloaded on a machine that reaches the registry into .whl/ (git-ignored). The versions are
 # this venv's, so the GPU run uses what the tests here ran with. gpu_check.sh installs them, when present, into
 # a temporary target before anything else. Ray is not among them: its wheel alone is over the 64 MiB that
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-NAMES="pydantic pydantic-core annotated-types typing-inspection datasets dill multiprocess"
+NAMES="pydantic pydantic-core annotated-types typing-inspection datasets dill multiprocess torchao"
 mkdir -p .whl
 for name in $NAMES; do
   version=$($PY -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')

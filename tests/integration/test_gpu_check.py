@@ -14,7 +14,8 @@ from tests.loop.test_without_ray import BLOCK_RAY
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ("train.bf16=false train.max_steps=6 train.logging_steps=2 data.max_length=64 data.max_truncated_ratio=1 "
         "train.per_device_train_batch_size=4")
-PARTS = ("models", "full", "lora", "padded", "packed", "plain-loss", "chunked-loss", "fsdp", "plain-loop")
+PARTS = ("models", "full", "lora", "padded", "packed", "plain-loss", "chunked-loss", "fsdp", "qlora", "compile",
+         "plain-loop")
 
 
 def test_gpu_check_script_on_cpu(tmp_path):
@@ -31,7 +32,7 @@ def test_gpu_check_script_on_cpu(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     for section in ("== env", "== topo", "== GPUs: 0", "== models", "== full", "== lora", "== fsdp", "== plain-loop",
-                    "== commbench: skipped, 0 GPU(s)"):
+                    "== commbench: skipped, 0 GPU(s)", "== qlora", "== compile", "== fp8: skipped, no GPU"):
         assert section in text, section
     import torch
 

@@ -65,7 +65,8 @@ class Preflight:
         return prec
 
     def quantization_notes(self, use_gpu: bool) -> list[str]:
-        """A QLoRA base on the devices the job was placed on: its engine and what it quantizes (errors: one line)."""
+        """A QLoRA or FP8 base on the devices the job was placed on: its engine and what it quantizes or converts
+        (errors: one line)."""
         c = self.cfg
         note = quantization_note(c.model, self.vocab, use_gpu, c.train.strategy, c.scaling.num_workers)
         return [f"model: {note}"] if note else []

@@ -139,6 +139,10 @@ def step_time_s(cfg: Config, shape: Shape, device: Device, dtype: str) -> float 
     tokens = sequences_per_micro_batch(cfg.train) * cfg.data.max_length * cfg.train.gradient_accumulation_steps
     if cfg.train.stage == "dpo" and cfg.train.pref_loss not in ("simpo", "orpo"):
         per_token += flops_per_token(non_embedding, shape.layers, shape.hidden, cfg.data.max_length, None) / 3
+    fp8 = PEAK_TFLOPS.get(device.key, {}).get("fp8") if cfg.model.fp8_base else None
+    if fp8:  # the frozen base's matmuls (forward, input gradients, the recompute) at the FP8 peak, the rest not
+        base = (6 if cfg.train.gradient_checkpointing else 4) * non_embedding
+        return (base / fp8 + (per_token - base) / peak) * tokens / (1e12 * ASSUMED_MFU)
     return per_token * tokens / (peak * 1e12 * ASSUMED_MFU)
 
 

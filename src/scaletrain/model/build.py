@@ -97,13 +97,14 @@ def auto_and_config(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | Non
 
 
 def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = None, packed: bool = False,
-                frozen_dtype=None, quantize: str | None = None, device: str = "cpu"):
+                frozen_dtype=None, quantize: str | None = None, device: str = "cpu", fp8: bool = False):
     """Build the model on CPU. Call after seeding: random parts (heads, built-ins) must match on all ranks.
     ``packed``: it trains on packed rows, and SDPA attends per example (``attention.py``). ``frozen_dtype``: the
     precision policy's storage of frozen weights; trainable parameters are fp32 master weights whatever the
     checkpoint's dtype (a LoRA base is loaded in ``frozen_dtype`` directly, never upcast on the way).
     ``quantize``: the engine of a 4-bit/8-bit base (quantize.engine_for): torchao's NF4 quantizes the blocks after
-    loading, bitsandbytes while loading (straight onto ``device``)."""
+    loading, bitsandbytes while loading (straight onto ``device``). ``fp8``: the blocks' linear layers through
+    torchao's Float8Linear (model.fp8_base; fp8.py), before LoRA wraps them."""
     import torch
 
     frozen_dtype = frozen_dtype or torch.float32
@@ -131,6 +132,10 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
 
         isolate_examples(model)
     quantized = quantize_nf4(model, transformer_blocks(model)) if quantize == "torchao" else None
+    if fp8:
+        from scaletrain.model.fp8 import convert_base
+
+        convert_base(model, block_linears(model, transformer_blocks(model)))
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
     set_dtypes(model, frozen_dtype)
@@ -202,6 +207,8 @@ def quantization_note(cfg: ModelConfig, vocab: Vocab, gpu: bool, strategy: str, 
     device kind, the layers quantized and kept, FSDP2's even split of the NF4 weights (on a meta-device copy)."""
     import torch
 
+    if cfg.fp8_base:
+        return _fp8_note(cfg, vocab, gpu)
     if not cfg.quantization_bit:
         return None
     engine = engine_for(cfg, gpu)
@@ -221,6 +228,23 @@ def quantization_note(cfg: ModelConfig, vocab: Vocab, gpu: bool, strategy: str, 
     if strategy == "fsdp" and world_size > 1 and (why := shard_error(linears, world_size)):
         raise ConfigError(f"model.quantization_bit=4 under FSDP2: {why}")
     return Quantized("torchao", len(linears) - len(kept), params, kept).note()
+
+
+def _fp8_note(cfg: ModelConfig, vocab: Vocab, gpu: bool) -> str:
+    """model.fp8_base's start line, or its one-line refusal on a CPU job (a GPU's own FP8 is checked by the worker
+    on its device)."""
+    import torch
+
+    from scaletrain.model.fp8 import convertible, fp8_device_error, note
+
+    if not gpu:
+        raise ConfigError(f"model.fp8_base: {fp8_device_error('cpu')}; remove model.fp8_base, or run on GPUs with "
+                          f"FP8 (H100/H200/B200, L40S, MI300X/MI325X/MI355X)")
+    auto, config = auto_and_config(cfg, vocab)
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    linears = block_linears(model, transformer_blocks(model))
+    return note(sum(convertible(m) for _, m in linears), tuple(n for n, m in linears if not convertible(m)))
 
 
 def prequantized_error(path) -> str | None:

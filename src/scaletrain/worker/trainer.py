@@ -32,6 +32,7 @@ from scaletrain.model.build import (
     preload,
     trained_model_config,
 )
+from scaletrain.model.fp8 import check_device as check_fp8
 from scaletrain.model.moe import experts_of, router_terms
 from scaletrain.model.quantize import engine_for
 from scaletrain.rundir import RunDir
@@ -158,10 +159,12 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     seed_everything(cfg.train.seed)  # identical on every rank: random init must match before sharding
     precision, progress = Precision(cfg, ctx.device), TrainState()
     engine = engine_for(cfg.model, ctx.device != "cpu") if cfg.model.quantization_bit else None  # QLoRA's base
+    if cfg.model.fp8_base:
+        check_fp8(ctx.device)  # this rank's GPU has FP8 units, or one line naming it
     model = build_model(trained_model_config(cfg.model, cfg.train.stage), spec.vocab, cfg.data.label_names,
                         packed=cfg.data.packing and not cfg.train.compile,  # compile: transformers' packed mask
                         frozen_dtype=precision.policy.torch_dtype("frozen"),
-                        quantize=engine, device=ctx.device)
+                        quantize=engine, device=ctx.device, fp8=cfg.model.fp8_base)
     cp_note = install_context_parallel(model, ctx, cfg) if ctx.cp_size > 1 else None
     trainable, total = count_parameters(model)
     model_config = getattr(model, "config", None)  # before wrapping (peft, DDP and FSDP keep it, or hide it)

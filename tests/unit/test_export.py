@@ -161,3 +161,22 @@ def test_an_adapter_missing_half_a_pair_is_one_line(tmp_path):
               str(path))
     with pytest.raises(ConfigError, match=r"lora_A/lora_B for .*layers.0.self_attn.q_proj.weight and not the other"):
         export_run(run, tmp_path / "x")
+
+
+def test_a_prequantized_base_needs_the_original_precision_one(tmp_path):
+    """QLoRA (#63): a run trained on a pre-quantized (GPTQ) checkpoint is merged into the model it was quantized
+    from, named with --base; the quantized one is refused in one line that says so."""
+    import shutil
+
+    base = _base(tmp_path / "base")
+    run = _run(tmp_path, base)
+    gptq = tmp_path / "base-gptq"
+    shutil.copytree(base, gptq)
+    config = json.loads((gptq / "config.json").read_text())
+    (gptq / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "gptq",
+                                                                                   "bits": 4}}))
+    with pytest.raises(ConfigError, match=r"is a pre-quantized \(gptq\) checkpoint; LoRA merges into the "
+                                          r"original-precision weights it was made from: export .* --base DIR"):
+        export_run(run, tmp_path / "out1", base=gptq)
+    done = export_run(run, tmp_path / "out2", base=base)
+    assert done.merged == 3 * 4

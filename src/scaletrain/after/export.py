@@ -154,8 +154,10 @@ class Adapter:
         return (factor * rows).T if self.fan_in_fan_out else factor * rows
 
 
-def export_run(run_dir: str | Path, out: str | Path | None = None, dtype: str | None = None) -> Exported:
-    """Write the run's model as a standalone directory (see the module docstring)."""
+def export_run(run_dir: str | Path, out: str | Path | None = None, dtype: str | None = None,
+               base: str | Path | None = None) -> Exported:
+    """Write the run's model as a standalone directory (see the module docstring). ``base``: the original-precision
+    model to merge a LoRA adapter into, where the run trained on another copy (a pre-quantized checkpoint)."""
     run = RunDir(run_dir).require_run()
     final = run.final
     if not final.is_dir() or not any(final.iterdir()):
@@ -165,7 +167,9 @@ def export_run(run_dir: str | Path, out: str | Path | None = None, dtype: str | 
         raise ConfigError(f"--dtype {dtype}: choose {', '.join(BYTES)}")
     target = _target(out, run)
     if (final / ADAPTER_CONFIG).is_file():
-        return _merge(run, final, target, dtype)
+        return _merge(run, final, target, dtype, Path(base).expanduser() if base else None)
+    if base:
+        raise ConfigError(f"--base {base}: {run.root} is a full fine-tune (no adapter to merge); remove --base")
     return _copy(final, target, dtype)
 
 
@@ -214,11 +218,18 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _merge(run: RunDir, final: Path, target: Path, dtype: str | None) -> Exported:
+def _merge(run: RunDir, final: Path, target: Path, dtype: str | None, given: Path | None = None) -> Exported:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    base = base_dir(run, final)
+    base = given or base_dir(run, final)
+    if not (base / "config.json").is_file():
+        raise ConfigError(f"--base {base}: not a model directory (no config.json)")
+    quantized = (json.loads((base / "config.json").read_text()).get("quantization_config") or {}).get("quant_method")
+    if quantized:  # a QLoRA run's own base is the original-precision model (quantized as it loads): this is not
+        raise ConfigError(f"export: the base {base} is a pre-quantized ({quantized}) checkpoint; LoRA merges into "
+                          f"the original-precision weights it was made from: export {run.root} --base DIR (that "
+                          f"model's directory)")
     names = shards_of(base)
     dtype = dtype or _dtype_of(base)
     adapter = Adapter(final, base)

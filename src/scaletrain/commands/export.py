@@ -14,6 +14,9 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("-o", "--out", help="the directory to write (default RUN_DIR/export; never overwritten)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
                    help="the dtype written (default: the one the base checkpoint is stored in)")
+    p.add_argument("--base", metavar="DIR", help="the original-precision model to merge a LoRA adapter into "
+                                                  "(default: the base the run trained from; needed where that was a "
+                                                  "pre-quantized GPTQ/AWQ checkpoint)")
     p.add_argument("--upload", metavar="URI", help="then upload the export to object storage (s3://, gs://, "
                                                     "abfs://; a new path, never overwritten)")
     p.add_argument("--endpoint-url", help="an S3-compatible store's URL (MinIO, Ceph) for s3:// paths")
@@ -36,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if is_uri(args.run_dir):
         done = _export_from_store(args)
     else:
-        done = export_run(args.run_dir, args.out, args.dtype)
+        done = export_run(args.run_dir, args.out, args.dtype, args.base)
     what = (f"{done.merged} LoRA weight(s) merged" + (f", {done.replaced} saved module tensor(s) written"
                                                       if done.replaced else "") if done.merged or done.replaced
             else "the fine-tuned weights")
@@ -69,6 +72,6 @@ def _export_from_store(args: argparse.Namespace):
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.fetch-", dir=target.parent))
     try:
         run = fetch_final(args.run_dir, args.endpoint_url, staging / args.run_dir.rstrip("/").rsplit("/", 1)[-1])
-        return export_run(run, target, args.dtype)
+        return export_run(run, target, args.dtype, args.base)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

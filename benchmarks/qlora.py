@@ -1,10 +1,11 @@
 """bf16 LoRA against NF4 QLoRA (issue #63): the base's bytes, the peak memory and tokens/s, side by side.
 
 The same LoRA SFT job (rank 16 on every linear layer, alpaca rows of 1 to 12 sentences, cutoff 256, batch 4, bf16
-compute on CPU: `model.torch_dtype: bfloat16` with `train.bf16: true`, the GPU precision policy) on
-`builtin:llama-100m` (12 x d768) and `builtin:llama-1b` (16 x d2048), one process, with the base stored in bf16 and
-in NF4 (`model.quantization_bit: 4`, torchao), alternating, medians over --rounds. The worker's allocator returns
-freed memory (MALLOC_MMAP_THRESHOLD_=65536, comm.env), so its peak resident-set growth is the live peak.
+compute on CPU: `model.torch_dtype: bfloat16` with `train.bf16: true`, the GPU precision policy) on the shapes of
+`builtin:llama-100m` (12 x d768) and `builtin:llama-1b` (16 x d2048), saved in bf16 first as a hub checkpoint
+arrives (benchmarks/gpu_models.py's way: loaded in bf16, not built in fp32), one process, with the base stored in
+bf16 and in NF4 (`model.quantization_bit: 4`, torchao), alternating, medians over --rounds. The worker's allocator
+returns freed memory (MALLOC_MMAP_THRESHOLD_=65536, comm.env), so its peak resident-set growth is the live peak.
 
 Measured per run: the parameters' bytes the worker held (summary.json `memory/param_bytes_per_rank`, NF4 counted
 by its stored tensors), its peak memory growth (`memory/peak_bytes`), the plan's predicted peak, and steady tokens/s
@@ -33,10 +34,28 @@ MODELS = {"100m": ("builtin:llama-100m", 12), "1b": ("builtin:llama-1b", 4)}  # 
 GIB = 2**30
 
 
+def save_bf16(work: Path, name: str) -> Path:
+    """The built-in's shape saved in bf16 with its tokenizer (random init from seed 0), once."""
+    import torch
+
+    from scaletrain.config.schema import ModelConfig
+    from scaletrain.model.build import build_model
+    from scaletrain.model.tokenizer import Vocab, load_tokenizer
+
+    out = work / name.split(":")[-1]
+    if not out.exists():
+        tok = load_tokenizer(name)
+        torch.manual_seed(0)
+        build_model(ModelConfig(name_or_path=name, task="causal-lm"), Vocab.of(tok)).to(torch.bfloat16) \
+            .save_pretrained(out)
+        tok.save_pretrained(out)
+    return out
+
+
 def run(work: Path, model: str, nf4: bool, tag: str) -> dict:
     name, steps = MODELS[model]
-    m = {"name_or_path": name, "task": "causal-lm", "finetuning_type": "lora", "lora_rank": 16, "lora_alpha": 32,
-         "dropout": 0.0, "torch_dtype": "bfloat16"}
+    m = {"name_or_path": str(save_bf16(work, name)), "task": "causal-lm", "finetuning_type": "lora",
+         "lora_rank": 16, "lora_alpha": 32, "dropout": 0.0, "torch_dtype": "bfloat16"}
     if nf4:
         m.update(quantization_bit=4, quantization_method="torchao")
     cfg = {"model": m,

@@ -142,8 +142,8 @@ class TrainConfig(_Section):
     max_grad_norm: float = Field(1.0, ge=0, description='Clip the global gradient norm to this (0 disables clipping).')
     loss_chunk_tokens: Optional[int] = Field(None, ge=0, description=(
         "causal-lm: the output projection and cross-entropy run this many target tokens at a time, so the whole "
-        "[tokens x vocab] logits never exist (worker/loss.py); unset: chosen from the vocabulary (chunks from 32k "
-        "tokens up); 0: the plain loss."))
+        "[tokens x vocab] logits never exist, and only target positions get logits (worker/loss.py); unset: "
+        "chosen from the vocabulary (one chunk's fp32 logits at most 256 MiB); 0: the plain loss."))
     loss_backend: Literal["auto", "chunked", "liger"] = Field("auto", description=(
         "How the chunked loss runs: auto = Liger's fused linear cross-entropy where liger-kernel is installed "
         "(scaletrain[kernels]) and the worker has a GPU, else scaletrain's own chunks; chunked; liger (required)."))

@@ -56,12 +56,17 @@ def causal_over_spans(query, key, value, spans: list[list[tuple[int, int]]], dro
     groups = query.shape[1] // key.shape[1]
     if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    # Rows by unbind and examples by split, never by slicing: a slice's backward writes its gradient into a zero
+    # tensor of the whole input (one per example, per q/k/v: 30% of a packed tiny model's step went to them),
+    # where split's and unbind's backward put all the pieces together in one cat / stack.
     rows = []
-    for b, row in enumerate(spans):
+    for q, k, v, row in zip(query.unbind(0), key.unbind(0), value.unbind(0), spans):
+        lengths = [e - s for s, e in row]
         rows.append(torch.cat([
-            F.scaled_dot_product_attention(query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
-                                           dropout_p=dropout, scale=scaling, is_causal=True)
-            for s, e in row], dim=2))
+            F.scaled_dot_product_attention(qs[None], ks[None], vs[None], dropout_p=dropout, scale=scaling,
+                                           is_causal=True)
+            for qs, ks, vs in zip(q.split(lengths, dim=1), k.split(lengths, dim=1), v.split(lengths, dim=1))],
+            dim=2))
     return torch.cat(rows, dim=0)
 
 

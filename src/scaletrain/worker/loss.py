@@ -84,12 +84,11 @@ def install(model, chunk_tokens: int, backend: str = "chunked") -> None:
     Liger's fused linear cross-entropy (``backend``, from ``choose_backend``)."""
     head = output_layer(model)
     head.chunk_tokens, head.labels, head.shifted, head.loss_backend = chunk_tokens, None, False, backend
-    plain = head.forward
     fused = _liger_loss() if backend == "liger" else None
 
     def forward(self, hidden):
-        if self.labels is None:
-            return plain(hidden)
+        if self.labels is None:  # the class's own forward on this head (a deep copy's too: nothing closed over)
+            return type(self).forward(self, hidden)
         if fused is not None:
             rows, targets = target_rows(hidden, self.labels, self.shifted)
             return fused(self.weight, rows, targets, self.bias).float()

@@ -126,7 +126,9 @@ class Data:
         # Causal LM only: grouping by length could group a classification task's labels (short negative reviews).
         grpo = tr.stage == "grpo"  # groups of a prompt's completions stay together, in the order of the prompts
         balance = t.cfg.model.task == "causal-lm" and d.balance_ranks and not d.packing and not grpo
-        lengths = self.train["length"] if balance else None
+        # one array, read once: the datasets column answers each lengths[i] through Arrow (0.34 s an epoch of
+        # 1,000 rows, ~15% of a tiny model's padded training)
+        lengths = self.train.with_format("arrow")["length"].to_numpy() if balance else None
         self.sampler = ResumableSampler(len(self.train), t.ctx.dp_size, t.ctx.dp_rank, tr.seed, lengths,
                                         tr.per_device_train_batch_size, tr.gradient_accumulation_steps,
                                         group=t.cfg.rl.num_generations if grpo else 1)

@@ -97,6 +97,23 @@ def resumes_bit_identical(cfg_dict: dict, root: Path, step: int, weights: str = 
     return root / "whole", root / "again"
 
 
+def cli_train(cfg: dict, root: Path, name: str, workers: int = 1) -> Path:
+    """``scaletrain train`` on ``cfg`` as a user runs it (the local launcher for 1 worker, torchrun for more; no
+    Ray), into ``root``/runs/``name``; asserts it succeeded and returns the run directory."""
+    import os
+    import subprocess
+    import sys
+
+    cfg = {**cfg, "scaling": {**cfg.get("scaling", {}), "num_workers": workers,
+                              "launcher": "torchrun" if workers > 1 else "local"},
+           "output": {"output_dir": str(root / "runs"), "run_name": name}}
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--no-progress",
+                          write_config(root / f"{name}.yaml", cfg)], capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root / "runs" / name
+
+
 def train_losses(run_dir: Path) -> list[float]:
     from scaletrain.metrics.records import read_jsonl
 

@@ -8,7 +8,7 @@ import pytest
 
 from scaletrain.launch.local import run_in_process
 from scaletrain.metrics.records import read_jsonl
-from tests.conftest import local_spec
+from tests.conftest import local_spec, train_losses
 
 pytestmark = pytest.mark.loop
 
@@ -72,23 +72,13 @@ def test_a_graph_inductor_cannot_compile_runs_eager_with_one_line(data, tmp_path
 def test_two_workers_under_fsdp2_compile_to_one_eager_worker(data, tmp_path):
     """FSDP2 shards the compiled blocks (torchrun, 2 workers, the same global batch) and trains to the loss of one
     eager worker."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import write_config
+    from tests.conftest import cli_train
 
     curves = []
     for workers, compiled in ((1, False), (2, True)):
         cfg = _cfg(data, compiled)
         cfg["train"].update(strategy="fsdp", per_device_train_batch_size=4 // workers)
-        cfg["scaling"] = {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local"}
-        cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": f"w{workers}"}
-        out = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--no-progress",
-                              write_config(tmp_path / f"w{workers}.yaml", cfg)], capture_output=True, text=True,
-                             timeout=600, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-        assert out.returncode == 0, out.stderr[-3000:]
-        curves.append([r["train/loss"] for r in read_jsonl(tmp_path / "runs" / f"w{workers}" / "metrics.jsonl")
-                       if r["kind"] == "train"])
-        assert "run eager" not in (tmp_path / "runs" / f"w{workers}" / "logs" / "main.log").read_text()
+        run = cli_train(cfg, tmp_path, f"w{workers}", workers)
+        curves.append(train_losses(run))
+        assert "run eager" not in (run / "logs" / "main.log").read_text()
     assert len(curves[0]) == 5 and curves[1] == pytest.approx(curves[0], rel=TOLERANCE)

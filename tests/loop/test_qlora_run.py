@@ -14,8 +14,14 @@ import torch
 import yaml
 
 from scaletrain.launch.local import run_in_process
-from scaletrain.metrics.records import read_jsonl
-from tests.conftest import local_spec, resumes_bit_identical, save_tiny_llama, train_losses, write_config
+from tests.conftest import (
+    cli_train,
+    local_spec,
+    resumes_bit_identical,
+    save_tiny_llama,
+    train_losses,
+    write_config,
+)
 
 pytestmark = pytest.mark.loop
 pytest.importorskip("torchao")
@@ -91,15 +97,7 @@ def test_one_and_two_workers_under_fsdp2_agree(tiny_llama, tmp_path):
     """The NF4 base sharded by FSDP2 over 2 workers (torchao's NF4 all-gathers its 4-bit bytes) against 1 worker
     with the same global batch."""
     data = _data(tmp_path)
-    curves = []
-    for workers in (1, 2):
-        cfg = _cfg(tiny_llama, data, steps=4, strategy="fsdp", per_device_train_batch_size=8 // workers)
-        cfg["scaling"] = {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local"}
-        cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": f"w{workers}"}
-        out = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--no-progress",
-                              write_config(tmp_path / f"w{workers}.yaml", cfg)], capture_output=True, text=True,
-                             timeout=600, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-        assert out.returncode == 0, out.stderr[-3000:]
-        curves.append([r["train/loss"] for r in read_jsonl(tmp_path / "runs" / f"w{workers}" / "metrics.jsonl")
-                       if r["kind"] == "train"])
+    curves = [train_losses(cli_train(_cfg(tiny_llama, data, steps=4, strategy="fsdp",
+                                          per_device_train_batch_size=8 // workers), tmp_path, f"w{workers}", workers))
+              for workers in (1, 2)]
     assert len(curves[0]) == 4 and curves[1] == pytest.approx(curves[0], rel=1e-5)

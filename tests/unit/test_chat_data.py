@@ -297,3 +297,24 @@ def test_fast_renderers_equal_their_jinja_source():
             fast = render([chat], template, {"eos_token": "</s>", "bos_token": "<s>"}, "t")
             jinja = render([chat], template + "{# no fast path #}", {"eos_token": "</s>", "bos_token": "<s>"}, "t")
             assert fast == jinja
+
+
+def test_multimodal_data_is_refused_not_trained_as_text(tmp_path, tiny):
+    """LLaMA-Factory's mllm_demo shape (#62): an `images` column, mapped in dataset_info.json or in the file itself,
+    is one line naming it, never a text-only run that drops the images."""
+    d = _dataset_dir(tmp_path)
+    rows = [{"messages": [{"role": "user", "content": "<image>Who is this?"},
+                          {"role": "assistant", "content": "A cat."}], "images": ["mllm_demo_data/1.jpg"]}]
+    _write(d / "mllm_demo.jsonl", rows)
+    info = json.loads((d / "dataset_info.json").read_text())
+    info["mllm_demo"] = {"file_name": "mllm_demo.jsonl", "formatting": "sharegpt",
+                         "columns": {"messages": "messages", "images": "images"},
+                         "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                                  "assistant_tag": "assistant"}}
+    (d / "dataset_info.json").write_text(json.dumps(info))
+    with pytest.raises(DataError, match=r"mllm_demo\): a multimodal dataset \(its images column in .*; scaletrain "
+                                        r"trains text only so far"):
+        prepare_data(_cfg(tmp_path, {"dataset_dir": str(d), "dataset": "mllm_demo", "template": "chatml"}), tiny)
+    with pytest.raises(DataError, match=r"mllm_demo.jsonl: its rows have an 'images' column .*issue #62"):
+        prepare_data(_cfg(tmp_path, {"train_file": str(d / "mllm_demo.jsonl"), "formatting": "messages",
+                                     "template": "chatml"}), tiny)

@@ -229,3 +229,21 @@ def test_llamafactorys_qlora_example_imports_with_its_quantization_keys():
     by_key = _rows(rows)
     assert {by_key[k].where for k in ("quantization_bit", "quantization_method", "double_quantization")} == {
         "model.quantization_bit", "model.quantization_method", "model.double_quantization"}
+
+
+@pytest.mark.parametrize("extra", [{"image_max_pixels": 262144, "video_max_pixels": 16384},
+                                   {"freeze_vision_tower": True}, {}])
+def test_a_vision_language_file_is_refused_not_turned_into_a_text_job(tmp_path, capsys, extra):
+    """LLaMA-Factory's examples/train_lora/qwen3vl_lora_sft.yaml (#62): its image keys or its VL template stop the
+    import in one line, and no config is written (it used to import as a text-only causal-lm job)."""
+    from scaletrain.cli import main
+
+    lf = tmp_path / "qwen3vl.yaml"
+    lf.write_text(yaml.safe_dump({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "stage": "sft", "do_train": True,
+                                  "finetuning_type": "lora", "dataset": "mllm_demo,identity",
+                                  "template": "qwen3_vl_nothink", **extra}))
+    out = tmp_path / "job.yaml"
+    assert main(["import", "llamafactory", str(lf), "-o", str(out)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "a vision-language job" in err and "issue #62" in err and "no config written" in err
+    assert not out.exists()

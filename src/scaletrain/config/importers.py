@@ -100,6 +100,17 @@ NOT_MAPPED: dict[str, str] = {
 # Stages LLaMA-Factory trains that scaletrain does not yet: the issue that covers them.
 NOT_YET = {"ppo": "RL from a reward model (PPO)"}
 CANNOT_RUN = "this file cannot run here"  # a row that says so: the import writes no config
+# LLaMA-Factory's multimodal keys and its templates of vision-language models: a file with any of them trains on
+# images (or video, audio), which scaletrain's text path would silently drop; refused whole until vision-language
+# fine-tuning lands (#62), never turned into a text-only job.
+MULTIMODAL_KEYS = ("image_max_pixels", "image_min_pixels", "image_do_pan_and_scan", "crop_to_patches",
+                   "video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen", "use_audio_in_video",
+                   "audio_sampling_rate", "freeze_vision_tower", "freeze_multi_modal_projector",
+                   "freeze_language_model")
+MULTIMODAL_TEMPLATES = ("qwen2_vl", "qwen2_5_vl", "qwen2_omni", "qwen3_vl", "qwen3_vl_nothink", "qwen3_omni",
+                        "qwen3_5_vl", "llava", "llava_next", "llava_next_video", "mllama", "paligemma", "internvl",
+                        "intern_vl", "minicpm_v", "minicpm_o", "kimi_vl", "glm4v", "glm4_5v", "video_llava",
+                        "llama4_vl", "gemma3n", "pixtral")
 # LLaMA-Factory's report_to values -> monitor.report_to (jsonl is always written).
 REPORTERS = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "mlflow": ["mlflow"],
              "all": ["tensorboard", "wandb", "mlflow"]}
@@ -181,6 +192,7 @@ def from_llamafactory(lf: dict, deepspeed: dict | None = None, deepspeed_path: s
         else:
             rows.append(Row(key, value, "", "no scaletrain equivalent"))
     _defaults(lf, cfg, rows)
+    _multimodal(lf, rows)
     if deepspeed is not None:
         ds_train, ds_rows = from_deepspeed(deepspeed, cfg.get("train", {}), deepspeed_path)
         cfg.setdefault("train", {}).update(ds_train)
@@ -203,6 +215,19 @@ def _defaults(lf: dict, cfg: dict, rows: list[Row]) -> None:
         cfg.setdefault("model", {})["lora_alpha"] = 2 * rank
         rows.append(Row("lora_alpha", f"(default 2 x lora_rank = {2 * rank})", "model.lora_alpha",
                         "LLaMA-Factory's default; scaletrain's own is 16"))
+
+
+def _multimodal(lf: dict, rows: list[Row]) -> None:
+    """A vision-language job (its keys or its template): one row that stops the import (no config written)."""
+    keys = [k for k in MULTIMODAL_KEYS if k in lf]
+    template = lf.get("template") if lf.get("template") in MULTIMODAL_TEMPLATES else None
+    if not keys and template is None:
+        return
+    key = keys[0] if keys else "template"
+    what = f"template {template}" if template else key
+    rows.append(Row(key, lf[key], "", f"a vision-language job (LLaMA-Factory's {what}): scaletrain trains text only "
+                    f"so far and would not see the images, so it does not turn this file into a text-only job; "
+                    f"vision-language fine-tuning is issue #62; {CANNOT_RUN}"))
 
 
 def _stage(key, value, lf, put, rows) -> None:

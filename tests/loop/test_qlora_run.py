@@ -93,11 +93,12 @@ def test_a_killed_qlora_run_resumes_bit_identical(tiny_llama, tmp_path):
 
 
 @pytest.mark.slow
-def test_one_and_two_workers_under_fsdp2_agree(tiny_llama, tmp_path):
-    """The NF4 base sharded by FSDP2 over 2 workers (torchao's NF4 all-gathers its 4-bit bytes) against 1 worker
-    with the same global batch."""
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_one_and_two_workers_agree(tiny_llama, tmp_path, strategy):
+    """The NF4 base sharded by FSDP2 over 2 workers (torchao's NF4 all-gathers its 4-bit bytes), or whole on each
+    under DDP, against 1 worker with the same global batch."""
     data = _data(tmp_path)
-    curves = [train_losses(cli_train(_cfg(tiny_llama, data, steps=4, strategy="fsdp",
+    curves = [train_losses(cli_train(_cfg(tiny_llama, data, steps=4, strategy=strategy,
                                           per_device_train_batch_size=8 // workers), tmp_path, f"w{workers}", workers))
               for workers in (1, 2)]
     assert len(curves[0]) == 4 and curves[1] == pytest.approx(curves[0], rel=1e-5)

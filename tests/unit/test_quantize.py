@@ -134,3 +134,29 @@ def test_a_prequantized_checkpoint_without_its_package_is_one_line(tmp_path):
            "not installed" in prequantized_error(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert prequantized_error(tmp_path) is None
+
+
+def test_bitsandbytes_quantizes_as_the_checkpoint_loads_onto_the_rank_gpu(tiny_llama, monkeypatch):
+    """quantization_method=bnb: transformers loads the checkpoint with LLaMA-Factory's BitsAndBytesConfig straight
+    onto this rank's GPU (a fake from_pretrained records what it was asked: no GPU, no bitsandbytes here); a
+    built-in has no checkpoint to load that way, one line."""
+    from transformers import AutoModelForCausalLM
+
+    asked = {}
+
+    def fake(path, **kwargs):
+        asked.update(kwargs)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fake)
+    vocab = Vocab.of(tiny_llama_tokenizer())
+    with pytest.raises(RuntimeError, match="recorded"):
+        build_model(_model_cfg(tiny_llama, quantization_method="bnb", double_quantization=False), vocab,
+                    frozen_dtype=torch.bfloat16, quantize="bnb", device="cuda:1")
+    config = asked["quantization_config"]
+    assert (config.load_in_4bit, config.bnb_4bit_quant_type, config.bnb_4bit_use_double_quant,
+            config.bnb_4bit_compute_dtype, asked["device_map"]) == (True, "nf4", False, torch.bfloat16, {"": 1})
+    with pytest.raises(ConfigError, match="bnb quantizes a checkpoint as it loads, and builtin:tiny-llama is built "
+                                          "from a config; set model.quantization_method: torchao"):
+        build_model(_model_cfg("builtin:tiny-llama", quantization_method="bnb"), vocab, quantize="bnb",
+                    device="cuda:0")

@@ -174,3 +174,20 @@ def test_two_workers_sample_and_train_what_one_does(task, tmp_path):
     one, two = (_records(runs / w) for w in ("workers-1", "workers-2"))
     # the same completions: the same rewards (summed over ranks in another order: to the last bits)
     assert [r["reward"] for r in one] == pytest.approx([r["reward"] for r in two], rel=1e-12)
+
+
+@pytest.mark.slow
+def test_two_workers_under_fsdp_sample_together_and_train_what_one_does(task, tmp_path):
+    """FSDP2 shards the policy, so sampling is collective: every rank steps until every rank's rows are done
+    (rl/sampling.py's all_done); the completions (their rewards) and the losses are one worker's."""
+    from tests.conftest import cli_train
+
+    records = []
+    for workers in (1, 2):
+        cfg = _cfg(task, steps=3, max_completion_length=12)
+        cfg["train"].update(strategy="fsdp", per_device_train_batch_size=16 // workers)
+        records.append(_records(cli_train(cfg, tmp_path, f"w{workers}", workers)))
+    one, two = records
+    assert len(one) == len(two) == 3
+    assert [r["reward"] for r in two] == pytest.approx([r["reward"] for r in one], rel=1e-9)
+    assert [r["train/loss"] for r in two] == pytest.approx([r["train/loss"] for r in one], rel=1e-4, abs=1e-6)

@@ -48,3 +48,22 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(top_p_filter(logits, 0.75))
     assert kept.tolist() == [[True, True, False, False]]
+
+
+def test_no_rank_stops_sampling_before_the_others():
+    """Under FSDP every forward is a collective: a rank whose rows are all done keeps stepping (padding) until
+    every rank's are (``all_done``, asked once a token), so the ranks run the same forwards."""
+    model = _model()
+    ids, mask = _left_padded([[5, 6, 7]])
+    eos = int(model(input_ids=ids).logits[0, -1].argmax())  # the first token (greedy) is the EOS: done at once
+    asked = []
+
+    def all_done(mine: bool) -> bool:  # another rank still samples for 3 tokens
+        asked.append(mine)
+        return len(asked) >= 3
+
+    out = sample(model, ids, mask, [torch.Generator().manual_seed(0)], 6, eos=eos, pad=0, temperature=1e-6,
+                 all_done=all_done)
+    assert asked == [True, True, True] and out.tolist() == [[eos, 0, 0]]
+    alone = sample(model, ids, mask, [torch.Generator().manual_seed(0)], 6, eos=eos, pad=0, temperature=1e-6)
+    assert alone.tolist() == [[eos]]

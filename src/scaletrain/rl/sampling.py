@@ -27,8 +27,10 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def sample(model, ids: torch.Tensor, mask: torch.Tensor, generators: list[torch.Generator], max_new_tokens: int,
-           eos: int, pad: int, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
-    """[rows, <= max_new_tokens] sampled tokens after left-padded ``ids`` (a row is ``pad`` after its EOS)."""
+           eos: int, pad: int, temperature: float = 1.0, top_p: float = 1.0, all_done=None) -> torch.Tensor:
+    """[rows, <= max_new_tokens] sampled tokens after left-padded ``ids`` (a row is ``pad`` after its EOS).
+    ``all_done``: whether every rank's rows are done, given this rank's (a collective): a model sharded by FSDP
+    runs its forwards together on every rank, so no rank may stop sampling before the others."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     cache, logits = out.past_key_values, out.logits[:, -1]
@@ -41,7 +43,10 @@ def sample(model, ids: torch.Tensor, mask: torch.Tensor, generators: list[torch.
         drawn = torch.where(done, torch.full_like(drawn, pad), drawn)
         tokens.append(drawn)
         done |= drawn == eos
-        if bool(done.all()):
+        finished = bool(done.all())
+        if all_done is not None:
+            finished = all_done(finished)
+        if finished:
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1

@@ -130,7 +130,7 @@ class GRPOObjective:
             for i in range(len(prompts))]
         with t.precision.autocast():
             out = sample(policy, ids.to(t.ctx.device), mask.to(t.ctx.device), generators, cap, eos, pad,
-                         self.rl.temperature, self.rl.top_p)
+                         self.rl.temperature, self.rl.top_p, all_done=self._all_done(t))
         rows, completions, truncated = [], [], []
         for p, row in zip(prompts, out.tolist()):
             ended = eos in row
@@ -155,6 +155,22 @@ class GRPOObjective:
         self._add(t, "completions", float(len(completions)))
         return {"input_ids": ids, "attention_mask": mask, "completion_mask": cmask, "starts": starts,
                 "completion_ids": completions, "extras": extras, "truncated": truncated}
+
+    @staticmethod
+    def _all_done(t: Trainer):
+        """Under FSDP with several ranks: a collective that says whether every rank's rows are done (the sharded
+        policy's forwards are collectives: a rank that stopped sampling first would pair its next all-gathers with
+        another rank's generation); None where each rank samples with a whole model (DDP, one rank)."""
+        if t.cfg.train.strategy != "fsdp" or t.ctx.world_size == 1:
+            return None
+        import torch.distributed as dist
+
+        def all_done(mine: bool) -> bool:
+            flag = torch.tensor([1.0 if mine else 0.0], device=t.ctx.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            return bool(flag.item())
+
+        return all_done
 
     def _rewards(self, t: Trainer, r: dict) -> torch.Tensor:
         """[completions, reward functions] (NaN where a function returned None)."""

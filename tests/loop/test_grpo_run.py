@@ -176,6 +176,24 @@ def test_two_workers_sample_and_train_what_one_does(task, tmp_path):
     assert [r["reward"] for r in one] == pytest.approx([r["reward"] for r in two], rel=1e-12)
 
 
+def test_held_out_prompts_are_answered_and_rewarded(task, tmp_path):
+    """eval: a quarter of the prompts held out, each answered num_generations times and rewarded at eval_steps and
+    at the end; nothing of it in the train records' counts."""
+    cfg = _cfg(task, steps=2)
+    cfg["data"]["eval_ratio"] = 0.25
+    cfg["train"]["eval_steps"] = 1
+    _, _, spec = local_spec(cfg, tmp_path / "run")
+    run_in_process(spec)
+    evals = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "eval"]
+    assert len(evals) == 2  # step 1, and the final one
+    for e in evals:
+        assert e["eval/completions"] == 24 * 8  # 24 held-out prompts x 8 completions
+        assert 0.0 <= e["eval/reward"] <= 2.0 and 0.0 <= e["eval/rewards/accuracy"] <= 1.0
+        assert 0 < e["eval/completions/mean_length"] <= 8
+    train = _records(tmp_path / "run")
+    assert all(r["completions/mean_length"] <= 8 for r in train)
+
+
 @pytest.mark.slow
 def test_two_workers_under_fsdp_sample_together_and_train_what_one_does(task, tmp_path):
     """FSDP2 shards the policy, so sampling is collective: every rank steps until every rank's rows are done
@@ -185,9 +203,14 @@ def test_two_workers_under_fsdp_sample_together_and_train_what_one_does(task, tm
     records = []
     for workers in (1, 2):
         cfg = _cfg(task, steps=3, max_completion_length=12)
+        cfg["data"]["eval_ratio"] = 0.25  # held-out prompts: sampled together too, the same completions
         cfg["train"].update(strategy="fsdp", per_device_train_batch_size=16 // workers)
         records.append(_records(cli_train(cfg, tmp_path, f"w{workers}", workers)))
     one, two = records
     assert len(one) == len(two) == 3
     assert [r["reward"] for r in two] == pytest.approx([r["reward"] for r in one], rel=1e-9)
     assert [r["train/loss"] for r in two] == pytest.approx([r["train/loss"] for r in one], rel=1e-4, abs=1e-6)
+    evals = [[r for r in read_jsonl(tmp_path / "runs" / f"w{w}" / "metrics.jsonl") if r["kind"] == "eval"]
+             for w in (1, 2)]
+    assert evals[0][-1]["eval/completions"] == evals[1][-1]["eval/completions"] == 24 * 8
+    assert evals[1][-1]["eval/reward"] == pytest.approx(evals[0][-1]["eval/reward"], rel=1e-9)

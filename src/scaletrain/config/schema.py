@@ -243,11 +243,11 @@ class Config(_Section):
             raise ValueError(f"train.per_device_train_batch_size={self.train.per_device_train_batch_size} counts "
                              f"completions and must be a multiple of rl.num_generations={rl.num_generations} (each "
                              f"prompt's group on one rank); set it to {rl.num_generations} x the prompts per device")
-        for key, on in (("train.strategy=fsdp", self.train.strategy == "fsdp"), ("data.packing", self.data.packing),
+        for key, on in (("data.packing", self.data.packing),
                         ("data.streaming", self.data.streaming),
                         ("scaling.context_parallel", self.scaling.context_parallel > 1)):
             if on:
-                raise ValueError(f"{key} with train.stage=grpo is not supported yet; remove it (GRPO runs under DDP)")
+                raise ValueError(f"{key} with train.stage=grpo is not supported yet; remove it")
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Config":

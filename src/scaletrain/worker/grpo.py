@@ -62,8 +62,59 @@ class GRPOObjective:
     def prepare(self, t: Trainer, splits: dict, collate) -> dict:
         return splits
 
+    @torch.no_grad()
     def evaluate(self, t: Trainer, data, collate) -> dict[str, float]:
-        return {}  # the rewards of the training completions are the run's measure (train records)
+        """The held-out prompts (the eval split: data.eval_ratio or data.eval_file), each answered
+        ``rl.num_generations`` times and rewarded, nothing trained: ``eval/reward`` (the weighted sum's mean, as the
+        train records' ``reward``), ``eval/rewards/<function>``, ``eval/completions/mean_length`` and the share
+        truncated. Every evaluation draws from the same random streams (step 0's, which training never uses), so
+        two evaluations differ by the policy only. Whole groups are dealt to the ranks in batches, the same number
+        of batches on each (a sharded policy samples collectively)."""
+        if len(data) == 0:
+            return {}
+        self._ensure_tokenizer()
+        g, ctx = self.rl.num_generations, t.ctx
+        size = max(g, t.cfg.train.per_device_eval_batch_size // g * g)  # whole groups: row i is generation i % g
+        batches = [list(range(s, min(s + size, len(data)))) for s in range(0, len(data), size)]
+        mine = batches[ctx.dp_rank::ctx.dp_size]
+        rounds = math.ceil(len(batches) / ctx.dp_size)
+        policy = unwrap(t.model)
+        was_training = policy.training
+        policy.eval()
+        n = len(self.specs)
+        sums = [0.0] * (2 * n + 5)  # reward sum, reward n, per function (sum, n), length, truncated, completions
+        for k in range(rounds):
+            rows = mine[k] if k < len(mine) else batches[0]  # a rank out of batches samples one again, unweighted
+            weight = 1.0 if k < len(mine) else 0.0
+            r = self._sample(t, policy, collate([data[i] for i in rows]), 0, count=False)
+            rewards = self._rewards(t, r)
+            total = (rewards * self.weights.unsqueeze(0)).nansum(dim=1)
+            total[torch.isnan(rewards).all(dim=1)] = math.nan
+            ok = total[~torch.isnan(total)]
+            sums[0] += weight * float(ok.sum())
+            sums[1] += weight * ok.numel()
+            for j in range(n):
+                col = rewards[:, j][~torch.isnan(rewards[:, j])]
+                sums[2 + 2 * j] += weight * float(col.sum())
+                sums[3 + 2 * j] += weight * col.numel()
+            sums[-3] += weight * sum(len(c) for c in r["completion_ids"])
+            sums[-2] += weight * sum(r["truncated"])
+            sums[-1] += weight * len(r["completion_ids"])
+        policy.train(was_training)
+        sums = all_reduce_sum(sums, ctx.device)
+        out = {"eval/reward": sums[0] / max(sums[1], 1.0),
+               "eval/completions/mean_length": sums[-3] / max(sums[-1], 1.0),
+               "eval/completions/truncated_pct": 100.0 * sums[-2] / max(sums[-1], 1.0),
+               "eval/completions": sums[-1]}
+        for j, name in enumerate(self.names):
+            out[f"eval/rewards/{name}"] = sums[2 + 2 * j] / max(sums[3 + 2 * j], 1.0)
+        return out
+
+    def _ensure_tokenizer(self) -> None:
+        if self.tokenizer is None:
+            from scaletrain.model.tokenizer import load_tokenizer
+
+            self.tokenizer = load_tokenizer(self.cfg.model.name_or_path)
 
     def _add(self, t: Trainer, name: str, value: float) -> None:
         t.objective_sums[self.stats.index(name)] += value
@@ -72,10 +123,7 @@ class GRPOObjective:
 
     def begin_step(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
         """The window's prompts answered, rewarded and turned into completion batches (see the module docstring)."""
-        if self.tokenizer is None:
-            from scaletrain.model.tokenizer import load_tokenizer
-
-            self.tokenizer = load_tokenizer(self.cfg.model.name_or_path)
+        self._ensure_tokenizer()
         policy = unwrap(t.model)
         was_training = policy.training
         policy.eval()  # no dropout while sampling
@@ -106,10 +154,11 @@ class GRPOObjective:
         self.totals = rl_loss.Totals(seqs, tokens)
         return out
 
-    def _sample(self, t: Trainer, policy, batch: dict, step: int) -> dict:
+    def _sample(self, t: Trainer, policy, batch: dict, step: int, count: bool = True) -> dict:
         """This micro-batch's completions: all its groups in one batch (each prompt repeated, left-padded), each row
         drawn from its own random stream (its prompt's seed and its place in the group): the same completions on any
-        number of workers, whatever else shares the micro-batch."""
+        number of workers, whatever else shares the micro-batch. ``count``: add them to the train record's stats
+        (not an evaluation's)."""
         cap = self.rl.max_completion_length
         tok = self.tokenizer
         eos = tok.eos_token_id
@@ -150,9 +199,10 @@ class GRPOObjective:
             mask[i, :len(p) + len(c)] = 1
             if not (truncated[i] and self.rl.mask_truncated_completions):
                 cmask[i, :len(c)] = 1.0
-        self._add(t, "length", float(sum(len(c) for c in completions)))
-        self._add(t, "truncated", float(sum(truncated)))
-        self._add(t, "completions", float(len(completions)))
+        if count:
+            self._add(t, "length", float(sum(len(c) for c in completions)))
+            self._add(t, "truncated", float(sum(truncated)))
+            self._add(t, "completions", float(len(completions)))
         return {"input_ids": ids, "attention_mask": mask, "completion_mask": cmask, "starts": starts,
                 "completion_ids": completions, "extras": extras, "truncated": truncated}
 

@@ -8,7 +8,7 @@ import torch
 from scaletrain.config.batch import default_chunk_tokens
 from scaletrain.data import IGNORE_INDEX
 from scaletrain.errors import ConfigError
-from scaletrain.worker.loss import chunked_labels, install
+from scaletrain.worker.loss import chunked_labels, compile_loss, install
 from scaletrain.worker.step import token_loss_sum
 
 VOCAB = 32000
@@ -40,11 +40,13 @@ def _batch(packed: bool):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("variant", ["full", "tied", "lora"])
+@pytest.mark.parametrize("variant", ["full", "tied", "lora", "step"])
 def test_chunked_loss_and_gradients_equal_the_plain_path(packed, variant):
     plain = _llama(tie=variant == "tied", lora=variant == "lora")
     chunked = copy.deepcopy(plain)
     install(chunked, chunk_tokens=7)  # an odd chunk: the last one is partial
+    if variant == "step":  # train.compile's per-chunk step (here uncompiled: its math; compiled in the loop tier)
+        compile_loss(chunked, lambda fn: fn)
     batch, labels = _batch(packed)
     ref = token_loss_sum(plain(**batch, use_cache=False).logits, labels)
     with chunked_labels(chunked, labels):

@@ -1,8 +1,9 @@
 """``train.compile``: regional compilation, each decoder block through torch.compile (as torchtitan and torchtune
 compile theirs): every block has the same code, so dynamo traces one graph that all of them reuse (a few seconds
 where the whole model would take minutes), and FSDP2, activation checkpointing and DDP keep working on the blocks
-as modules. LoRA layers sit inside the blocks and compile with them. The embeddings, the output layer and the
-chunked loss stay eager (a loop over chunks of data-dependent size).
+as modules. LoRA layers sit inside the blocks and compile with them; the chunked loss's per-chunk step (the
+projection's log-sum-exp, the target's logit and d loss / d logits: worker/loss.py's chunk_step) compiles too, its
+loop over chunks (their count follows the batch's targets) and the embeddings staying eager.
 
 A block that cannot compile runs eager: the backend wraps inductor's and, where inductor fails on a graph, returns
 that graph's eager code and remembers why (``Compiled.fallback``: one line for the run's events). Where inductor
@@ -55,15 +56,26 @@ class Compiled:
     def note(self) -> str:
         if self.skipped:
             return f"train.compile: eager ({self.skipped})"
-        return (f"train.compile: {self.blocks} decoder blocks compiled regionally (inductor; the first steps "
-                f"include the compile time, counted apart as goodput/compile_s)" + (
+        return (f"train.compile: {self.blocks} decoder blocks compiled regionally" + (
+                    " and the chunked loss's per-chunk step" if self.loss else "") +
+                " (inductor; the first steps include the compile time, counted apart as goodput/compile_s)" + (
                     "; packed rows attend through transformers' block-diagonal SDPA mask (scaletrain's per-example "
                     "attention splits on data-dependent spans, which breaks the compiled graph)" if self.packed
                     else ""))
 
     graphs: int = 0  # graphs dynamo handed to the backend
+    backend: object = None  # the guarded inductor backend (compile_blocks), for function()
+    loss: bool = False  # the chunked loss's per-chunk step compiled too
     said: int = 0  # fallbacks already said
     checked: bool = False  # graph breaks looked at (after the first step)
+
+    def function(self, fn):
+        """``fn`` through torch.compile with the blocks' guarded backend (dynamic shapes); ``fn`` itself where
+        nothing compiles here."""
+        if self.backend is None:
+            return fn
+        self.loss = True
+        return torch.compile(fn, backend=self.backend, dynamic=True)
 
     def fallback_note(self) -> str | None:
         """After a step: one line for what runs eager that the run has not said yet (None: nothing new): graphs
@@ -121,7 +133,7 @@ def compile_blocks(block_list: torch.nn.ModuleList, device: str, packed: bool = 
 
     for i, block in enumerate(block_list):
         block_list.register_module(str(i), torch.compile(block, backend=backend, dynamic=True))
-    done.blocks = len(block_list)
+    done.blocks, done.backend = len(block_list), backend
     return done
 
 

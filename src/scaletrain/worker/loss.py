@@ -84,6 +84,7 @@ def install(model, chunk_tokens: int, backend: str = "chunked") -> None:
     Liger's fused linear cross-entropy (``backend``, from ``choose_backend``)."""
     head = output_layer(model)
     head.chunk_tokens, head.labels, head.shifted, head.loss_backend = chunk_tokens, None, False, backend
+    head.chunk_step = None  # train.compile: the compiled chunk_step (compile_loss); None: the eager in-place path
     fused = _liger_loss() if backend == "liger" else None
 
     def forward(self, hidden):
@@ -92,7 +93,8 @@ def install(model, chunk_tokens: int, backend: str = "chunked") -> None:
         if fused is not None:
             rows, targets = target_rows(hidden, self.labels, self.shifted)
             return fused(self.weight, rows, targets, self.bias).float()
-        return chunked_loss_sum(hidden, self.weight, self.bias, self.labels, self.chunk_tokens, self.shifted)
+        return chunked_loss_sum(hidden, self.weight, self.bias, self.labels, self.chunk_tokens, self.shifted,
+                                self.chunk_step)
 
     head.forward = types.MethodType(forward, head)
 
@@ -117,15 +119,34 @@ def chunked_labels(model, labels: torch.Tensor, shifted: bool = False):
 
 
 def chunked_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias, labels: torch.Tensor,
-                     chunk_tokens: int, shifted: bool = False) -> torch.Tensor:
+                     chunk_tokens: int, shifted: bool = False, step=None) -> torch.Tensor:
     """Sum of the next-token cross-entropies of ``labels`` ([B, T]) over the target tokens, from the final hidden
-    states ([B, T, H]); the same number as ``token_loss_sum(lm_head(hidden), labels)``."""
+    states ([B, T, H]); the same number as ``token_loss_sum(lm_head(hidden), labels)``. ``step``: a compiled
+    ``chunk_step`` for each chunk's loss and logits gradient (train.compile)."""
     rows, targets = target_rows(hidden, labels, shifted)
     if torch.is_autocast_enabled(hidden.device.type):
         dtype = torch.get_autocast_dtype(hidden.device.type)
     else:
         dtype = hidden.dtype
-    return _ChunkedCE.apply(rows, weight, bias, targets, chunk_tokens, dtype)
+    return _ChunkedCE.apply(rows, weight, bias, targets, chunk_tokens, dtype, step)
+
+
+def chunk_step(chunk: torch.Tensor, w: torch.Tensor, bias, targets: torch.Tensor, dtype: torch.dtype):
+    """One chunk's loss sum and d loss / d logits (softmax - one-hot, in ``dtype``), written for torch.compile:
+    inductor fuses the projection's epilogue (log-sum-exp, the gather, the softmax, the one-hot) into a few kernels
+    and keeps no more than the eager path's in-place version does (``compile_loss``)."""
+    logits = _logits(chunk, w, bias, dtype)
+    norm = torch.logsumexp(logits, dim=-1, keepdim=True)
+    loss = (norm.squeeze(1) - logits.gather(1, targets[:, None]).squeeze(1)).sum()
+    g = (logits - norm).exp()
+    g = g - F.one_hot(targets, g.shape[-1]).to(g.dtype)
+    return loss, g.to(dtype)
+
+
+def compile_loss(model, compile_fn) -> None:
+    """train.compile: each chunk's loss and logits gradient through ``compile_fn(chunk_step)`` (worker/compile.py's
+    guarded torch.compile); the loop over chunks stays in Python (their count follows the batch's targets)."""
+    output_layer(model).chunk_step = compile_fn(chunk_step)
 
 
 def target_rows(hidden: torch.Tensor, labels: torch.Tensor, shifted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,7 +169,7 @@ class _ChunkedCE(torch.autograd.Function):
     gradients are skipped."""
 
     @staticmethod
-    def forward(ctx, rows, weight, bias, targets, chunk_tokens, dtype):
+    def forward(ctx, rows, weight, bias, targets, chunk_tokens, dtype, step=None):
         # (forward runs without grad mode: whether to compute gradients is the inputs' requires_grad)
         want_rows, want_weight = rows.requires_grad, weight.requires_grad
         want_bias = bias is not None and bias.requires_grad
@@ -162,6 +183,12 @@ class _ChunkedCE(torch.autograd.Function):
             for start in range(0, rows.shape[0], chunk_tokens):
                 chunk = rows[start:start + chunk_tokens]
                 t = targets[start:start + chunk_tokens]
+                if step is not None and grads:  # train.compile: the fused version of what follows
+                    loss, g = step(chunk, w, bias, t, dtype)
+                    total += loss
+                    _accumulate(g, chunk, w, grad_rows, grad_weight, grad_bias, rows.dtype, dtype, start, chunk_tokens)
+                    del g
+                    continue
                 # One chunk-sized tensor at a time: the logits become exp(logits - max) and then the softmax in
                 # place (torch.logsumexp would allocate two more of the chunk's size).
                 logits = _logits(chunk, w, bias, dtype)
@@ -177,14 +204,7 @@ class _ChunkedCE(torch.autograd.Function):
                 g.div_(norm)  # the softmax; minus the one-hot target: d loss / d logits
                 g[torch.arange(len(t), device=g.device), t] -= 1
                 g = g.to(dtype)
-                if grad_rows is not None:
-                    grad_rows[start:start + chunk_tokens] = (g @ w).to(rows.dtype)
-                if grad_weight is not None and g.dtype == torch.float32:
-                    grad_weight.addmm_(g.t(), chunk.float())  # in place: no [vocab x hidden] product to add
-                elif grad_weight is not None:
-                    grad_weight += (g.t() @ chunk.to(dtype)).float()
-                if grad_bias is not None:
-                    grad_bias += g.float().sum(0)
+                _accumulate(g, chunk, w, grad_rows, grad_weight, grad_bias, rows.dtype, dtype, start, chunk_tokens)
                 del g
         ctx.save_for_backward(grad_rows, grad_weight, grad_bias)
         ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
@@ -197,7 +217,20 @@ class _ChunkedCE(torch.autograd.Function):
         # [vocab x hidden] gradient at the peak)
         scale = lambda g, dt: g.mul_(grad_total).to(dt) if g is not None else None
         return (scale(grad_rows, grad_rows.dtype if grad_rows is not None else None),
-                scale(grad_weight, ctx.dtypes[0]), scale(grad_bias, ctx.dtypes[1]), None, None, None)
+                scale(grad_weight, ctx.dtypes[0]), scale(grad_bias, ctx.dtypes[1]), None, None, None, None)
+
+
+def _accumulate(g, chunk, w, grad_rows, grad_weight, grad_bias, rows_dtype, dtype, start: int, size: int) -> None:
+    """One chunk's share of the gradients, from its d loss / d logits ``g``: the rows' (g @ W), the weight's and
+    the bias's (added in place)."""
+    if grad_rows is not None:
+        grad_rows[start:start + size] = (g @ w).to(rows_dtype)
+    if grad_weight is not None and g.dtype == torch.float32:
+        grad_weight.addmm_(g.t(), chunk.float())  # in place: no [vocab x hidden] product to add
+    elif grad_weight is not None:
+        grad_weight += (g.t() @ chunk.to(dtype)).float()
+    if grad_bias is not None:
+        grad_bias += g.float().sum(0)
 
 
 def _logits(rows: torch.Tensor, weight: torch.Tensor, bias, dtype) -> torch.Tensor:

@@ -38,7 +38,14 @@ from scaletrain.model.quantize import engine_for
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.compile import Compiled, compile_blocks
-from scaletrain.worker.loss import choose_backend, is_installed, liger_installed, model_vocab, output_layer
+from scaletrain.worker.loss import (
+    choose_backend,
+    compile_loss,
+    is_installed,
+    liger_installed,
+    model_vocab,
+    output_layer,
+)
 from scaletrain.worker.loss import install as install_chunked_loss
 from scaletrain.worker.objective import Objective
 from scaletrain.worker.optim import build_optimizer
@@ -181,6 +188,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     # regionally compiled after the reference copy and the loss's install, before checkpointing and sharding wrap
     # the blocks (torchtitan's order)
     compiled = compile_blocks(block_list(model), ctx.device, cfg.data.packing) if cfg.train.compile else None
+    if compiled is not None and is_installed(model) and output_layer(model).loss_backend == "chunked":
+        compile_loss(model, compiled.function)  # the chunked loss's per-chunk step, with the same backend
     model = wrap_model(model, ctx, cfg.train, precision.policy)
     optimizer, scheduler = build_optimizer(model, cfg.train, spec.learning_rate, spec.total_steps)
     root, storage = checkpoints_of(spec.run_dir, Store(spec.store, cfg.storage.endpoint_url) if spec.store else None)

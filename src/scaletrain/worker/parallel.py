@@ -30,6 +30,10 @@ def wrap_model(model: nn.Module, ctx: DistContext, train: TrainConfig, precision
         return model
     if strategy == "ddp":
         ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
+        # a QLoRA base's NF4 weights are not broadcast from rank 0: every rank quantized the same bytes, and DDP's
+        # broadcast of a tensor subclass hands the other ranks something else (their first loss differed)
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [name for name, p in model.named_parameters() if is_nf4(p)])
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, **no_forward_buffer_sync())
     from torch.distributed.fsdp import fully_shard
 

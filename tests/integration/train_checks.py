@@ -10,6 +10,7 @@ import yaml
 
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
+from scaletrain.metrics.goodput import CATEGORIES
 from scaletrain.metrics.records import read_jsonl
 
 
@@ -48,7 +49,8 @@ def check_run_dir(run_dir: Path, world: int, total_steps: int):
     assert summary["world_size"] == world and summary["steps"] == total_steps
     assert summary["train_time_s"] > 0 and summary["eval_time_s"] > 0 and summary["final"]["eval/loss"] > 0
     parts = [v for k, v in summary.items() if k.startswith("goodput/") and k.endswith("_s") and k != "goodput/wall_s"]
-    assert len(parts) == 11 and summary["goodput/interruptions"] == 0  # every category, adding up to the wall time
+    assert len(parts) == len(CATEGORIES) and summary["goodput/interruptions"] == 0  # every category, adding up to
+    # the wall time
     assert sum(parts) == pytest.approx(summary["goodput/wall_s"], rel=0.01) and summary["goodput/other_s"] >= 0
     assert summary["goodput/productive_s"] > 0 and summary["goodput/cluster_start_s"] > 0
     return summary

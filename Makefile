@@ -30,7 +30,8 @@ PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
 # Ray workers: ~1010 s, ~1690 s, 97%, ~3280): the suite is CPU-bound. Later that day, with GRPO's tests (+160 tests,
 # the slowest a 2-worker GRPO parity run, 45 s): 1519 s, 1058 passed; at the stop (DoRA, prune, cost too):
 # 1596 s, 1076 passed; with CPU workers bound to their cores and keeping their freed pages (#64): 1431 s, 1090
-# passed. The quick tiers are CPU-bound and keep one worker (make test-fast: 102 s on one).
+# passed; with QLoRA, FP8, compile and their 1-vs-2-worker runs (#63; torchao installed, which transformers imports
+# in every process: +0.6 s each), GRPO's eval and FSDP: 1797 s, 1147 passed (the budget here is 30 minutes). The quick tiers are CPU-bound and keep one worker (make test-fast: 102 s on one).
 PARALLEL = -n 2 --dist loadgroup
 timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 

@@ -68,7 +68,7 @@ def test_lora_trains_on_an_fp8_base():
 
 
 def test_fp8_base_refusals_are_one_line():
-    from scaletrain.model.build import quantization_note
+    from scaletrain.model.frozen_base import quantization_note
     from scaletrain.model.tokenizer import Vocab, load_tokenizer
 
     with pytest.raises(ConfigError, match="model.fp8_base computes a frozen LoRA base in FP8; it needs "

@@ -10,7 +10,9 @@ from scaletrain.config import validate
 from scaletrain.errors import ConfigError
 from scaletrain.memory.measure import stored_bytes
 from scaletrain.model import quantize as q
-from scaletrain.model.build import build_model, prequantized_error, quantization_note
+from scaletrain.model.build import build_model
+from scaletrain.model.frozen_base import quantization_note
+from scaletrain.model.quantize import prequantized_error
 from scaletrain.model.tokenizer import Vocab, tiny_llama_tokenizer
 from tests.conftest import save_tiny_llama
 

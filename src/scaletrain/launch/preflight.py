@@ -21,10 +21,10 @@ from scaletrain.model.build import (
     check_model,
     context_parallel_error,
     packing_support_error,
-    quantization_note,
     router_loss_note,
 )
 from scaletrain.model.files import final_dtype, head_mismatch, model_dir
+from scaletrain.model.frozen_base import quantization_note
 from scaletrain.model.precision import Policy, policy
 from scaletrain.model.tokenizer import Vocab, load_tokenizer
 from scaletrain.worker.compile import MIN_TORCH, torch_too_old

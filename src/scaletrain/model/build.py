@@ -12,17 +12,7 @@ from scaletrain.config.schema import Config, ModelConfig
 from scaletrain.errors import ConfigError
 from scaletrain.model.files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files, check_weights, head_mismatch, model_dir
 from scaletrain.model.lora_targets import WORDS, resolve
-from scaletrain.model.quantize import (
-    PREQUANTIZED,
-    Quantized,
-    block_linears,
-    bnb_kwargs,
-    engine_for,
-    is_nf4,
-    quantizable,
-    quantize_nf4,
-    shard_error,
-)
+from scaletrain.model.quantize import block_linears, bnb_kwargs, is_nf4, prequantized_error, quantize_nf4
 from scaletrain.model.tokenizer import Vocab
 
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
@@ -200,70 +190,6 @@ def check_model(cfg: ModelConfig, tokenizer, max_length: int) -> None:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path}: its tokenizer has {len(tokenizer)} tokens but "
                           f"the model's vocabulary has {vocab} (config.json vocab_size); use the tokenizer that was "
                           f"trained with this model")
-
-
-def quantization_note(cfg: ModelConfig, vocab: Vocab, gpu: bool, strategy: str, world_size: int) -> str | None:
-    """What a QLoRA base will hold, said at start (and its errors before any worker starts): the engine on this
-    device kind, the layers quantized and kept, FSDP2's even split of the NF4 weights (on a meta-device copy)."""
-    import torch
-
-    if cfg.fp8_base:
-        return _fp8_note(cfg, vocab, gpu)
-    if not cfg.quantization_bit:
-        return None
-    engine = engine_for(cfg, gpu)
-    if engine == "bnb":
-        what = ("8-bit (LLM.int8)" if cfg.quantization_bit == 8 else
-                f"4-bit {cfg.quantization_type}" + (", double-quantized scales" if cfg.double_quantization else ""))
-        return f"qlora: the base loaded {what} by bitsandbytes, frozen; LoRA on top"
-    auto, config = auto_and_config(cfg, vocab)
-    with torch.device("meta"):
-        model = auto.from_config(config)
-    linears = block_linears(model, transformer_blocks(model))
-    kept = tuple(name for name, m in linears if not quantizable(m.weight))
-    params = sum(m.weight.numel() for name, m in linears if name not in kept)
-    if not params:
-        raise ConfigError(f"model.quantization_bit=4: no linear weight in the decoder blocks of {cfg.name_or_path} "
-                          f"is NF4-sized (a multiple of 16384 values); remove model.quantization_bit")
-    if strategy == "fsdp" and world_size > 1 and (why := shard_error(linears, world_size)):
-        raise ConfigError(f"model.quantization_bit=4 under FSDP2: {why}")
-    return Quantized("torchao", len(linears) - len(kept), params, kept).note()
-
-
-def _fp8_note(cfg: ModelConfig, vocab: Vocab, gpu: bool) -> str:
-    """model.fp8_base's start line, or its one-line refusal on a CPU job (a GPU's own FP8 is checked by the worker
-    on its device)."""
-    import torch
-
-    from scaletrain.model.fp8 import convertible, fp8_device_error, note
-
-    if not gpu:
-        raise ConfigError(f"model.fp8_base: {fp8_device_error('cpu')}; remove model.fp8_base, or run on GPUs with "
-                          f"FP8 (H100/H200/B200, L40S, MI300X/MI325X/MI355X)")
-    auto, config = auto_and_config(cfg, vocab)
-    with torch.device("meta"):
-        model = auto.from_config(config)
-    linears = block_linears(model, transformer_blocks(model))
-    return note(sum(convertible(m) for _, m in linears), tuple(n for n, m in linears if not convertible(m)))
-
-
-def prequantized_error(path) -> str | None:
-    """Why a pre-quantized checkpoint (config.json ``quantization_config``: GPTQ, AWQ, ...) cannot load here, or
-    None: transformers loads it when the method's package is installed."""
-    import importlib.util
-    import json
-
-    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-    method = (config.get("quantization_config") or {}).get("quant_method")
-    if not method:
-        return None
-    package = PREQUANTIZED.get(method)
-    if package is None:
-        return f"its quantization_config names quant_method {method}, which scaletrain does not load"
-    if importlib.util.find_spec(package[0]) is None:
-        return (f"a {method} checkpoint (config.json quantization_config); transformers loads it with {package[1]}, "
-                f"which is not installed: pip install {package[1]}, or train on the original-precision model")
-    return None
 
 
 def check_lora_target(cfg: ModelConfig, vocab: Vocab) -> str | None:

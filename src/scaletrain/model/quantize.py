@@ -190,3 +190,22 @@ def is_nf4(tensor) -> bool:
     """Whether a parameter holds an NF4 weight (its storage is not a plain tensor: never cast or upcast it)."""
     data = getattr(tensor, "data", tensor)
     return type(data).__name__ == "NF4Tensor"
+
+
+def prequantized_error(path) -> str | None:
+    """Why a pre-quantized checkpoint (config.json ``quantization_config``: GPTQ, AWQ, ...) cannot load here, or
+    None: transformers loads it when the method's package is installed."""
+    import importlib.util
+    import json
+
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if not method:
+        return None
+    package = PREQUANTIZED.get(method)
+    if package is None:
+        return f"its quantization_config names quant_method {method}, which scaletrain does not load"
+    if importlib.util.find_spec(package[0]) is None:
+        return (f"a {method} checkpoint (config.json quantization_config); transformers loads it with {package[1]}, "
+                f"which is not installed: pip install {package[1]}, or train on the original-precision model")
+    return None

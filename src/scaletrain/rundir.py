@@ -50,6 +50,7 @@ class RunDir:
     PLOTS = ("loss.png", "throughput.png", "ranks.png", "utilization.png", "rewards.png", "goodput.png",
              "experts.png", "rl.png")
     SAMPLES = "samples.jsonl"  # GRPO: a few prompts with their completions and rewards at the start and the end
+    ROLLOUT = "rollout.jsonl"  # GRPO, rollout.placement: separate: each actor's weight syncs (worker/rollout.py)
     # A run on object storage (storage/): what the mirror never uploads (the store has its own checkpoints; Ray's
     # bookkeeping, process ids and the secrets file belong to this machine), what a worker's forwarder never sends
     # to the driver (checkpoints and final/ go to the store, the data came from it, fault markers and STOP are the
@@ -107,6 +108,10 @@ class RunDir:
     @property
     def samples(self) -> Path:
         return self.root / self.SAMPLES
+
+    @property
+    def rollout(self) -> Path:
+        return self.root / self.ROLLOUT
 
     @property
     def stop(self) -> Path:

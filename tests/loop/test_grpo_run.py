@@ -118,6 +118,10 @@ def test_a_killed_run_resumes_bit_identical(task, tmp_path):
     ({"rl": {"num_generations": 3}}, "must be a multiple of rl.num_generations=3"),
     ({"rollout": {"engine": "vllm"}}, "rollout.engine=vllm: vLLM is not installed here"),
     ({"rollout": {"sync_timeout_s": 0}}, "rollout.sync_timeout_s=0 is not valid"),
+    ({"rollout": {"placement": "separate"}, "scaling": {"launcher": "torchrun"}},
+     "rollout.placement=separate runs its engine in Ray actors; scaling.launcher=torchrun has no Ray"),
+    ({"rollout": {"placement": "separate"}, "model": {"fp8_base": True}},
+     "model.fp8_base with rollout.placement=separate is not supported yet"),
     ({"model": {"task": "sequence-classification"}}, "train.stage=grpo trains a causal LM's completions"),
     ({"data": {"max_length": 8}}, "more than data.max_length=8"),
     ({"rl": {"answer_column": "solution"}}, "the 'solution' column, and the records have none (columns: answer, "

@@ -121,3 +121,17 @@ def test_failures_grouped_by_rank():
     assert user is None
     _, user = group_failures({0: Wrapped(TrainingError("x")), 1: Wrapped(TrainingError("x"))})
     assert isinstance(user, TrainingError)
+
+
+def test_a_separate_rollout_engine_gets_devices_of_its_own():
+    """GRPO's rollout actors (rollout.placement: separate): a CPU core each beside CPU workers (the workers' share
+    of the cores leaves them one), a GPU each beside GPU workers, and one line when they do not fit."""
+    c = cfg_with()
+    plan = plan_scaling(c.scaling, c.comm, {"CPU": 4.0}, "cpu", rollout_actors=1)
+    assert plan.resources_per_worker["CPU"] == 2  # 4 cores / (1 worker + 1 actor)
+    assert any("1 rollout actor(s), a CPU each" in n for n in plan.notes)
+    two = c.scaling.model_copy(update={"num_workers": 2})
+    with pytest.raises(LaunchError, match=r"rollout.num_workers=2 rollout actors need a GPU each beside the 2 of "
+                                          r"scaling.num_workers=2, 4 in all, but the cluster has 3"):
+        plan_scaling(two, c.comm, {"CPU": 16.0, "GPU": 3.0}, "nvidia", rollout_actors=2)
+    assert plan_scaling(two, c.comm, {"CPU": 16.0, "GPU": 4.0}, "nvidia", rollout_actors=2).use_gpu

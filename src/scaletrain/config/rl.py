@@ -99,14 +99,10 @@ class RolloutConfig(_Section):
         "What samples the completions: hf (transformers' generate, CPU and GPU) or vllm (GPUs; the `vllm` extra)."))
     placement: Literal["colocated", "separate"] = Field("colocated", description=(
         "colocated: each training worker samples its own prompts' completions with the policy it trains; "
-        "separate: a pool of Ray actors on their own devices, synced after each step (not yet)."))
-    num_workers: int = Field(1, ge=1, description="separate: the rollout actors.")
+        "separate: a pool of Ray actors on their own devices (a GPU each, or a CPU core), given the policy before each "
+        "rollout (the whole model once, then the trainable tensors: LoRA's adapter only); needs the Ray launcher."))
+    num_workers: int = Field(1, ge=1, description=(
+        "separate: the rollout actors; training rank i samples on actor i mod num_workers."))
     sync_timeout_s: float = Field(300.0, gt=0, description=(
-        "A weight sync that takes longer fails naming the actor, the version and the phase, never hangs."))
-
-    @model_validator(mode="after")
-    def _supported(self) -> RolloutConfig:
-        if self.placement == "separate":
-            raise ValueError("rollout.placement=separate (rollout actors of their own) is not supported yet; use "
-                             "rollout.placement: colocated")
-        return self
+        "separate: a weight sync (or the actors' start) that takes longer fails naming the actor, the version and "
+        "the phase, never hangs; an actor that dies fails the wait at once."))

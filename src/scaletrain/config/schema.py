@@ -248,6 +248,16 @@ class Config(_Section):
                         ("scaling.context_parallel", self.scaling.context_parallel > 1)):
             if on:
                 raise ValueError(f"{key} with train.stage=grpo is not supported yet; remove it")
+        if self.rollout.placement == "separate":
+            if self.scaling.launcher in ("torchrun", "local"):
+                raise ValueError(f"rollout.placement=separate runs its engine in Ray actors; scaling.launcher="
+                                 f"{self.scaling.launcher} has no Ray: set scaling.launcher: ray (or auto)")
+            for key, on in (("model.quantization_bit", self.model.quantization_bit),
+                            ("model.fp8_base", self.model.fp8_base)):
+                if on:
+                    raise ValueError(f"{key} with rollout.placement=separate is not supported yet (the actors "
+                                     f"build the model in its checkpoint's precision); use rollout.placement: "
+                                     f"colocated")
 
     @model_validator(mode="after")
     def _cross_section(self) -> "Config":

@@ -92,7 +92,9 @@ def ray_reasons(cfg: Config) -> list[str]:
         ("a placement strategy", s.placement_strategy != "PACK"), ("custom resources", bool(custom)),
         ("restarts", ft.max_failures != 0),
         ("chaos", ft.chaos is not None), ("a cluster address", bool(s.address or envvars.read(envvars.RAY_ADDRESS))),
-        ("object storage", "://" in cfg.output.output_dir)) if asked]
+        ("object storage", "://" in cfg.output.output_dir),
+        ("rollout actors of their own (rollout.placement=separate)",
+         cfg.train.stage == "grpo" and cfg.rollout.placement == "separate")) if asked]
     if not reasons:
         from scaletrain.launch.warm.cluster import current
 

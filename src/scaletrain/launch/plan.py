@@ -38,9 +38,10 @@ def cpus_per_worker(nodes: list[dict[str, float]], workers: int, use_gpu: bool) 
 
 
 def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str, float], vendor: str,
-                 nodes: list[dict[str, float]] | None = None) -> ClusterPlan:
+                 nodes: list[dict[str, float]] | None = None, rollout_actors: int = 0) -> ClusterPlan:
     """Decide GPU use, backend and per-worker resources from a Ray cluster's totals (and its ``nodes``, for the
-    CPUs a worker gets by default: ``cpus_per_worker``); check they fit."""
+    CPUs a worker gets by default: ``cpus_per_worker``); check they fit. ``rollout_actors``: GRPO's separate rollout
+    engine, a device each (a GPU, or a CPU core) beside the workers'."""
     gpus = int(resources.get("GPU", 0))
     use_gpu = gpus > 0 if scaling.use_gpu == "auto" else bool(scaling.use_gpu)
     # type: ignore[arg-type]
@@ -48,7 +49,7 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
     per_worker = dict(scaling.resources_per_worker or {})
     notes = [choice.note] if choice.note else []
     if "CPU" not in per_worker:
-        cpus = cpus_per_worker(nodes or [resources], scaling.max_workers, use_gpu)
+        cpus = cpus_per_worker(nodes or [resources], scaling.max_workers + (0 if use_gpu else rollout_actors), use_gpu)
         per_worker["CPU"] = cpus
         notes.append(f"{cpus} CPU(s) per worker: the node's cores / its {'GPUs' if use_gpu else 'workers'}, none "
                      f"idle or oversubscribed (scaling.resources_per_worker: {{CPU: n}} overrides)")
@@ -65,6 +66,16 @@ def plan_scaling(scaling: ScalingSection, comm: CommConfig, resources: dict[str,
                 f"has {have:g}; lower scaling.num_workers to {int(have // amount) if amount else n} "
                 f"or scaling.resources_per_worker"
             )
+    if rollout_actors:
+        device = "GPU" if use_gpu else "CPU"
+        need = per_worker[device] * n + rollout_actors
+        if need > resources.get(device, 0):
+            raise LaunchError(
+                f"rollout.num_workers={rollout_actors} rollout actors need a {device} each beside the "
+                f"{per_worker[device] * n:g} of scaling.num_workers={n}, {need:g} in all, but the cluster has "
+                f"{resources.get(device, 0):g}; lower rollout.num_workers or scaling.num_workers, or use "
+                f"rollout.placement: colocated")
+        notes.append(f"{rollout_actors} rollout actor(s), a {device} each, beside the workers")
     return ClusterPlan(use_gpu, choice.backend, per_worker, tuple(notes))
 
 

@@ -48,7 +48,9 @@ class RayLauncher:
     def plan(self, platform: Platform) -> ClusterPlan:
         notes = self.connect()
         self.vendor = platform.vendor
-        plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor, node_resources())
+        separate = self.cfg.train.stage == "grpo" and self.cfg.rollout.placement == "separate"
+        plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor, node_resources(),
+                            rollout_actors=self.cfg.rollout.num_workers if separate else 0)
         if _EMBEDDED[0]:  # the local Ray this driver started: the node is this run's alone (comm/cores.py)
             plan = with_binding(plan, self.cfg.scaling, usable_cores(), self.cfg.scaling.num_workers)
         if not _FORKED[0]:  # workers forked from the warm cluster's server keep its allocator as it started

@@ -15,6 +15,8 @@ idle waits):
 - ``compile_s``: ``train.compile``'s compiling (the first steps' graphs, and any recompile), kept out of the
   step time.
 - ``productive_s``: step time of the steps that count (each step once).
+- ``sync_s``: GRPO's weight syncs to a separate rollout engine (``time/sync_s``, part of each step), kept out of
+  the productive time as the step waits for them.
 - ``lost_work_s``: step time of steps trained again after a restart (the work since the last checkpoint).
 - ``eval_s``, ``checkpoint_s``: evaluation, and the time steps waited for checkpoint saves.
 - ``restart_s``: the last record before a worker restart to the restart's first worker start (detection and
@@ -40,7 +42,7 @@ from scaletrain.rundir import RunDir
 
 RESTART_PARTS = ("detect", "worker_start", "restore")
 CATEGORIES = ("data_prep", "cluster_start", "worker_start", "model_load", "compile", "productive", "lost_work",
-              "eval", "checkpoint", "restart", "finish", "other")
+              "sync", "eval", "checkpoint", "restart", "finish", "other")
 
 
 def young_daly_s(checkpoint_s: float, mtbf_s: float) -> float:
@@ -147,7 +149,9 @@ def _steps(records: list[dict], total: dict) -> None:
             step = r["step"]
             n = int(r.get("window_steps", max(1, step - last)))  # the steps this record's times cover
             redone = min(n, max(0, min(step, done) - (step - n)))
-            per = r.get("time/step_s", 0.0)
+            sync = min(r.get("time/sync_s", 0.0), r.get("time/step_s", 0.0))  # GRPO's, inside the step
+            per = r.get("time/step_s", 0.0) - sync
+            total["sync"] += n * sync
             total["lost_work"] += redone * per
             total["productive"] += (n - redone) * per
             done, last = max(done, step), step

@@ -182,9 +182,13 @@ def check(cfg) -> str:
                               "a GPU machine), or use rollout.engine: hf")
         raise ConfigError("rollout.engine=vllm is not wired into this version's training loop yet; use "
                           "rollout.engine: hf (transformers' generate, colocated)")
+    lora = cfg.model.finetuning_type == "lora"
+    placement = ("colocated: each worker samples its own prompts with the policy it trains" if r.placement ==
+                 "colocated" else f"separate: {r.num_workers} Ray actor(s) of their own, given the policy before "
+                 f"each rollout ({'the whole model once, then the LoRA adapter only' if lora else 'the whole model'}"
+                 f"; each wait at most rollout.sync_timeout_s={r.sync_timeout_s:g} s)")
     names = ", ".join(f"{name_of(s)} x {w:g}" for s, w in zip(cfg.rl.reward_funcs, cfg.rl.reward_weights or
                                                                 [1.0] * len(cfg.rl.reward_funcs)))
     return (f"rl: {cfg.rl.loss_type} loss, {cfg.rl.num_generations} completions per prompt of up to "
             f"{cfg.rl.max_completion_length} tokens, rewards {names}, advantages scaled per {cfg.rl.scale_rewards}, "
-            f"beta {cfg.rl.beta:g}; rollout: {r.engine} ({r.placement}: each worker samples its own prompts with "
-            f"the policy it trains, seeded per prompt)")
+            f"beta {cfg.rl.beta:g}; rollout: {r.engine} ({placement}, seeded per prompt)")

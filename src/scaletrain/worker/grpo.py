@@ -19,16 +19,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
+import time
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from scaletrain.errors import ConfigError, TrainingError
 from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
-from scaletrain.rl.sampling import sample
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
+from scaletrain.worker.rollout import Colocated, RolloutPool, sync_payload
 
 if TYPE_CHECKING:
     from scaletrain.config.schema import Config, TrainConfig
@@ -52,9 +55,13 @@ class GRPOObjective:
         self.weights = torch.tensor(cfg.rl.reward_weights or [1.0] * len(self.specs), dtype=torch.float64)
         per_func = [f"{n}{suffix}" for n in self.names for suffix in ("", "_sq", "_n")]
         self.stats = ("reward", "reward_sq", "reward_n", *per_func, "length", "truncated", "completions", "kl",
-                      "entropy", "tokens", "clip_low", "clip_high", "clip_count")
+                      "entropy", "tokens", "clip_low", "clip_high", "clip_count", "steps", "rollout_s",
+                      "reference_s", "sync_s")
         self.totals: rl_loss.Totals | None = None
         self.tokenizer = None
+        self.engine: Colocated | RolloutPool | None = None  # worker/rollout.py, made at the first rollout
+        self.sync_mb: float | None = None  # the last weight sync's payload (separate engine)
+        self.world = 1  # the ranks whose sums the records get
 
     def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
         return self.rl.beta > 0 and not lora
@@ -81,12 +88,13 @@ class GRPOObjective:
         policy = unwrap(t.model)
         was_training = policy.training
         policy.eval()
+        self._sync(t, count=False)
         n = len(self.specs)
         sums = [0.0] * (2 * n + 5)  # reward sum, reward n, per function (sum, n), length, truncated, completions
         for k in range(rounds):
             rows = mine[k] if k < len(mine) else batches[0]  # a rank out of batches samples one again, unweighted
             weight = 1.0 if k < len(mine) else 0.0
-            r = self._sample(t, policy, collate([data[i] for i in rows]), 0, count=False)
+            r = self._sample(t, collate([data[i] for i in rows]), 0, count=False)
             rewards = self._rewards(t, r)
             total = (rewards * self.weights.unsqueeze(0)).nansum(dim=1)
             total[torch.isnan(rewards).all(dim=1)] = math.nan
@@ -124,10 +132,15 @@ class GRPOObjective:
     def begin_step(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
         """The window's prompts answered, rewarded and turned into completion batches (see the module docstring)."""
         self._ensure_tokenizer()
+        self.world = t.ctx.world_size
         policy = unwrap(t.model)
         was_training = policy.training
         policy.eval()  # no dropout while sampling
-        rollouts = [self._sample(t, policy, batch, step) for batch in window]
+        self._sync(t)
+        t0 = time.perf_counter()
+        rollouts = [self._sample(t, batch, step) for batch in window]
+        self._add(t, "rollout_s", time.perf_counter() - t0)
+        self._add(t, "steps", 1.0)
         policy.train(was_training)
         rewards = [self._rewards(t, r) for r in rollouts]
         if t.ctx.is_main and step in (1, t.spec.total_steps):  # what the run's report shows at its start and end
@@ -140,6 +153,7 @@ class GRPOObjective:
         mine = adv[start:start + local.shape[0]]
         self._reward_stats(t, local)
         out, at = [], 0
+        t0 = time.perf_counter()
         for r in rollouts:
             n = r["input_ids"].shape[0]
             r["advantages"] = mine[at:at + n].float()
@@ -148,13 +162,14 @@ class GRPOObjective:
                 r["ref_logps"] = self._reference_logps(t, r)
             r["num_tokens"], r["num_examples"] = r["attention_mask"].sum(), torch.tensor(n)
             out.append({k: v for k, v in r.items() if isinstance(v, torch.Tensor)})  # what the step moves to the device
+        self._add(t, "reference_s", time.perf_counter() - t0)
         seqs = sum(float(r["completion_mask"].shape[0]) for r in out)  # every completion, masked ones too (TRL's)
         tokens = sum(float(r["completion_mask"].sum()) for r in out)
         seqs, tokens = all_reduce_sum([seqs, tokens], t.ctx.device)
         self.totals = rl_loss.Totals(seqs, tokens)
         return out
 
-    def _sample(self, t: Trainer, policy, batch: dict, step: int, count: bool = True) -> dict:
+    def _sample(self, t: Trainer, batch: dict, step: int, count: bool = True) -> dict:
         """This micro-batch's completions: all its groups in one batch (each prompt repeated, left-padded), each row
         drawn from its own random stream (its prompt's seed and its place in the group): the same completions on any
         number of workers, whatever else shares the micro-batch. ``count``: add them to the train record's stats
@@ -173,13 +188,10 @@ class GRPOObjective:
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
         # each row's own random stream: the prompt's seed and the row's place in its group (rl/sampling.py)
-        gen_device = t.ctx.device if str(t.ctx.device).startswith("cuda") else "cpu"
-        generators = [torch.Generator(device=gen_device).manual_seed(
-            prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][i])) + i % self.rl.num_generations)
-            for i in range(len(prompts))]
-        with t.precision.autocast():
-            out = sample(policy, ids.to(t.ctx.device), mask.to(t.ctx.device), generators, cap, eos, pad,
-                         self.rl.temperature, self.rl.top_p, all_done=self._all_done(t))
+        seeds = [prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][i])) + i % self.rl.num_generations
+                 for i in range(len(prompts))]
+        out = self._engine(t).generate(ids, mask, seeds, max_new_tokens=cap, eos=eos, pad=pad,
+                                       temperature=self.rl.temperature, top_p=self.rl.top_p)
         rows, completions, truncated = [], [], []
         for p, row in zip(prompts, out.tolist()):
             ended = eos in row
@@ -205,6 +217,69 @@ class GRPOObjective:
             self._add(t, "completions", float(len(completions)))
         return {"input_ids": ids, "attention_mask": mask, "completion_mask": cmask, "starts": starts,
                 "completion_ids": completions, "extras": extras, "truncated": truncated}
+
+    # -- the engine and its weights ----------------------------------------------------------------------------
+
+    def _engine(self, t: Trainer) -> Colocated | RolloutPool:
+        if self.engine is None:
+            self.engine = (Colocated(unwrap(t.model), t.ctx.device, t.precision.autocast, self._all_done(t))
+                           if self.cfg.rollout.placement == "colocated" else self._start_pool(t))
+        return self.engine
+
+    def _start_pool(self, t: Trainer) -> RolloutPool:
+        """Rank 0 starts the actors (names of this worker group's own: a restarted group never finds the last
+        one's), the others find them once they are ready; a start that fails stops every rank, rank 0 naming why."""
+        r, ctx = self.cfg.rollout, t.ctx
+        import ray
+
+        if not ray.is_initialized():
+            raise ConfigError("rollout.placement=separate runs its engine in Ray actors and this worker is not in "
+                              "a Ray job; set scaling.launcher: ray (or auto)")
+        nonce = random.SystemRandom().randrange(2**52) if ctx.is_main else 0
+        nonce = int(all_reduce_sum([float(nonce)], ctx.device)[0])  # rank 0's, to every rank
+        names = [f"scaletrain-rollout-{nonce:x}-{i}" for i in range(r.num_workers)]
+        mine = ctx.dp_rank % r.num_workers
+        pool = self._on_rank0(t, "start of the rollout actors", lambda: RolloutPool.start(
+            names, t.spec.config, t.spec.vocab, ctx.device, r.sync_timeout_s, mine,
+            None if t.spec.store else str(t.spec.run_dir)))
+        return pool if ctx.is_main else RolloutPool.join(names, r.sync_timeout_s, mine)
+
+    def _sync(self, t: Trainer, count: bool = True) -> None:
+        """A separate engine brought to the policy of the last optimizer step (its version: the steps it holds):
+        the whole model at its first sync, the trainable tensors after (LoRA's adapter only). ``count``: the time
+        is the step's (``time/sync_s``; an evaluation's is not)."""
+        pool = self._engine(t)
+        version = t.progress.step
+        if not isinstance(pool, RolloutPool) or pool.version == version:
+            return
+        t0 = time.perf_counter()
+        full = pool.version is None or not t.lora
+        # a collective under FSDP (the shards gathered to rank 0); under DDP rank 0's replica is the policy
+        payload = sync_payload(t.model, full) if t.ctx.is_main or self.cfg.train.strategy == "fsdp" else {}
+        reply = self._on_rank0(t, f"weight sync of version {version}", lambda: pool.sync(version, payload, full))
+        pool.version = version
+        if reply is not None:
+            self.sync_mb = reply["mb"]
+        if count:
+            self._add(t, "sync_s", time.perf_counter() - t0)
+
+    @staticmethod
+    def _on_rank0(t: Trainer, what: str, fn):
+        """``fn()`` on rank 0 with every rank told whether it worked: no rank waits on a collective for a rank 0
+        that failed (rank 0 raises its own error, naming the actor; the others a line that points to it)."""
+        value, error = None, None
+        if t.ctx.is_main:
+            try:
+                value = fn()
+            except TrainingError as e:
+                error = e
+        failed = all_reduce_sum([1.0 if error is not None else 0.0], t.ctx.device)[0]
+        if error is not None:
+            raise error
+        if failed:
+            raise TrainingError(f"rank {t.ctx.world_rank}: the {what} failed on rank 0 (its error names the "
+                                f"actor); this rank stops with it")
+        return value
 
     @staticmethod
     def _all_done(t: Trainer):
@@ -317,6 +392,14 @@ class GRPOObjective:
         if s["clip_count"]:
             out["clip_ratio/low_mean"] = s["clip_low"] / s["clip_count"]
             out["clip_ratio/high_mean"] = s["clip_high"] / s["clip_count"]
+        if s["steps"]:  # each step's split, the mean over ranks (sync: the separate engine's)
+            for part in ("rollout", "reference", "sync"):
+                out[f"time/{part}_s"] = s[f"{part}_s"] / s["steps"]
+            # completion tokens over the ranks' mean rollout time: the engine's throughput, all ranks together
+            out["throughput/rollout_tokens_per_s"] = s["length"] / max(s["rollout_s"] / self.world, 1e-9)
+        if isinstance(self.engine, RolloutPool):
+            out["rollout/version"] = self.engine.version
+            out["rollout/sync_mb"] = self.sync_mb
         return out
 
 

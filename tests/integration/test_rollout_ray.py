@@ -1,0 +1,154 @@
+"""GRPO with its rollout engine in Ray actors of their own (rollout.placement: separate) on the shared local Ray:
+the weight sync gives the engine the trainer's weights bit for bit (the whole model once, then LoRA's adapter only,
+its payload the adapter's size), the engine samples what the colocated engine samples, the run trains what the
+colocated run trains, and a stuck or killed actor ends a sync in one line naming it, the version and the phase,
+within the timeout."""
+
+import contextlib
+import json
+import random
+import time
+
+import pytest
+import torch
+
+from scaletrain.config import validate
+from scaletrain.errors import TrainingError
+from scaletrain.metrics.goodput import CATEGORIES
+from scaletrain.metrics.records import read_jsonl
+from scaletrain.model.build import build_model, trained_model_config
+from scaletrain.model.tokenizer import Vocab
+from scaletrain.worker.rollout import Colocated, RolloutPool, sync_payload, tensor_digest
+from tests.integration.train_checks import run
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
+
+REWARD = '''
+def vowels(prompts, completions, **kwargs):
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch in "aeiou" for ch in t) / max(1, len(t)) for t in texts]
+'''
+
+
+def _cfg(data, finetuning: str = "lora", placement: str = "separate", **rollout) -> dict:
+    return {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "finetuning_type": finetuning,
+                      "dropout": 0.0},
+            "data": {"train_file": str(data), "formatting": "messages", "max_length": 64, "eval_ratio": 0},
+            "train": {"stage": "grpo", "per_device_train_batch_size": 8, "max_steps": 3, "learning_rate": 5e-3,
+                      "logging_steps": 1},
+            "rl": {"reward_funcs": [f"{data.parent / 'rewards.py'}:vowels", "accuracy"], "num_generations": 4,
+                   "max_completion_length": 6},
+            "rollout": {"placement": placement, **rollout},
+            "scaling": {"num_workers": 1}}
+
+
+@pytest.fixture
+def sums(tmp_path):
+    rng = random.Random(0)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": str(a + b)}
+            for a, b in ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(32))]
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "rewards.py").write_text(REWARD)
+    return path
+
+
+def _start(sums, timeout_s: float, run_dir=None):
+    """A pool of 2 actors, and the config, tokenizer and vocabulary they were started from."""
+    from scaletrain.model.tokenizer import load_tokenizer
+
+    cfg = validate(_cfg(sums))
+    tok = load_tokenizer(cfg.model.name_or_path)
+    vocab = Vocab.of(tok)
+    names = [f"scaletrain-rollout-test-{time.time_ns():x}-{i}" for i in range(2)]
+    pool = RolloutPool.start(names, cfg.model_dump(mode="json"), vocab, "cpu", timeout_s, 0, run_dir)
+    return pool, cfg, tok, vocab
+
+
+def _policy(cfg, vocab):
+    torch.manual_seed(0)  # another init than the actors': only the sync makes them equal
+    return build_model(trained_model_config(cfg.model, cfg.train.stage), vocab)
+
+
+@pytest.fixture
+def pool_and_policy(sums, tmp_path):
+    """A LoRA policy built here (the trainer's side) and a pool of 2 actors started from the same config."""
+    pool, cfg, tok, vocab = _start(sums, 20.0, str(tmp_path))
+    yield pool, _policy(cfg, vocab), tok
+    import ray
+
+    for h in pool.handles:
+        ray.kill(h)
+
+
+def _payload(policy, trainable_only: bool) -> dict:
+    return sync_payload(policy, full=not trainable_only)
+
+
+def test_the_sync_gives_the_engine_the_trainers_weights_bit_for_bit(pool_and_policy, tmp_path):
+    pool, policy, tok = pool_and_policy
+    first = pool.sync(0, _payload(policy, False), full=True)
+    assert first["kind"] == "full" and first["version"] == 0
+    mine = {k: tensor_digest(v) for k, v in _payload(policy, False).items()}
+    assert all(d == mine for d in pool.digests())  # the whole model, on both actors
+    with torch.no_grad():  # an optimizer step on the adapter
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.01)
+    lora = _payload(policy, True)
+    adapter_bytes = sum(p.numel() * p.element_size() for p in policy.parameters() if p.requires_grad)
+    reply = pool.sync(1, lora, full=False)
+    assert reply["kind"] == "trainable" and all("lora_" in k for k in lora)
+    assert abs(reply["mb"] * 2**20 - adapter_bytes) < 1  # the payload is the adapter's size
+    assert all(d == {k: tensor_digest(v) for k, v in _payload(policy, False).items()} for d in pool.digests())
+    # both sides log the version: the actors' rollout.jsonl lines (2 actors x 2 syncs)
+    logged = read_jsonl(tmp_path / "rollout.jsonl")
+    assert sorted((r["actor"], r["version"]) for r in logged) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # the engine samples what the policy samples itself from the same random streams
+    ids = torch.tensor([[tok.pad_token_id, 5, 6, 7], [8, 9, 10, 11]])
+    mask = (ids != tok.pad_token_id).long()
+    how = {"max_new_tokens": 6, "eos": tok.eos_token_id, "pad": tok.pad_token_id, "temperature": 1.0, "top_p": 0.9}
+    here = Colocated(policy.eval(), "cpu", contextlib.nullcontext)
+    assert torch.equal(pool.generate(ids, mask, [3, 4], **how), here.generate(ids, mask, [3, 4], **how))
+
+
+def test_a_stuck_actor_fails_the_sync_within_its_timeout_naming_it(sums):
+    pool, cfg, tok, vocab = _start(sums, 3.0)
+    names = pool.names
+    payload = _payload(_policy(cfg, vocab), False)
+    pool.handles[1].hold.remote(60)  # busy: the sync queues behind it
+    t0 = time.perf_counter()
+    with pytest.raises(TrainingError, match=rf"rollout actor 1 \({names[1]}\) did not finish the sync \(full "
+                                            r"weights\) of version 0 within rollout.sync_timeout_s=3 s"):
+        pool.sync(0, payload, full=True)
+    assert time.perf_counter() - t0 < 3 + 5
+    import ray
+
+    ray.kill(pool.handles[0])  # killed: the wait ends at once, named
+    t0 = time.perf_counter()
+    with pytest.raises(TrainingError, match=rf"rollout actor 0 \({names[0]}\) died during the sync \(trainable "
+                                            r"tensors\) of version 1"):
+        pool.sync(1, payload, full=False)
+    assert time.perf_counter() - t0 < 3 + 5
+    ray.kill(pool.handles[1])
+
+
+def test_a_separate_engine_trains_what_the_colocated_one_does(sums, tmp_path, no_orphans):
+    # a learning rate at which one step changes what the policy samples: a stale engine would sample otherwise
+    fast = [_cfg(sums, placement=p) for p in ("separate", "colocated")]
+    for c in fast:
+        c["train"]["learning_rate"] = 0.1
+    separate, colocated = run(fast[0], tmp_path, "separate"), run(fast[1], tmp_path, "colocated")
+    a, b = ([r for r in read_jsonl(x.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+            for x in (separate, colocated))
+    assert [r["train/loss"] for r in a] == pytest.approx([r["train/loss"] for r in b], abs=1e-6)
+    assert [r["reward"] for r in a] == [r["reward"] for r in b]  # the same completions
+    assert len({r["reward"] for r in a}) == 3  # the policy moved
+    assert [r["rollout/version"] for r in a] == [0, 1, 2] and "rollout/version" not in b[0]
+    lora = [r for r in read_jsonl(separate.run_dir / "rollout.jsonl")]
+    assert [(r["version"], r["kind"]) for r in lora] == [(0, "full"), (1, "trainable"), (2, "trainable")]
+    assert all(r["time/sync_s"] > 0 and r["time/rollout_s"] > 0 for r in a)
+    summary = json.loads((separate.run_dir / "summary.json").read_text())
+    parts = [summary[f"goodput/{c}_s"] for c in CATEGORIES]  # the account adds up, the syncs a category of it
+    assert sum(parts) == pytest.approx(summary["goodput/wall_s"], rel=0.01)
+    assert summary["goodput/sync_s"] == pytest.approx(sum(r["time/sync_s"] for r in a), rel=1e-6)

@@ -60,6 +60,10 @@ for name, lengths in (("long", lambda: 1200), ("mixed", lambda: rng.choice([40, 
         for _ in range(600):
             f.write(json.dumps({"instruction": "Continue the text.", "input": "",
                                 "output": " ".join(rng.choice(words) for _ in range(lengths()))}) + "\n")
+with open(f"{out}/sums.jsonl", "w") as f:  # GRPO's prompts: TRL's prompt-only rows with an answer column
+    for _ in range(400):
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        f.write(json.dumps({"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": str(a + b)}) + "\n")
 PY
 
 echo "== models: built from a config, saved in bf16"
@@ -102,6 +106,12 @@ train fsdp 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora t
 train qlora 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora model.quantization_bit=4 \
   model.quantization_method=torchao train.max_steps=15
 train compile 120 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora train.compile=true
+# GRPO (#61): LoRA, 4 completions a prompt, the hf engine colocated (no Ray here: a separate engine's sync time is
+# measured where Ray is, tests/integration/test_rollout_ray.py); rollout/reference/train split and rollout tokens/s
+train grpo 120 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora train.stage=grpo \
+  data.train_file="$DEMO_DATA/sums.jsonl" data.formatting=messages data.eval_ratio=0 data.max_length=64 \
+  train.per_device_train_batch_size=16 train.max_steps=20 train.logging_steps=2 train.learning_rate=5e-5 \
+  'rl.reward_funcs=[accuracy,length]' rl.num_generations=4 rl.max_completion_length=128
 if [ "$GPUS" -ge 1 ]; then
   train fp8 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora model.fp8_base=true
 else

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ("train.bf16=false train.max_steps=6 train.logging_steps=2 data.max_length=64 data.max_truncated_ratio=1 "
         "train.per_device_train_batch_size=4")
 PARTS = ("models", "full", "lora", "padded", "packed", "plain-loss", "chunked-loss", "fsdp", "qlora", "compile",
-         "plain-loop")
+         "grpo", "plain-loop")
 
 
 def test_gpu_check_script_on_cpu(tmp_path):
@@ -32,7 +32,7 @@ def test_gpu_check_script_on_cpu(tmp_path):
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     for section in ("== env", "== topo", "== GPUs: 0", "== models", "== full", "== lora", "== fsdp", "== plain-loop",
-                    "== commbench: skipped, 0 GPU(s)", "== qlora", "== compile", "== fp8: skipped, no GPU"):
+                    "== commbench: skipped, 0 GPU(s)", "== qlora", "== compile", "== grpo", "== fp8: skipped, no GPU"):
         assert section in text, section
     import torch
 
@@ -48,6 +48,7 @@ def test_gpu_check_script_on_cpu(tmp_path):
     assert json.loads((out / "models" / "llama-1b" / "config.json").read_text())["dtype"] == "bfloat16"
     assert "full final_dtype: bfloat16" in text  # a bf16 checkpoint's final/ is bf16 again
     assert re.search(r"scaletrain lora / plain loop tokens/s: [\d.]+ \(target >= 0.97\)", text)
+    assert re.search(r"grpo rollout_s: [\d.]+", text) and re.search(r"grpo rollout_tokens_per_s: [\d.]+", text)
     assert "== summary (" in text
     train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
     assert len(train) == 3  # 6 steps logged every 2

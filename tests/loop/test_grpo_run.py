@@ -54,13 +54,20 @@ def _records(run) -> list[dict]:
 
 
 def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
-    cfg, tokenizer, spec = local_spec(_cfg(task, beta=0.04, loss_type="grpo"), tmp_path / "run")
+    cfg = _cfg(task, beta=0.04, loss_type="grpo")
+    cfg["rl"]["reward_funcs"].append("length")
+    cfg, tokenizer, spec = local_spec(cfg, tmp_path / "run")
     run_in_process(spec)
     first = _records(tmp_path / "run")[0]
-    for key in ("reward", "reward_std", "rewards/vowels/mean", "rewards/accuracy/mean", "completions/mean_length",
+    for key in ("reward", "reward_std", "rewards/vowels/mean", "rewards/accuracy/mean", "rewards/length/mean",
+                "completions/mean_length",
                 "completions/clipped_ratio", "entropy", "kl", "clip_ratio/low_mean", "train/loss"):
         assert key in first, key
-    assert 0 < first["reward"] < 1 and first["completions/mean_length"] <= 8
+    assert 0 < first["rewards/vowels/mean"] < 1 and first["completions/mean_length"] <= 8
+    # the built-in reward called "length" and the completions' length are two figures (they once shared a sum;
+    # every completion has a token at least: its end, or the first of 8)
+    assert first["completions/mean_length"] >= 1
+    assert -1 <= first["rewards/length/mean"] <= 0
     # the report: the reward and length plot, and a few completions at the start and the end
     import yaml
 

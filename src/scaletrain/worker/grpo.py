@@ -53,7 +53,8 @@ class GRPOObjective:
         self.names = [rl_rewards.name_of(s) for s in self.specs]
         self.funcs = [rl_rewards.load(s) for s in self.specs]
         self.weights = torch.tensor(cfg.rl.reward_weights or [1.0] * len(self.specs), dtype=torch.float64)
-        per_func = [f"{n}{suffix}" for n in self.names for suffix in ("", "_sq", "_n")]
+        # each function's sums under rewards/: a function may be called "length" (the built-in), as a stat is
+        per_func = [f"rewards/{n}{suffix}" for n in self.names for suffix in ("", "_sq", "_n")]
         self.stats = ("reward", "reward_sq", "reward_n", *per_func, "length", "truncated", "completions", "kl",
                       "entropy", "tokens", "clip_low", "clip_high", "clip_count", "steps", "rollout_s",
                       "reference_s", "sync_s")
@@ -331,11 +332,11 @@ class GRPOObjective:
     def _reward_stats(self, t: Trainer, local: torch.Tensor) -> None:
         total = (local * self.weights.unsqueeze(0)).nansum(dim=1)
         total[torch.isnan(local).all(dim=1)] = math.nan
-        for name, values in (("reward", total), *((n, local[:, i]) for i, n in enumerate(self.names))):
+        for name, values in (("reward", total), *((f"rewards/{n}", local[:, i]) for i, n in enumerate(self.names))):
             ok = values[~torch.isnan(values)]
             self._add(t, name, float(ok.sum()))
-            self._add(t, "reward_sq" if name == "reward" else f"{name}_sq", float((ok ** 2).sum()))
-            self._add(t, "reward_n" if name == "reward" else f"{name}_n", float(ok.numel()))
+            self._add(t, f"{name}_sq", float((ok ** 2).sum()))
+            self._add(t, f"{name}_n", float(ok.numel()))
 
     def _reference_logps(self, t: Trainer, r: dict) -> torch.Tensor:
         import contextlib
@@ -374,11 +375,11 @@ class GRPOObjective:
         completions/mean_length and clipped_ratio."""
         s = dict(zip(self.stats, sums))
         out = {}
-        for name, key in (("reward", "reward"), *((n, f"rewards/{n}") for n in self.names)):
-            n = s["reward_n" if name == "reward" else f"{name}_n"]
+        for name, key in (("reward", "reward"), *((f"rewards/{n}", f"rewards/{n}") for n in self.names)):
+            n = s[f"{name}_n"]
             if n:
                 mean = s[name] / n
-                var = max(s["reward_sq" if name == "reward" else f"{name}_sq"] / n - mean ** 2, 0.0)
+                var = max(s[f"{name}_sq"] / n - mean ** 2, 0.0)
                 std = math.sqrt(var * n / (n - 1)) if n > 1 else 0.0
                 out[key if name == "reward" else f"{key}/mean"] = mean
                 out["reward_std" if name == "reward" else f"{key}/std"] = std

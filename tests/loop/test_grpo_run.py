@@ -118,6 +118,20 @@ def test_a_killed_run_resumes_bit_identical(task, tmp_path):
     assert [r["reward"] for r in _records(whole)][2:] == [r["reward"] for r in _records(again)][-2:]
 
 
+def test_several_steps_per_generation_train_on_its_rollouts_and_resume_between_them(task, tmp_path):
+    """rl.num_iterations: 2: the prompts of step 1 are answered once and trained on at steps 1 and 2 (the ratio
+    against the policy that sampled them: clipped tokens at step 2 at this learning rate); a run killed after
+    step 1's checkpoint resumes with step 1's rollouts from it, bit-identical."""
+    cfg = _cfg(task, steps=4, num_iterations=2, epsilon=0.01)
+    cfg["checkpoint"] = {"save_steps": 1, "save_total_limit": 4}
+    whole, again = resumes_bit_identical(cfg, tmp_path, 1)
+    records = _records(whole)
+    assert ["reward" in r for r in records] == [True, False, True, False]  # rewarded when sampled
+    assert records[1]["clip_ratio/low_mean"] + records[1]["clip_ratio/high_mean"] > 0
+    assert records[0]["clip_ratio/low_mean"] + records[0]["clip_ratio/high_mean"] == 0  # the sampler's own policy
+    assert [r["train/loss"] for r in _records(again)] == [r["train/loss"] for r in records][1:]
+
+
 @pytest.mark.parametrize("change,message", [
     ({"rl": {"reward_funcs": ["missing.py:f"]}}, "rl.reward_funcs: missing.py:f: no file missing.py"),
     ({"rl": {"reward_funcs": ["REWARD:nope"]}}, "has no 'nope' (it has vowels)"),

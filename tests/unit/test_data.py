@@ -264,3 +264,16 @@ def test_tokenization_on_the_cluster_needs_one_and_auto_needs_several_nodes(monk
     a = datasets.Dataset.from_dict({"_skip": [None, "too long"], "n": [1, 2]})
     b = datasets.Dataset.from_dict({"_skip": [None, None], "n": [3, 4]})
     assert on_ray._common([b, a])["_skip"].dtype == "string"
+
+
+def test_grpo_groups_repeat_whole_steps_for_several_iterations():
+    """rl.num_iterations = mu: each step's window (per_device_batch x accumulation rows, whole groups) comes mu
+    times in a row, on every rank, and an epoch is mu times as long; a resumed position lands in the same order."""
+    for rank in (0, 1):
+        once = ResumableSampler(64, 2, rank, 0, batch_size=4, accumulation=2, group=4)
+        twice = ResumableSampler(64, 2, rank, 0, batch_size=4, accumulation=2, group=4, repeat=2)
+        a, b = once.epoch_order(), twice.epoch_order()
+        windows = [a[i:i + 8] for i in range(0, len(a), 8)]
+        assert b == [i for w in windows for _ in range(2) for i in w] and len(twice) == 2 * len(once)
+        twice.set_position(0, 12)
+        assert list(twice) == b[12:]

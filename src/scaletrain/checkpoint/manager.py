@@ -59,9 +59,10 @@ class Checkpointer:
 
     def __init__(self, root: Path, ctx: DistContext, cfg: CheckpointConfig, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, trainable_only: bool, states: dict[str, Stateful | None],
-                 storage: st.Storage = st.LOCAL):
+                 storage: st.Storage = st.LOCAL, rank_states: dict[str, Stateful] | None = None):
         self.root, self.ctx, self.cfg, self.storage = Path(root), ctx, cfg, storage
         self.model, self.optimizer, self.trainable_only, self.states = model, optimizer, trainable_only, states
+        self.rank_states = rank_states or {}  # each rank's own (GRPO's rollouts), beside its RNG
         self.pending: _Pending | None = None
         self.restored: Restored | None = None
         self._group = None
@@ -90,11 +91,14 @@ class Checkpointer:
 
         if self.cfg.async_save:
             future = dcp.async_save(sharded, storage_writer=writer, process_group=self._writer_group())
-            self.pending = _Pending(future, tmp, final, step, small, rng_state())
+            self.pending = _Pending(future, tmp, final, step, small, self._rank_file())
             return final
         st.agree(self.storage, st.writing(lambda: dcp.save(sharded, storage_writer=writer)), tmp)
-        self._complete(tmp, final, step, small, rng_state())
+        self._complete(tmp, final, step, small, self._rank_file())
         return final
+
+    def _rank_file(self) -> dict:
+        return {**rng_state(), "rank_states": {name: s.state_dict() for name, s in self.rank_states.items()}}
 
     def flush(self) -> None:
         """Collective: wait for an async save in flight and complete it (manifest, commit, rotation)."""
@@ -164,6 +168,9 @@ class Checkpointer:
             rng = self.storage.load_torch(ckpt / st.rng_file(self.ctx.world_rank))
             if rng is not None:
                 set_rng_state(rng)
+                for name, state in self.rank_states.items():
+                    if (rng.get("rank_states") or {}).get(name) is not None:
+                        state.load_state_dict(rng["rank_states"][name])
         self.restored = Restored(ckpt, world_size, small.get("accumulation"))
         return self.restored
 

@@ -158,6 +158,8 @@ def total_steps(num_train: int, cfg: Config, world_size: int) -> int:
         )
     if cfg.train.max_steps > 0:
         return cfg.train.max_steps
+    if cfg.train.stage == "grpo":  # each step's prompts are trained on rl.num_iterations steps
+        spe *= cfg.rl.num_iterations
     return max(1, math.ceil(cfg.train.num_train_epochs * spe))
 
 

@@ -43,7 +43,9 @@ class RLConfig(_Section):
         "Advantages: reward minus its group's mean, divided by the group's std (group), the batch's std (batch), "
         "or not divided (none, Dr. GRPO). TRL's true/false mean group/none."))
     num_iterations: int = Field(1, ge=1, description=(
-        "Optimisation steps per generation batch (TRL's mu); only 1 is supported yet."))
+        "Optimisation steps per generation batch (TRL's mu): each window of prompts is answered once and trained "
+        "on this many steps, the importance ratio against the policy that sampled them (an epoch has mu x the "
+        "steps)."))
     importance_sampling_level: Literal["token", "sequence"] = Field("token", description=(
         "token (GRPO's per-token ratio) or sequence (GSPO: one ratio per completion, its tokens' geometric mean)."))
     mask_truncated_completions: bool = Field(False, description=(
@@ -88,9 +90,6 @@ class RLConfig(_Section):
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"rl.reward_weights has {len(self.reward_weights)} weights for "
                              f"{len(self.reward_funcs)} reward functions; give one each")
-        if self.num_iterations != 1:
-            raise ValueError("rl.num_iterations > 1 (several optimisation steps per generation batch) is not "
-                             "supported yet; set rl.num_iterations: 1")
         return self
 
 

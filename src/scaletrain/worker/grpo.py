@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import random
 import time
@@ -36,6 +37,9 @@ from scaletrain.worker.rollout import Colocated, RolloutPool, sync_payload
 if TYPE_CHECKING:
     from scaletrain.config.schema import Config, TrainConfig
     from scaletrain.worker.trainer import Trainer
+
+
+log = logging.getLogger(__name__)
 
 
 def prompt_seed(seed: int, step: int, prompt_index: int) -> int:
@@ -62,6 +66,7 @@ class GRPOObjective:
         self.tokenizer = None
         self.engine: Colocated | RolloutPool | None = None  # worker/rollout.py, made at the first rollout
         self.sync_mb: float | None = None  # the last weight sync's payload (separate engine)
+        self.buffer: dict | None = None  # rl.num_iterations > 1: the generation's batches, trained on mu steps
         self.world = 1  # the ranks whose sums the records get
 
     def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
@@ -131,9 +136,39 @@ class GRPOObjective:
     # -- the rollout and the rewards of a step --------------------------------------------------------------
 
     def begin_step(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
-        """The window's prompts answered, rewarded and turned into completion batches (see the module docstring)."""
+        """The window's prompts answered, rewarded and turned into completion batches (see the module docstring).
+        With ``rl.num_iterations`` = mu > 1 the window is answered at the first step of each mu (the sampler gives
+        the same prompts mu steps in a row) and the batches, with the sampling policy's log-probabilities (the
+        importance ratio's denominator), are trained on again at the next mu - 1 steps."""
         self._ensure_tokenizer()
         self.world = t.ctx.world_size
+        mu = self.rl.num_iterations
+        first = step - (step - 1) % mu  # the step that generates this step's batches
+        if mu > 1 and step != first and self.buffer is not None and self.buffer["step"] == first:
+            self._add(t, "steps", 1.0)
+            self.totals = rl_loss.Totals(*self.buffer["totals"])
+            return [dict(b) for b in self.buffer["batches"]]
+        if step != first:  # a resume onto another world size mid-generation: the ranks' batches were not kept
+            log.warning("step %d: the rollouts of step %d are not in the checkpoint (another world size); this "
+                        "step samples its own", step, first)
+        out = self._generate(t, window, step)
+        if mu > 1:
+            t0 = time.perf_counter()
+            for b in out:  # the policy that sampled them: π_old of the mu steps
+                b["old_logps"] = self._policy_logps(t, b).cpu()
+            self._add(t, "reference_s", time.perf_counter() - t0)
+            self.buffer = {"step": step, "batches": out, "totals": (self.totals.sequences, self.totals.tokens)}
+        return out
+
+    def state_dict(self) -> dict:
+        """This rank's batches of the current generation (rl.num_iterations > 1), for the checkpoint: a run resumed
+        between two of its steps trains on them as the uninterrupted run does."""
+        return {"buffer": self.buffer}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = state.get("buffer")
+
+    def _generate(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
         policy = unwrap(t.model)
         was_training = policy.training
         policy.eval()  # no dropout while sampling
@@ -338,6 +373,14 @@ class GRPOObjective:
             self._add(t, f"{name}_sq", float((ok ** 2).sum()))
             self._add(t, f"{name}_n", float(ok.numel()))
 
+    @torch.no_grad()
+    def _policy_logps(self, t: Trainer, r: dict) -> torch.Tensor:
+        """The policy's log-probabilities of ``r``'s completion tokens now (no gradient)."""
+        with t.precision.autocast():
+            logits = t.model(input_ids=r["input_ids"].to(t.ctx.device),
+                             attention_mask=r["attention_mask"].to(t.ctx.device), use_cache=False).logits
+        return completion_logps(logits, r["input_ids"].to(t.ctx.device), r["starts"], r["completion_mask"].shape[1])
+
     def _reference_logps(self, t: Trainer, r: dict) -> torch.Tensor:
         import contextlib
 
@@ -357,7 +400,8 @@ class GRPOObjective:
         mask = batch["completion_mask"]
         width = mask.shape[1]
         logps, entropy = completion_logps(logits, ids, batch["starts"], width, with_entropy=True)
-        terms = rl_loss.per_token_loss(logps, None, batch.get("ref_logps"), batch["advantages"], mask, self.rl)
+        terms = rl_loss.per_token_loss(logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"],
+                                       mask, self.rl)
         loss = rl_loss.reduce(terms.per_token, mask, self.rl, self.totals) * t.ctx.world_size
         with torch.no_grad():
             if terms.kl is not None:

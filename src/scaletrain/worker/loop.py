@@ -131,7 +131,8 @@ class Data:
         lengths = self.train.with_format("arrow")["length"].to_numpy() if balance else None
         self.sampler = ResumableSampler(len(self.train), t.ctx.dp_size, t.ctx.dp_rank, tr.seed, lengths,
                                         tr.per_device_train_batch_size, tr.gradient_accumulation_steps,
-                                        group=t.cfg.rl.num_generations if grpo else 1)
+                                        group=t.cfg.rl.num_generations if grpo else 1,
+                                        repeat=t.cfg.rl.num_iterations if grpo else 1)
         self.record = open_record(t.run_dir.examples, t.progress.step + 1, t.ctx) if d.record_examples else None
         self._order: tuple[int, list[int]] | None = None  # (epoch, this rank's order of it)
 

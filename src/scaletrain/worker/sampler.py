@@ -25,7 +25,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     """
 
     def __init__(self, num_samples: int, num_replicas: int, rank: int, seed: int, lengths: list[int] | None = None,
-                 batch_size: int = 1, accumulation: int = 1, group: int = 1):
+                 batch_size: int = 1, accumulation: int = 1, group: int = 1, repeat: int = 1):
         self.num_samples, self.num_replicas, self.rank, self.seed = num_samples, num_replicas, rank, seed
         self.lengths, self.batch_size, self.accumulation, self.group = lengths, batch_size, accumulation, group
         self.per_rank = num_samples // num_replicas
@@ -33,6 +33,10 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self.per_rank = num_samples // (batch_size * accumulation * num_replicas) * batch_size * accumulation
         if group > 1:  # whole micro-batches of whole groups
             self.per_rank = num_samples // (batch_size * num_replicas) * batch_size
+        self.repeat = repeat
+        if repeat > 1:  # whole steps, each repeated (GRPO's rl.num_iterations)
+            step = batch_size * accumulation
+            self.per_rank = self.per_rank // step * step * repeat
         self.epoch = self.start = 0
 
     def set_position(self, epoch: int, start: int) -> None:
@@ -42,7 +46,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
         if self.group > 1:
-            return self._grouped(g)
+            return self._repeated(self._grouped(g))
         order = torch.randperm(self.num_samples, generator=g).tolist()[: self.per_rank * self.num_replicas]
         if self.lengths is not None:
             return self._balanced(order)
@@ -57,6 +61,14 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         b = self.batch_size
         micro = [order[m:m + b] for m in range(0, self.per_rank * self.num_replicas, b)]
         return [i for k, mb in enumerate(micro) if k % self.num_replicas == self.rank for i in mb]
+
+    def _repeated(self, mine: list[int]) -> list[int]:
+        """This rank's order with each step's window given ``repeat`` times in a row (TRL's RepeatSampler with
+        repeat_count = num_iterations): the steps of one generation batch train on the same prompts."""
+        if self.repeat == 1:
+            return mine
+        w = self.batch_size * self.accumulation
+        return [i for s in range(0, len(mine) - len(mine) % w, w) for _ in range(self.repeat) for i in mine[s:s + w]]
 
     def _balanced(self, order: list[int]) -> list[int]:
         b, per_step = self.batch_size, self.batch_size * self.accumulation * self.num_replicas

@@ -196,7 +196,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     checkpointer = Checkpointer(root, ctx, cfg.checkpoint, model, optimizer,
                                 trainable_only=cfg.model.finetuning_type == "lora",
                                 states={"train_state": progress, "scheduler": scheduler, "scaler": precision.scaler},
-                                storage=storage)
+                                storage=storage,
+                                rank_states={"objective": objective} if hasattr(objective, "state_dict") else None)
     return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
                    memory, objective=objective, reference=reference,
                    objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [],

@@ -137,7 +137,8 @@ def test_several_steps_per_generation_train_on_its_rollouts_and_resume_between_t
     ({"rl": {"reward_funcs": ["REWARD:nope"]}}, "has no 'nope' (it has vowels)"),
     ({"rl": {"num_generations": 1}}, "rl.num_generations=1 is not valid"),
     ({"rl": {"num_generations": 3}}, "must be a multiple of rl.num_generations=3"),
-    ({"rollout": {"engine": "vllm"}}, "rollout.engine=vllm: vLLM is not installed here"),
+    ({"rollout": {"engine": "vllm"}}, "rollout.engine=vllm loads the model from a directory and "
+                                      "model.name_or_path=builtin:tiny-llama is built from a config"),
     ({"rollout": {"sync_timeout_s": 0}}, "rollout.sync_timeout_s=0 is not valid"),
     ({"rollout": {"placement": "separate"}, "scaling": {"launcher": "torchrun"}},
      "rollout.placement=separate runs its engine in Ray actors; scaling.launcher=torchrun has no Ray"),

@@ -102,6 +102,9 @@ class RolloutConfig(_Section):
         "rollout (the whole model once, then the trainable tensors: LoRA's adapter only); needs the Ray launcher."))
     num_workers: int = Field(1, ge=1, description=(
         "separate: the rollout actors; training rank i samples on actor i mod num_workers."))
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description=(
+        "vllm: the share of the GPU's memory vLLM takes for its weights and KV cache (TRL's "
+        "vllm_gpu_memory_utilization), handed back to training between rollouts."))
     sync_timeout_s: float = Field(300.0, gt=0, description=(
         "separate: a weight sync (or the actors' start) that takes longer fails naming the actor, the version and "
         "the phase, never hangs; an actor that dies fails the wait at once."))

@@ -248,6 +248,16 @@ class Config(_Section):
                         ("scaling.context_parallel", self.scaling.context_parallel > 1)):
             if on:
                 raise ValueError(f"{key} with train.stage=grpo is not supported yet; remove it")
+        if self.rollout.engine == "vllm":
+            for key, on in (("rollout.placement=separate", self.rollout.placement == "separate"),
+                            ("train.strategy=fsdp", self.train.strategy == "fsdp")):
+                if on:
+                    raise ValueError(f"rollout.engine=vllm with {key} is not supported yet; use rollout.engine: hf "
+                                     f"(or vLLM colocated under DDP)")
+            if self.model.name_or_path.startswith("builtin:"):
+                raise ValueError(f"rollout.engine=vllm loads the model from a directory and "
+                                 f"model.name_or_path={self.model.name_or_path} is built from a config; save it "
+                                 f"(scaletrain export) or use rollout.engine: hf")
         if self.rollout.placement == "separate":
             if self.scaling.launcher in ("torchrun", "local"):
                 raise ValueError(f"rollout.placement=separate runs its engine in Ray actors; scaling.launcher="

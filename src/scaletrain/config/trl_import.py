@@ -83,10 +83,12 @@ def from_trl(raw: dict) -> tuple[dict, list[Row]]:
             put(key, "output", "output_dir", value)
         elif key == "use_vllm":
             if value:
-                put(key, "rollout", "engine", "vllm", "vLLM on GPUs; not wired into this version yet: the run says so "
-                                                      "in one line (rollout.engine: hf runs everywhere)")
+                put(key, "rollout", "engine", "vllm", "vLLM on GPUs (the `vllm` extra), colocated in the workers; "
+                                                      "rollout.engine: hf runs everywhere")
             else:
                 put(key, "rollout", "engine", "hf")
+        elif key == "vllm_gpu_memory_utilization":
+            put(key, "rollout", "gpu_memory_utilization", value)
         elif key == "vllm_mode":
             put(key, "rollout", "placement", "separate" if value == "server" else "colocated")
         else:

@@ -178,12 +178,13 @@ def check(cfg) -> str:
     r = cfg.rollout
     if r.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("rollout.engine=vllm: vLLM is not installed here (it runs on GPUs: pip install vllm on "
-                              "a GPU machine), or use rollout.engine: hf")
-        raise ConfigError("rollout.engine=vllm is not wired into this version's training loop yet; use "
-                          "rollout.engine: hf (transformers' generate, colocated)")
+            raise ConfigError("rollout.engine=vllm: vLLM is not installed here (it runs on GPUs: pip install "
+                              "'scaletrain[vllm]' on a GPU machine), or use rollout.engine: hf")
     lora = cfg.model.finetuning_type == "lora"
-    placement = ("colocated: each worker samples its own prompts with the policy it trains" if r.placement ==
+    placement = (f"colocated: each worker's own vLLM, given the {'adapter' if lora else 'weights'} after every "
+                 f"step, {r.gpu_memory_utilization:g} of its GPU's memory, handed back between rollouts"
+                 if r.engine == "vllm" else
+                 "colocated: each worker samples its own prompts with the policy it trains" if r.placement ==
                  "colocated" else f"separate: {r.num_workers} Ray actor(s) of their own, given the policy before "
                  f"each rollout ({'the whole model once, then the LoRA adapter only' if lora else 'the whole model'}"
                  f"; each wait at most rollout.sync_timeout_s={r.sync_timeout_s:g} s)")

@@ -37,6 +37,7 @@ from scaletrain.worker.rollout import Colocated, RolloutPool, sync_payload
 if TYPE_CHECKING:
     from scaletrain.config.schema import Config, TrainConfig
     from scaletrain.worker.trainer import Trainer
+    from scaletrain.worker.vllm_engine import VLLMEngine
 
 
 log = logging.getLogger(__name__)
@@ -256,11 +257,25 @@ class GRPOObjective:
 
     # -- the engine and its weights ----------------------------------------------------------------------------
 
-    def _engine(self, t: Trainer) -> Colocated | RolloutPool:
+    def _engine(self, t: Trainer) -> Colocated | RolloutPool | VLLMEngine:
         if self.engine is None:
-            self.engine = (Colocated(unwrap(t.model), t.ctx.device, t.precision.autocast, self._all_done(t))
-                           if self.cfg.rollout.placement == "colocated" else self._start_pool(t))
+            if self.cfg.rollout.engine == "vllm":
+                self.engine = self._start_vllm(t)
+            elif self.cfg.rollout.placement == "colocated":
+                self.engine = Colocated(unwrap(t.model), t.ctx.device, t.precision.autocast, self._all_done(t))
+            else:
+                self.engine = self._start_pool(t)
         return self.engine
+
+    def _start_vllm(self, t: Trainer) -> VLLMEngine:
+        from scaletrain.model.files import model_dir
+        from scaletrain.worker.vllm_engine import VLLMEngine, check_vllm
+
+        check_vllm(t.ctx.device)
+        compute = t.precision.policy.compute
+        return VLLMEngine(str(model_dir(self.cfg.model.name_or_path)), unwrap(t.model), t.lora, self.cfg.rollout,
+                          self.cfg.train.seed, self.cfg.data.max_length + self.rl.max_completion_length,
+                          {"bf16": "bfloat16", "fp16": "float16"}.get(compute, "float32"))
 
     def _start_pool(self, t: Trainer) -> RolloutPool:
         """Rank 0 starts the actors (names of this worker group's own: a restarted group never finds the last
@@ -286,9 +301,14 @@ class GRPOObjective:
         is the step's (``time/sync_s``; an evaluation's is not)."""
         pool = self._engine(t)
         version = t.progress.step
-        if not isinstance(pool, RolloutPool) or pool.version == version:
+        if isinstance(pool, Colocated) or pool.version == version:
             return
         t0 = time.perf_counter()
+        if not isinstance(pool, RolloutPool):  # vLLM in this worker: each rank gives its own engine its replica
+            self.sync_mb = pool.load(version, full=pool.version is None or not t.lora)["mb"]
+            if count:
+                self._add(t, "sync_s", time.perf_counter() - t0)
+            return
         full = pool.version is None or not t.lora
         # a collective under FSDP (the shards gathered to rank 0); under DDP rank 0's replica is the policy
         payload = sync_payload(t.model, full) if t.ctx.is_main or self.cfg.train.strategy == "fsdp" else {}
@@ -442,7 +462,7 @@ class GRPOObjective:
                 out[f"time/{part}_s"] = s[f"{part}_s"] / s["steps"]
             # completion tokens over the ranks' mean rollout time: the engine's throughput, all ranks together
             out["throughput/rollout_tokens_per_s"] = s["length"] / max(s["rollout_s"] / self.world, 1e-9)
-        if isinstance(self.engine, RolloutPool):
+        if self.engine is not None and not isinstance(self.engine, Colocated):
             out["rollout/version"] = self.engine.version
             out["rollout/sync_mb"] = self.sync_mb
         return out

@@ -312,6 +312,37 @@ def test_the_plan_knows_grpo_a_sequence_its_reference_and_the_rollouts_cache(voc
     assert shape_for(sft, Vocab(vocab, 0)).seq == 256  # an SFT sequence is max_length alone
 
 
+def _with_rollout(cfg, **rollout):
+    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update=rollout)})
+
+
+def test_the_plan_knows_where_the_rollout_engine_holds_memory(vocab):
+    """#61 item 7: a separate engine's actors hold the model and a micro-batch's KV cache on devices of their own
+    (none on the training devices); a colocated vLLM holds its reserved share beside the training peak, which the
+    plan adds up and refuses past the device; the hf engine colocated is a phase of the estimate (no line)."""
+    from scaletrain.memory.estimate import rollout_bytes
+    from scaletrain.memory.plan import rollout_engine_line, shape_for
+
+    cfg = _grpo(finetuning_type="lora")
+    shape = shape_for(cfg, Vocab(vocab, 0))
+    h100 = device_named("h100")
+    assert rollout_engine_line(cfg, shape, 2, h100) is None
+    separate = _with_rollout(cfg, placement="separate", num_workers=2)
+    assert "rollout" not in estimate(separate, shape, 2, "gpu").as_dict().get("phase", "")
+    assert estimate(separate, shape, 2, "gpu").peak <= estimate(cfg, shape, 2, "gpu").peak
+    ok, line = rollout_engine_line(separate, shape, 2, h100)
+    need = shape.total * 4 + rollout_bytes(cfg, shape, 4)  # fp32: the config asks no bf16
+    assert ok and line.startswith(f"rollout actors (separate, 2): {need / 2**30:.1f} GiB each")
+    vllm = _with_rollout(cfg, engine="vllm", gpu_memory_utilization=0.3)
+    ok, line = rollout_engine_line(vllm, shape, 2, h100)
+    assert ok and "vLLM (colocated): 0.3 of each GPU" in line and line.endswith(": fits")
+    tiny = type(h100)("tiny", need * 2)
+    ok, line = rollout_engine_line(_with_rollout(vllm, gpu_memory_utilization=0.3), shape, 2, tiny)
+    assert not ok and "raise rollout.gpu_memory_utilization" in line
+    ok, line = rollout_engine_line(_with_rollout(vllm, gpu_memory_utilization=0.9), shape, 2, tiny)
+    assert not ok and "lower rollout.gpu_memory_utilization or use more devices" in line
+
+
 def test_the_cost_of_a_job_per_device_count_and_the_cheapest_within_a_deadline():
     """#63: the job's samples fixed (its steps at its workers), at n devices steps x workers / n steps of the step
     time at n; device-hours = hours x n; cost = device-hours x price; the cheapest that fits and meets a deadline."""

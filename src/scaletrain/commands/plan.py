@@ -49,7 +49,15 @@ def run(args: argparse.Namespace) -> int:
     from scaletrain.commands.scale import parse_workers
     from scaletrain.config import load_config
     from scaletrain.memory.estimate import GIB, estimate
-    from scaletrain.memory.plan import ASSUMED_MFU, device_named, shape_for, step_time_s, variants, verdict
+    from scaletrain.memory.plan import (
+        ASSUMED_MFU,
+        device_named,
+        rollout_engine_line,
+        shape_for,
+        step_time_s,
+        variants,
+        verdict,
+    )
     from scaletrain.model.tokenizer import plan_vocab
 
     cfg = load_config(args.config, args.overrides)
@@ -73,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     timing = _timing(args, cfg, shape, device, dtype, compute, sizes) if compute is not None else []
     interval = save_steps_for(args, cfg, shape, compute) if args.mtbf_hours is not None else None
     cp_rows, cp_lines = _context_parallel(args, cfg, vocab, sizes, device)
+    engine = {n: line for n in sizes if (line := rollout_engine_line(cfg, shape, n, device)) is not None}
     if args.json:
         moe = ({"moe": {"experts": shape.experts[0], "experts_per_token": shape.experts[1],
                         "parameters": shape.total, "active_parameters": shape.active_total}} if shape.experts else {})
@@ -80,11 +89,15 @@ def run(args: argparse.Namespace) -> int:
                           **({"checkpoint_interval": interval} if interval else {}),
                           "verdicts": {n: v[1] for n, v in verdicts.items()}, "timing": timing,
                           **({"context_parallel": cp_rows, "context_parallel_notes": cp_lines} if cp_rows else {}),
+                          **({"rollout_engine": {n: {"fits": ok, "note": line} for n, (ok, line) in engine.items()}}
+                             if engine else {}),
                           "assumed_mfu": ASSUMED_MFU if compute is not None else None}, indent=1))
     else:
         _print(cfg, device, rows, verdicts, timing, compute, dtype, args.all, shape.moe_line())
         for line in cp_lines:
             _say(f"context parallel: {line}")
+        for line in dict.fromkeys(line for _, line in engine.values()):  # one line each different one
+            _say(line)
         if interval:
             import textwrap
 
@@ -93,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         _costs(args, cfg, shape, sizes, dtype)
     elif args.deadline or args.steps:
         raise ConfigError("--deadline and --steps go with --price DEVICE=PER_HOUR (what a device-hour costs)")
+    if engine and not any(ok for ok, _ in engine.values()):
+        raise ConfigError(f"GRPO's rollout engine fits none of --gpus {args.gpus} on {device.key}: "
+                          f"{next(iter(engine.values()))[1]}")
     if not any(ok for ok, _ in verdicts.values()):
         split = next((r for r in cp_rows if r["fits"]), None)
         fix = (f"set scaling.context_parallel={split['context_parallel']} on {split['devices']} devices (each "

@@ -339,8 +339,11 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     start_of_backward = kept + loss_kept + logits_grad
     end_of_backward = grads + int(per_block * act_scale)
     phases = {"backward start": start_of_backward, "backward end": end_of_backward, "eval": evaluation}
-    if t.stage == "grpo":  # sampling, colocated: the micro-batch's KV cache and one position's logits (fp32)
-        phases["rollout"] = rollout_bytes(cfg, shape, compute_bytes)
+    if t.stage == "grpo" and cfg.rollout.placement == "colocated":
+        # sampling with the policy (hf): the micro-batch's KV cache and one position's logits (fp32); vLLM: its own
+        # copy of the weights beside the policy, and its KV cache (its reserved share: memory/plan.py's engine line)
+        phases["rollout"] = rollout_bytes(cfg, shape, compute_bytes) + (
+            shape.total * compute_bytes if cfg.rollout.engine == "vllm" else 0)
     when = max(phases, key=phases.get)
     grads_at_peak = grads if when == "backward end" else 0
     activations = phases[when] - grads_at_peak

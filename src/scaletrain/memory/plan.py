@@ -84,6 +84,37 @@ def verdict(cfg: Config, shape: Shape, n: int, device: Device) -> tuple[bool, st
     return False, f"does not fit: needs {b.peak / GIB:.1f} GiB of {have / GIB:.0f} GiB; {advice(cfg, shape, n, device)}"
 
 
+def rollout_engine_line(cfg: Config, shape: Shape, n: int, device: Device) -> tuple[bool, str] | None:
+    """GRPO's rollout engine where it holds memory of its own (None otherwise: the hf engine colocated samples with
+    the policy, a phase of the estimate): a separate actor's device (the model in the compute dtype and one
+    micro-batch's KV cache and logits), or a colocated vLLM's reserved share beside the training peak."""
+    from scaletrain.memory.estimate import rollout_bytes
+
+    if cfg.train.stage != "grpo" or (cfg.rollout.placement == "colocated" and cfg.rollout.engine == "hf"):
+        return None
+    gpu = device.key != "cpu"
+    half = gpu and (cfg.train.bf16 or cfg.train.fp16)
+    compute = 2 if half else 4
+    weights, kv = shape.total * compute, rollout_bytes(cfg, shape, compute)
+    need = weights + kv
+    if cfg.rollout.placement == "separate":
+        ok = need <= device.memory_bytes
+        return ok, (f"rollout actors (separate, {cfg.rollout.num_workers}): {need / GIB:.1f} GiB each (weights "
+                    f"{weights / GIB:.1f} + KV cache and logits of a micro-batch {kv / GIB:.2f}) on a device of "
+                    f"their own: " + ("fits" if ok else f"does not fit in {device.memory_bytes / GIB:.0f} GiB"))
+    share = int(cfg.rollout.gpu_memory_utilization * device.memory_bytes)
+    training = estimate(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})}),
+                        shape, n, "gpu" if gpu else "cpu").peak
+    ok = need <= share and training + share <= device.memory_bytes
+    why = ("fits" if ok else f"vLLM needs {need / GIB:.1f} GiB of its {share / GIB:.1f} GiB; raise "
+           f"rollout.gpu_memory_utilization" if need > share else
+           f"training's {training / GIB:.1f} GiB + vLLM's {share / GIB:.1f} GiB exceed {device.memory_bytes / GIB:.0f} "
+           f"GiB; lower rollout.gpu_memory_utilization or use more devices")
+    return ok, (f"vLLM (colocated): {cfg.rollout.gpu_memory_utilization:g} of each GPU = {share / GIB:.1f} GiB "
+                f"reserved while it samples, of which weights {weights / GIB:.1f} + a micro-batch's KV cache "
+                f"{kv / GIB:.2f}; beside training's {training / GIB:.1f} GiB: {why}")
+
+
 def advice(cfg: Config, shape: Shape, n: int, device: Device, most: int = 64) -> str:
     """The smallest change that fits, in the order of least cost: the chunked loss, a smaller eval batch, a memory
     lever at this size, else the fewest devices with FSDP."""

@@ -109,7 +109,8 @@ def test_the_sync_gives_the_engine_the_trainers_weights_bit_for_bit(pool_and_pol
     mask = (ids != tok.pad_token_id).long()
     how = {"max_new_tokens": 6, "eos": tok.eos_token_id, "pad": tok.pad_token_id, "temperature": 1.0, "top_p": 0.9}
     here = Colocated(policy.eval(), "cpu", contextlib.nullcontext)
-    assert torch.equal(pool.generate(ids, mask, [3, 4], **how), here.generate(ids, mask, [3, 4], **how))
+    (theirs, their_logps), (ours, our_logps) = (e.generate(ids, mask, [3, 4], **how) for e in (pool, here))
+    assert torch.equal(theirs, ours) and torch.equal(their_logps, our_logps)
 
 
 def test_a_stuck_actor_fails_the_sync_within_its_timeout_naming_it(sums):

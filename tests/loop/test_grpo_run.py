@@ -68,6 +68,9 @@ def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
     # every completion has a token at least: its end, or the first of 8)
     assert first["completions/mean_length"] >= 1
     assert -1 <= first["rewards/length/mean"] <= 0
+    # the sampler's log-probabilities of the sampled tokens against the trainer's forward (fp32; a KV cache against
+    # a full pass): TRL's sampling/sampling_logp_difference
+    assert 0 <= first["sampling/sampling_logp_difference/mean"] < 1e-4
     # the report: the reward and length plot, and a few completions at the start and the end
     import yaml
 

@@ -30,7 +30,8 @@ class FakeLLM:
             ids = [rng.randrange(3, 50) for _ in range(rng.randrange(1, p.kwargs["max_tokens"] + 1))]
             if rng.random() < 0.5:
                 ids[-1] = p.kwargs["stop_token_ids"][0]
-            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=ids)]))
+            logprobs = [{tok: types.SimpleNamespace(logprob=-0.5 - k)} for k, tok in enumerate(ids)]
+            outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=ids, logprobs=logprobs)]))
         return outs
 
     def apply_model(self, fn):
@@ -85,6 +86,7 @@ def test_lora_goes_to_vllm_as_a_new_adapter_per_version(fake_vllm, tmp_path):
     assert llm.kwargs["enable_lora"] and llm.kwargs["max_lora_rank"] == 4 and llm.kwargs["max_loras"] == 1
     assert llm.kwargs["gpu_memory_utilization"] == 0.3 and llm.kwargs["max_model_len"] == 96
     assert llm.kwargs["dtype"] == "bfloat16" and llm.kwargs["seed"] == 7 and llm.kwargs["enable_sleep_mode"]
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs"  # after the temperature, as the trainer's
     first = engine.load(0, full=True)
     path0 = engine.request.path
     from safetensors.torch import load_file
@@ -115,14 +117,16 @@ def test_each_row_is_sampled_with_its_own_seed_and_the_memory_is_handed_back(fak
     engine.load(0, full=True)
     ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
-    out = engine.generate(ids, mask, [11, 12], max_new_tokens=6, eos=2, pad=0, temperature=0.7, top_p=0.9)
+    out, logps = engine.generate(ids, mask, [11, 12], max_new_tokens=6, eos=2, pad=0, temperature=0.7, top_p=0.9)
     llm = FakeLLM.made[0]
     _, prompts, params, request = next(c for c in llm.calls if c[0] == "generate")
     assert prompts == [{"prompt_token_ids": [5, 6]}, {"prompt_token_ids": [7, 8, 9, 10]}]  # the padding left out
     assert [p.kwargs["seed"] for p in params] == [11, 12] and request is engine.request
     assert all(p.kwargs["stop_token_ids"] == [2] and p.kwargs["temperature"] == 0.7 and p.kwargs["top_p"] == 0.9
-               and p.kwargs["max_tokens"] == 6 for p in params)
-    again = engine.generate(ids.flip(0), mask.flip(0), [12, 11], max_new_tokens=6, eos=2, pad=0)
+               and p.kwargs["max_tokens"] == 6 and p.kwargs["logprobs"] == 0 for p in params)
+    n = int((out[0] != 0).sum())
+    assert logps[0, :n].tolist() == [-0.5 - k for k in range(n)]  # the sampled token's, at each position
+    again, _ = engine.generate(ids.flip(0), mask.flip(0), [12, 11], max_new_tokens=6, eos=2, pad=0)
     rows = [r[r != 0].tolist() for r in out]
     assert rows == [r[r != 0].tolist() for r in again.flip(0)]  # a row's completion is its seed's, wherever it sits
     assert llm.calls[-1] == ("sleep", 1) and ("wake",) in llm.calls  # asleep between rollouts

@@ -27,21 +27,26 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def sample(model, ids: torch.Tensor, mask: torch.Tensor, generators: list[torch.Generator], max_new_tokens: int,
-           eos: int, pad: int, temperature: float = 1.0, top_p: float = 1.0, all_done=None) -> torch.Tensor:
-    """[rows, <= max_new_tokens] sampled tokens after left-padded ``ids`` (a row is ``pad`` after its EOS).
+           eos: int, pad: int, temperature: float = 1.0, top_p: float = 1.0, all_done=None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, <= max_new_tokens] sampled tokens after left-padded ``ids`` (a row is ``pad`` after its EOS), and each
+    drawn token's log-probability under the sampling distribution before top-p (fp32 log-softmax of the logits /
+    temperature: what the trainer computes for the same tokens, compared in ``sampling/sampling_logp_difference``).
     ``all_done``: whether every rank's rows are done, given this rank's (a collective): a model sharded by FSDP
     runs its forwards together on every rank, so no rank may stop sampling before the others."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
     cache, logits = out.past_key_values, out.logits[:, -1]
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-    tokens = []
+    tokens, logps = [], []
     for _ in range(max_new_tokens):
-        probs = top_p_filter(logits.float() / temperature, top_p).softmax(dim=-1)
+        scaled = logits.float() / temperature
+        probs = top_p_filter(scaled, top_p).softmax(dim=-1)
         drawn = torch.cat([torch.multinomial(probs[i].cpu() if g.device.type == "cpu" else probs[i], 1, generator=g)
                            for i, g in enumerate(generators)]).to(ids.device)
         drawn = torch.where(done, torch.full_like(drawn, pad), drawn)
         tokens.append(drawn)
+        logps.append(scaled.log_softmax(dim=-1).gather(-1, drawn.unsqueeze(-1)).squeeze(-1))
         done |= drawn == eos
         finished = bool(done.all())
         if all_done is not None:
@@ -53,4 +58,6 @@ def sample(model, ids: torch.Tensor, mask: torch.Tensor, generators: list[torch.
         out = model(input_ids=drawn.unsqueeze(1), attention_mask=mask, position_ids=positions, past_key_values=cache,
                     use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
-    return torch.stack(tokens, dim=1) if tokens else ids.new_zeros((ids.shape[0], 0))
+    if not tokens:
+        return ids.new_zeros((ids.shape[0], 0)), torch.zeros((ids.shape[0], 0))
+    return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)

@@ -61,7 +61,7 @@ class GRPOObjective:
         # each function's sums under rewards/: a function may be called "length" (the built-in), as a stat is
         per_func = [f"rewards/{n}{suffix}" for n in self.names for suffix in ("", "_sq", "_n")]
         self.stats = ("reward", "reward_sq", "reward_n", *per_func, "length", "truncated", "completions", "kl",
-                      "entropy", "tokens", "clip_low", "clip_high", "clip_count", "steps", "rollout_s",
+                      "entropy", "tokens", "clip_low", "clip_high", "clip_count", "logp_diff", "steps", "rollout_s",
                       "reference_s", "sync_s")
         self.totals: rl_loss.Totals | None = None
         self.tokenizer = None
@@ -227,8 +227,8 @@ class GRPOObjective:
         # each row's own random stream: the prompt's seed and the row's place in its group (rl/sampling.py)
         seeds = [prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][i])) + i % self.rl.num_generations
                  for i in range(len(prompts))]
-        out = self._engine(t).generate(ids, mask, seeds, max_new_tokens=cap, eos=eos, pad=pad,
-                                       temperature=self.rl.temperature, top_p=self.rl.top_p)
+        out, sampled = self._engine(t).generate(ids, mask, seeds, max_new_tokens=cap, eos=eos, pad=pad,
+                                                temperature=self.rl.temperature, top_p=self.rl.top_p)
         rows, completions, truncated = [], [], []
         for p, row in zip(prompts, out.tolist()):
             ended = eos in row
@@ -242,9 +242,11 @@ class GRPOObjective:
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         cmask = torch.zeros((len(rows), c_width), dtype=torch.float32)
+        sampling_logps = torch.zeros((len(rows), c_width), dtype=torch.float32)  # the engine's, of the same tokens
         starts = torch.tensor([len(p) for p in rows])
         for i, (p, c) in enumerate(zip(rows, completions)):
             ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            sampling_logps[i, :len(c)] = sampled[i, :len(c)].float().cpu()
             mask[i, :len(p) + len(c)] = 1
             if not (truncated[i] and self.rl.mask_truncated_completions):
                 cmask[i, :len(c)] = 1.0
@@ -253,6 +255,7 @@ class GRPOObjective:
             self._add(t, "truncated", float(sum(truncated)))
             self._add(t, "completions", float(len(completions)))
         return {"input_ids": ids, "attention_mask": mask, "completion_mask": cmask, "starts": starts,
+                "sampling_logps": sampling_logps,
                 "completion_ids": completions, "extras": extras, "truncated": truncated}
 
     # -- the engine and its weights ----------------------------------------------------------------------------
@@ -399,7 +402,8 @@ class GRPOObjective:
         with t.precision.autocast():
             logits = t.model(input_ids=r["input_ids"].to(t.ctx.device),
                              attention_mask=r["attention_mask"].to(t.ctx.device), use_cache=False).logits
-        return completion_logps(logits, r["input_ids"].to(t.ctx.device), r["starts"], r["completion_mask"].shape[1])
+        return completion_logps(logits, r["input_ids"].to(t.ctx.device), r["starts"], r["completion_mask"].shape[1],
+                                temperature=self.rl.temperature)
 
     def _reference_logps(self, t: Trainer, r: dict) -> torch.Tensor:
         import contextlib
@@ -410,7 +414,8 @@ class GRPOObjective:
             net = model if t.lora or t.reference is None else t.reference
             logits = net(input_ids=r["input_ids"].to(t.ctx.device),
                          attention_mask=r["attention_mask"].to(t.ctx.device), use_cache=False).logits
-        return completion_logps(logits, r["input_ids"].to(t.ctx.device), r["starts"], r["completion_mask"].shape[1])
+        return completion_logps(logits, r["input_ids"].to(t.ctx.device), r["starts"], r["completion_mask"].shape[1],
+                                temperature=self.rl.temperature)
 
     # -- the loss --------------------------------------------------------------------------------------------
 
@@ -419,7 +424,8 @@ class GRPOObjective:
         logits = t.model(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False).logits
         mask = batch["completion_mask"]
         width = mask.shape[1]
-        logps, entropy = completion_logps(logits, ids, batch["starts"], width, with_entropy=True)
+        logps, entropy = completion_logps(logits, ids, batch["starts"], width, with_entropy=True,
+                                          temperature=self.rl.temperature)
         terms = rl_loss.per_token_loss(logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"],
                                        mask, self.rl)
         loss = rl_loss.reduce(terms.per_token, mask, self.rl, self.totals) * t.ctx.world_size
@@ -428,6 +434,10 @@ class GRPOObjective:
                 self._add(t, "kl", float((terms.kl * mask).sum()))
             self._add(t, "entropy", float((entropy * mask).sum()))
             self._add(t, "tokens", float(mask.sum()))
+            if "sampling_logps" in batch:  # the engine's log-probabilities of the same tokens against the policy
+                # that sampled them (this one; with rl.num_iterations > 1 the generation's, kept with the batch)
+                sampler = batch["old_logps"] if "old_logps" in batch else logps
+                self._add(t, "logp_diff", float(((sampler - batch["sampling_logps"]).abs() * mask).sum()))
             low, high, count = rl_loss.clip_counts(terms, batch["advantages"], mask, self.rl)
             self._add(t, "clip_low", low)
             self._add(t, "clip_high", high)
@@ -452,6 +462,8 @@ class GRPOObjective:
             out["completions/clipped_ratio"] = s["truncated"] / s["completions"]
         if s["tokens"]:
             out["entropy"] = s["entropy"] / s["tokens"]
+            # TRL's name: the engine's and the trainer's log-probabilities of the sampled tokens, mean |difference|
+            out["sampling/sampling_logp_difference/mean"] = s["logp_diff"] / s["tokens"]
             if self.rl.beta > 0:
                 out["kl"] = s["kl"] / s["tokens"]
         if s["clip_count"]:
@@ -469,12 +481,13 @@ class GRPOObjective:
 
 
 def completion_logps(logits: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, width: int,
-                     with_entropy: bool = False):
+                     with_entropy: bool = False, temperature: float = 1.0):
     """Each row's log-probabilities of its completion tokens ([B, width]: token j of row i is at starts[i] + j, its
-    logit one place before) in fp32; with its entropies."""
+    logit one place before) in fp32, of the logits divided by the sampling temperature (TRL's, for the policy, the
+    old policy and the reference alike); with its entropies."""
     rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
     where = (starts.to(ids.device).unsqueeze(1) + torch.arange(width, device=ids.device)).clamp(max=ids.shape[1] - 1)
-    picked = logits[rows, where - 1].float()  # [B, width, V]
+    picked = logits[rows, where - 1].float() / temperature  # [B, width, V]
     logp = F.log_softmax(picked, dim=-1)
     token_logps = logp.gather(-1, ids[rows, where].unsqueeze(-1)).squeeze(-1)
     if not with_entropy:

@@ -67,7 +67,9 @@ class Colocated:
     def __init__(self, policy, device, autocast, all_done=None):
         self.policy, self.device, self.autocast, self.all_done = policy, device, autocast, all_done
 
-    def generate(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], **how) -> torch.Tensor:
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], **how
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sampled tokens and their log-probabilities (rl/sampling.py)."""
         with self.autocast():
             return sample(self.policy, ids.to(self.device), mask.to(self.device),
                           generators_for(seeds, self.device), all_done=self.all_done, **how)
@@ -122,9 +124,9 @@ class RolloutWorker:
             raise TrainingError(f"rollout actor {self.index} holds weights version {self.version} and was asked to "
                                 f"sample with version {version}; a bug: report it")
         with self.precision.autocast():
-            out = sample(self.model, ids.to(self.device), mask.to(self.device),
-                         generators_for(seeds, self.device), **how)
-        return out.cpu()
+            tokens, logps = sample(self.model, ids.to(self.device), mask.to(self.device),
+                                   generators_for(seeds, self.device), **how)
+        return tokens.cpu(), logps.cpu()
 
     def digest(self) -> dict[str, str]:
         """Each tensor's bytes hashed: the tests' bit-for-bit check against the trainer."""
@@ -191,7 +193,8 @@ class RolloutPool:
         self.version = version
         return replies[0]
 
-    def generate(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], **how) -> torch.Tensor:
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], **how
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows sampled by its actor (rank i uses actor i mod the pool's size). No timeout of its own:
         sampling takes as long as it takes; the step's heartbeat names the rank and its "rollout" phase if it hangs,
         and an actor that died ends the wait at once, named."""

@@ -52,8 +52,9 @@ class VLLMEngine:
         self.adapters = Path(tempfile.mkdtemp(prefix="scaletrain-vllm-lora-"))
         self.request = None
         extra = {"enable_lora": True, "max_lora_rank": _lora_rank(policy), "max_loras": 1} if lora else {}
+        # processed_logprobs: the sampled tokens' log-probabilities after the temperature, as the trainer's
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_len,
-                       gpu_memory_utilization=rollout.gpu_memory_utilization,
+                       logprobs_mode="processed_logprobs", gpu_memory_utilization=rollout.gpu_memory_utilization,
                        enable_sleep_mode=True, distributed_executor_backend="external_launcher", **extra)
         self.asleep = False
 
@@ -86,22 +87,27 @@ class VLLMEngine:
         return reply
 
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], max_new_tokens: int, eos: int,
-                 pad: int, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
-        """[rows, <= max_new_tokens] sampled tokens, ``pad`` after a row's EOS (the hf engine's shape)."""
+                 pad: int, temperature: float = 1.0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """[rows, <= max_new_tokens] sampled tokens, ``pad`` after a row's EOS, and their log-probabilities as vLLM
+        reports them (the hf engine's shapes)."""
         from vllm import SamplingParams
 
         self.wake()
         prompts = [{"prompt_token_ids": row[m.bool()].tolist()} for row, m in zip(ids.cpu(), mask.cpu())]
-        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s,
+        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=s, logprobs=0,
                                  stop_token_ids=[eos], skip_special_tokens=False) for s in seeds]
         outs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False, lora_request=self.request)
         rows = [list(o.outputs[0].token_ids) for o in outs]
         width = max((len(r) for r in rows), default=0)
         out = torch.full((len(rows), width), pad, dtype=torch.long)
-        for i, r in enumerate(rows):
+        logps = torch.zeros((len(rows), width))
+        for i, (r, o) in enumerate(zip(rows, outs)):
             out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            # logprobs=0: each position's dict holds the sampled token's Logprob
+            chosen = [float(pos[tok].logprob) for tok, pos in zip(r, o.outputs[0].logprobs or [])]
+            logps[i, :len(chosen)] = torch.tensor(chosen)
         self.sleep()  # the training phase gets the memory back
-        return out
+        return out, logps
 
     def sleep(self) -> None:
         """vLLM's weights and KV cache off the GPU until the next rollout (sleep level 1: the weights to host memory:

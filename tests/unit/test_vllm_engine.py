@@ -77,7 +77,10 @@ def _engine(finetuning: str, tmp_path):
                               "finetuning_type": finetuning, "lora_rank": 4},
                     "data": {"train_file": "x.jsonl"}})
     policy = build_model(trained_model_config(cfg.model, "sft"), Vocab.of(load_tokenizer(cfg.model.name_or_path)))
-    return VLLMEngine(str(tmp_path / "model"), policy, finetuning == "lora", cfg.rollout, 7, 96, "bfloat16"), policy
+    from scaletrain.worker.vllm_engine import lora_rank_of
+
+    rank = lora_rank_of(policy) if finetuning == "lora" else None
+    return VLLMEngine(str(tmp_path / "model"), rank, cfg.rollout, 7, 96, "bfloat16", policy=policy), policy
 
 
 def test_lora_goes_to_vllm_as_a_new_adapter_per_version(fake_vllm, tmp_path):
@@ -146,5 +149,42 @@ def test_vllm_is_refused_in_one_line_where_it_cannot_run(monkeypatch):
             "rl": {"reward_funcs": ["accuracy"], "num_generations": 4}, "rollout": {"engine": "vllm"}}
     with pytest.raises(Exception, match="model.name_or_path=builtin:tiny-llama is built from a config"):
         validate(base)
-    with pytest.raises(Exception, match="rollout.engine=vllm with rollout.placement=separate is not supported yet"):
-        validate({**base, "rollout": {"engine": "vllm", "placement": "separate"}})
+    with pytest.raises(Exception, match="rollout.engine=vllm with train.strategy=fsdp is not supported yet"):
+        validate({**base, "train": {**base["train"], "strategy": "fsdp"}})
+
+
+def test_a_rollout_actor_runs_vllm_on_the_trainers_adapter_files(fake_vllm, tmp_path, monkeypatch):
+    """rollout.placement: separate with vLLM: the actor (worker/rollout.py's RolloutWorker, here in this process)
+    starts vLLM from the model directory, takes the adapter as the files peft writes (what the trainer sends),
+    writes its version to rollout.jsonl, and samples with a seed per row."""
+    import json
+
+    from scaletrain.model.files import TINY_LLAMA
+    from scaletrain.worker import vllm_engine
+    from scaletrain.worker.rollout import RolloutWorker
+    from scaletrain.worker.vllm_engine import payload_of
+
+    monkeypatch.setattr(vllm_engine, "check_vllm", lambda device: None)  # a GPU, as the actor would have
+    tok = load_tokenizer(TINY_LLAMA)
+    base = validate({"model": {"name_or_path": TINY_LLAMA, "task": "causal-lm"}, "data": {"train_file": "x.jsonl"}})
+    build_model(base.model, Vocab.of(tok)).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    cfg = validate({"model": {"name_or_path": str(tmp_path / "model"), "task": "causal-lm",
+                              "finetuning_type": "lora", "lora_rank": 4},
+                    "data": {"train_file": "x.jsonl", "max_length": 32},
+                    "train": {"stage": "grpo", "per_device_train_batch_size": 4},
+                    "rl": {"reward_funcs": ["accuracy"], "num_generations": 4, "max_completion_length": 8},
+                    "rollout": {"engine": "vllm", "placement": "separate"}})
+    actor = RolloutWorker(0, cfg.model_dump(mode="json"), Vocab.of(tok), "cuda", 1, str(tmp_path))
+    llm = FakeLLM.made[0]
+    assert llm.kwargs["model"] == str(tmp_path / "model") and llm.kwargs["max_lora_rank"] == 4
+    assert llm.kwargs["max_model_len"] == 40  # the prompt's budget and the completion's
+    policy = build_model(trained_model_config(cfg.model, "grpo"), Vocab.of(tok))
+    files = payload_of(policy, lora=True)
+    assert "adapter_model.safetensors" in files and "adapter_config.json" in files
+    done = actor.load(0, files, full=True)
+    assert done["kind"] == "lora" and done["mb"] * 2**20 == sum(len(b) for b in files.values())
+    tokens, logps = actor.generate(0, torch.tensor([[5, 6]]), torch.tensor([[1, 1]]), [3],
+                                   {"max_new_tokens": 4, "eos": 2, "pad": 0})
+    assert tokens.shape[0] == 1 and logps.shape == tokens.shape
+    assert [json.loads(ln)["version"] for ln in (tmp_path / "rollout.jsonl").read_text().splitlines()] == [0]

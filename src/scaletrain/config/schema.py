@@ -249,11 +249,9 @@ class Config(_Section):
             if on:
                 raise ValueError(f"{key} with train.stage=grpo is not supported yet; remove it")
         if self.rollout.engine == "vllm":
-            for key, on in (("rollout.placement=separate", self.rollout.placement == "separate"),
-                            ("train.strategy=fsdp", self.train.strategy == "fsdp")):
-                if on:
-                    raise ValueError(f"rollout.engine=vllm with {key} is not supported yet; use rollout.engine: hf "
-                                     f"(or vLLM colocated under DDP)")
+            if self.train.strategy == "fsdp":
+                raise ValueError("rollout.engine=vllm with train.strategy=fsdp is not supported yet; use "
+                                 "rollout.engine: hf, or train.strategy: ddp")
             if self.model.name_or_path.startswith("builtin:"):
                 raise ValueError(f"rollout.engine=vllm loads the model from a directory and "
                                  f"model.name_or_path={self.model.name_or_path} is built from a config; save it "

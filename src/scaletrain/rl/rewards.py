@@ -181,12 +181,14 @@ def check(cfg) -> str:
             raise ConfigError("rollout.engine=vllm: vLLM is not installed here (it runs on GPUs: pip install "
                               "'scaletrain[vllm]' on a GPU machine), or use rollout.engine: hf")
     lora = cfg.model.finetuning_type == "lora"
+    sent = ("the adapter as peft's files" if lora and r.engine == "vllm" else
+            "the whole model once, then the LoRA adapter only" if lora else "the whole model")
     placement = (f"colocated: each worker's own vLLM, given the {'adapter' if lora else 'weights'} after every "
                  f"step, {r.gpu_memory_utilization:g} of its GPU's memory, handed back between rollouts"
-                 if r.engine == "vllm" else
+                 if r.engine == "vllm" and r.placement == "colocated" else
                  "colocated: each worker samples its own prompts with the policy it trains" if r.placement ==
                  "colocated" else f"separate: {r.num_workers} Ray actor(s) of their own, given the policy before "
-                 f"each rollout ({'the whole model once, then the LoRA adapter only' if lora else 'the whole model'}"
+                 f"each rollout ({sent}"
                  f"; each wait at most rollout.sync_timeout_s={r.sync_timeout_s:g} s)")
     names = ", ".join(f"{name_of(s)} x {w:g}" for s, w in zip(cfg.rl.reward_funcs, cfg.rl.reward_weights or
                                                                 [1.0] * len(cfg.rl.reward_funcs)))

@@ -272,13 +272,14 @@ class GRPOObjective:
 
     def _start_vllm(self, t: Trainer) -> VLLMEngine:
         from scaletrain.model.files import model_dir
-        from scaletrain.worker.vllm_engine import VLLMEngine, check_vllm
+        from scaletrain.worker.vllm_engine import VLLMEngine, check_vllm, lora_rank_of, vllm_dtype
 
         check_vllm(t.ctx.device)
-        compute = t.precision.policy.compute
-        return VLLMEngine(str(model_dir(self.cfg.model.name_or_path)), unwrap(t.model), t.lora, self.cfg.rollout,
-                          self.cfg.train.seed, self.cfg.data.max_length + self.rl.max_completion_length,
-                          {"bf16": "bfloat16", "fp16": "float16"}.get(compute, "float32"))
+        policy = unwrap(t.model)
+        return VLLMEngine(str(model_dir(self.cfg.model.name_or_path)), lora_rank_of(policy) if t.lora else None,
+                          self.cfg.rollout, self.cfg.train.seed,
+                          self.cfg.data.max_length + self.rl.max_completion_length,
+                          vllm_dtype(t.precision.policy.compute), policy=policy)
 
     def _start_pool(self, t: Trainer) -> RolloutPool:
         """Rank 0 starts the actors (names of this worker group's own: a restarted group never finds the last
@@ -314,7 +315,12 @@ class GRPOObjective:
             return
         full = pool.version is None or not t.lora
         # a collective under FSDP (the shards gathered to rank 0); under DDP rank 0's replica is the policy
-        payload = sync_payload(t.model, full) if t.ctx.is_main or self.cfg.train.strategy == "fsdp" else {}
+        if self.cfg.rollout.engine == "vllm" and t.lora:  # vLLM takes an adapter as peft's files (vllm_engine.py)
+            from scaletrain.worker.vllm_engine import payload_of
+
+            payload = payload_of(unwrap(t.model), lora=True) if t.ctx.is_main else {}
+        else:
+            payload = sync_payload(t.model, full) if t.ctx.is_main or self.cfg.train.strategy == "fsdp" else {}
         reply = self._on_rank0(t, f"weight sync of version {version}", lambda: pool.sync(version, payload, full))
         pool.version = version
         if reply is not None:

@@ -88,11 +88,23 @@ class RolloutWorker:
         cfg = Config.model_validate(config)
         self.index, self.device, self.version = index, device, None
         self.precision = Precision(cfg, device)
+        self.log = RunDir(run_dir).rollout if run_dir and "://" not in run_dir else None
+        self.vllm = None
+        if cfg.rollout.engine == "vllm":  # vLLM on this actor's GPU, given the trainer's adapter files or state
+            from scaletrain.model.files import model_dir
+            from scaletrain.worker.vllm_engine import VLLMEngine, check_vllm, vllm_dtype
+
+            check_vllm(device)
+            self.vllm = VLLMEngine(str(model_dir(cfg.model.name_or_path)),
+                                   cfg.model.lora_rank if cfg.model.finetuning_type == "lora" else None, cfg.rollout,
+                                   cfg.train.seed, cfg.data.max_length + cfg.rl.max_completion_length,
+                                   vllm_dtype(self.precision.policy.compute))
+            self.tensors = {}
+            return
         self.model = build_model(trained_model_config(cfg.model, cfg.train.stage), vocab, cfg.data.label_names,
                                  frozen_dtype=self.precision.policy.torch_dtype("frozen"), device=device)
         self.model.to(device).eval().requires_grad_(False)
         self.tensors = {clean_name(k): v for k, v in self.model.state_dict().items()}
-        self.log = RunDir(run_dir).rollout if run_dir and "://" not in run_dir else None
 
     def ready(self) -> int:
         return self.index
@@ -100,6 +112,10 @@ class RolloutWorker:
     @torch.no_grad()
     def load(self, version: int, payload: dict, full: bool) -> dict:
         """The trainer's tensors copied into this actor's model; the version echoed (the trainer checks it)."""
+        if self.vllm is not None:
+            done = {"actor": self.index, **self.vllm.load_payload(version, payload), "time": time.time()}
+            self.version = version
+            return self._logged(done)
         t0 = time.perf_counter()
         unknown = sorted(set(payload) - set(self.tensors))
         missing = sorted(set(self.tensors) - set(payload)) if full else []
@@ -112,8 +128,11 @@ class RolloutWorker:
         done = {"actor": self.index, "version": version, "kind": "full" if full else "trainable",
                 "tensors": len(payload), "mb": payload_mb(payload), "load_s": time.perf_counter() - t0,
                 "time": time.time()}
-        log.info("rollout actor %d: weights version %d (%s, %d tensors, %.3f MB)", self.index, version,
-                 done["kind"], len(payload), done["mb"])
+        return self._logged(done)
+
+    def _logged(self, done: dict) -> dict:
+        log.info("rollout actor %d: weights version %d (%s, %.3f MB)", self.index, done["version"], done["kind"],
+                 done["mb"])
         if self.log is not None:
             with open(self.log, "a", encoding="utf-8") as f:
                 f.write(json.dumps(done) + "\n")
@@ -123,6 +142,8 @@ class RolloutWorker:
         if self.version != version:
             raise TrainingError(f"rollout actor {self.index} holds weights version {self.version} and was asked to "
                                 f"sample with version {version}; a bug: report it")
+        if self.vllm is not None:
+            return self.vllm.generate(ids, mask, seeds, **how)
         with self.precision.autocast():
             tokens, logps = sample(self.model, ids.to(self.device), mask.to(self.device),
                                    generators_for(seeds, self.device), **how)

@@ -41,17 +41,19 @@ def check_vllm(device: str) -> None:
 
 
 class VLLMEngine:
-    """One worker's vLLM, loaded from the run's model directory, kept current by ``load``."""
+    """One vLLM, loaded from the run's model directory, kept current by ``load`` (a training worker's, from the
+    policy it trains: ``policy``) or ``load_payload`` (a rollout actor's, from what the trainer sent)."""
 
     placement = "colocated"
 
-    def __init__(self, model_dir: str, policy, lora: bool, rollout, seed: int, max_len: int, dtype: str):
+    def __init__(self, model_dir: str, lora_rank: int | None, rollout, seed: int, max_len: int, dtype: str,
+                 policy=None):
         from vllm import LLM
 
-        self.policy, self.lora, self.version = policy, lora, None
+        self.policy, self.lora, self.version = policy, lora_rank is not None, None
         self.adapters = Path(tempfile.mkdtemp(prefix="scaletrain-vllm-lora-"))
         self.request = None
-        extra = {"enable_lora": True, "max_lora_rank": _lora_rank(policy), "max_loras": 1} if lora else {}
+        extra = {"enable_lora": True, "max_lora_rank": lora_rank, "max_loras": 1} if self.lora else {}
         # processed_logprobs: the sampled tokens' log-probabilities after the temperature, as the trainer's
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_len,
                        logprobs_mode="processed_logprobs", gpu_memory_utilization=rollout.gpu_memory_utilization,
@@ -60,26 +62,32 @@ class VLLMEngine:
 
     def load(self, version: int, full: bool) -> dict:
         """The policy as it is now: the adapter (LoRA) or the whole state (full fine-tuning)."""
+        return self.load_payload(version, payload_of(self.policy, self.lora))
+
+    def load_payload(self, version: int, payload: dict) -> dict:
+        """LoRA: ``payload`` is the adapter's files (peft's ``save_pretrained``: name -> bytes), given to vLLM as a
+        new LoRARequest; full fine-tuning: the state by transformers' names, through the model's ``load_weights``."""
         from vllm.lora.request import LoRARequest
 
         t0 = time.perf_counter()
         self.wake()
         if self.lora:
             path = self.adapters / f"v{version}"
-            self.policy.save_pretrained(str(path))  # peft: the adapter's tensors and config only
+            path.mkdir()
+            for name, data in payload.items():
+                (path / name).write_bytes(data)
             self.request = LoRARequest(f"scaletrain-v{version}", version + 1, str(path))
-            size = sum(f.stat().st_size for f in path.iterdir())
+            size = sum(len(data) for data in payload.values())
             for old in self.adapters.iterdir():  # the versions before this one are not read again
                 if old != path:
                     _remove(old)
         else:
-            state = dict(self.policy.state_dict())
-            weights = list(state.items())
+            weights = list(payload.items())
             # vLLM's documented hook into its worker's model (in this process: external_launcher); the model's
             # load_weights takes transformers' names, as verl and TRL call it
             self.llm.apply_model(lambda model: model.load_weights(weights=weights))
             self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
-            size = sum(v.numel() * v.element_size() for v in state.values())
+            size = sum(v.numel() * v.element_size() for v in payload.values())
         self.version = version
         reply = {"version": version, "kind": "lora" if self.lora else "full", "mb": size / 2**20,
                  "load_s": time.perf_counter() - t0}
@@ -122,7 +130,22 @@ class VLLMEngine:
             self.asleep = False
 
 
-def _lora_rank(policy) -> int:
+def payload_of(policy, lora: bool) -> dict:
+    """What a vLLM engine is given of ``policy``: LoRA's adapter as peft writes it (its files: name -> bytes, a few
+    MB), or the whole state by transformers' names (where the policy is: vLLM in the same process takes them
+    there)."""
+    if not lora:
+        return {k: v.detach() for k, v in policy.state_dict().items()}
+    with tempfile.TemporaryDirectory(prefix="scaletrain-adapter-") as tmp:
+        policy.save_pretrained(tmp)  # peft: the adapter's tensors and config only
+        return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
+
+
+def vllm_dtype(compute: str) -> str:
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(compute, "float32")
+
+
+def lora_rank_of(policy) -> int:
     config = getattr(policy, "peft_config", {}).get("default")
     return int(getattr(config, "r", 16))
 

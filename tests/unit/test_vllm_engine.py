@@ -188,3 +188,16 @@ def test_a_rollout_actor_runs_vllm_on_the_trainers_adapter_files(fake_vllm, tmp_
                                    {"max_new_tokens": 4, "eos": 2, "pad": 0})
     assert tokens.shape[0] == 1 and logps.shape == tokens.shape
     assert [json.loads(ln)["version"] for ln in (tmp_path / "rollout.jsonl").read_text().splitlines()] == [0]
+
+
+def test_vllm_on_workers_of_this_machine_without_a_gpu_is_refused_before_they_start(monkeypatch):
+    from scaletrain.rl import rewards
+
+    cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                    "data": {"train_file": "x.jsonl"}, "train": {"stage": "grpo", "per_device_train_batch_size": 8},
+                    "rl": {"reward_funcs": ["accuracy"], "num_generations": 4}, "scaling": {"launcher": "torchrun"}})
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "vllm"})})
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
+    with pytest.raises(ConfigError, match="rollout.engine=vllm needs a GPU and scaling.launcher=torchrun runs the "
+                                          "workers on this machine, which has none"):
+        rewards.check(cfg)

@@ -180,6 +180,11 @@ def check(cfg) -> str:
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("rollout.engine=vllm: vLLM is not installed here (it runs on GPUs: pip install "
                               "'scaletrain[vllm]' on a GPU machine), or use rollout.engine: hf")
+        import torch
+
+        if cfg.scaling.launcher in ("local", "torchrun") and not torch.cuda.is_available():
+            raise ConfigError(f"rollout.engine=vllm needs a GPU and scaling.launcher={cfg.scaling.launcher} runs the "
+                              f"workers on this machine, which has none; use rollout.engine: hf")
     lora = cfg.model.finetuning_type == "lora"
     sent = ("the adapter as peft's files" if lora and r.engine == "vllm" else
             "the whole model once, then the LoRA adapter only" if lora else "the whole model")

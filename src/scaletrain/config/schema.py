@@ -55,6 +55,15 @@ class ModelConfig(_Section):
         "LLaMA-Factory's `all` works too): attention, the other linear layers and an MoE's routed experts, never "
         "skipped silently; `attention`, `experts` and `router` name those parts of an MoE (the router only on "
         "request)."))
+    freeze_vision_tower: bool = Field(True, description=(
+        "A vision-language model: its vision tower frozen (LLaMA-Factory's name and default); false: it trains "
+        "(full fine-tuning) or LoRA adapts it too."))
+    freeze_multi_modal_projector: bool = Field(True, description=(
+        "A vision-language model: the projector from image features to the language model frozen (LLaMA-Factory's "
+        "name and default); false: it trains, or LoRA adapts it."))
+    freeze_language_model: bool = Field(False, description=(
+        "A vision-language model: the language model and its head frozen (LLaMA-Factory's name and default: "
+        "false); true trains only the unfrozen tower or projector."))
     use_dora: bool = Field(False, description=(
         "DoRA (LLaMA-Factory's name): each adapted weight's magnitude trained apart from its direction (peft's "
         "use_dora); export merges it shard by shard, equal to peft's merge_and_unload."))

@@ -14,6 +14,7 @@ from scaletrain.model.files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files,
 from scaletrain.model.lora_targets import WORDS, resolve
 from scaletrain.model.quantize import block_linears, bnb_kwargs, is_nf4, prequantized_error, quantize_nf4
 from scaletrain.model.tokenizer import Vocab
+from scaletrain.model.vision import freeze, is_vision_language, unfrozen_targets
 
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
@@ -77,6 +78,10 @@ def auto_and_config(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | Non
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        if cfg.task == "causal-lm" and is_vision_language(config):  # images and text in, text out (model/vision.py)
+            from transformers import AutoModelForImageTextToText
+
+            auto = AutoModelForImageTextToText
     for k, v in kwargs.items():
         setattr(config, k, v)
     if cfg.dropout is not None:
@@ -115,8 +120,9 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
         # a classification head of another size is re-initialised (said before the run: head_mismatch)
         model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=load_dtype,
                                      ignore_mismatched_sizes=head_mismatch(cfg) is not None, **extra)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = vocab.pad_id
+    text = model.config.get_text_config()  # a vision-language model's pad id is its text model's
+    if getattr(text, "pad_token_id", None) is None:
+        text.pad_token_id = vocab.pad_id
     if packed:
         from scaletrain.model.attention import isolate_examples
 
@@ -126,6 +132,8 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
         from scaletrain.model.fp8 import convert_base
 
         convert_base(model, block_linears(model, transformer_blocks(model)))
+    if is_vision_language(model.config) and cfg.finetuning_type != "lora":
+        freeze(model, cfg.freeze_vision_tower, cfg.freeze_multi_modal_projector, cfg.freeze_language_model)
     if cfg.finetuning_type == "lora":
         model = apply_lora(model, cfg)
     set_dtypes(model, frozen_dtype)
@@ -254,6 +262,8 @@ def apply_lora(model, cfg: ModelConfig):
 
     task = TaskType.SEQ_CLS if cfg.task == "sequence-classification" else TaskType.CAUSAL_LM
     targets = resolve(model, cfg.lora_target, cfg.name_or_path)
+    if is_vision_language(model.config):
+        targets = unfrozen_targets(model, targets, cfg)
     if cfg.use_dora and targets.parameters:
         raise ConfigError("model.use_dora with LoRA on an MoE's fused experts: peft has no DoRA for parameters; set "
                           "model.lora_target to the attention/linear modules, or model.use_dora: false")
@@ -347,6 +357,9 @@ def packing_support_error(cfg: ModelConfig, vocab: Vocab) -> str | None:
     import inspect
 
     auto, config = auto_and_config(cfg, vocab)
+    if is_vision_language(config):
+        return (f"{cfg.name_or_path} ({config.model_type}) is a vision-language model, and packing its rows (each "
+                f"with its own M-RoPE positions) is not supported yet; set data.packing=false")
     model_class = auto._model_mapping[type(config)]
     source = inspect.getsource(importlib.import_module(model_class.__module__))
     if "create_causal_mask" not in source:
@@ -364,6 +377,9 @@ def context_parallel_error(cfg: ModelConfig, vocab: Vocab, size: int, method: st
     from scaletrain.model.context_parallel import choose_method
 
     _, config = auto_and_config(cfg, vocab)
+    if is_vision_language(config):
+        return (f"{cfg.name_or_path} ({config.model_type}) is a vision-language model; splitting its sequences over "
+                f"ranks is not supported yet: set scaling.context_parallel: 1")
     config = getattr(config, "text_config", None) or config
     name = f"{cfg.name_or_path} ({config.model_type})"
     implementation = getattr(config, "_attn_implementation", None) or "sdpa"

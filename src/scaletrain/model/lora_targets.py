@@ -41,7 +41,9 @@ class LoraTargets:
         return self.modules or None
 
     def note(self, r: int) -> str:
-        what = "every linear layer" if self.modules == ["all-linear"] else ", ".join(self.modules)
+        what = ("every linear layer" if self.modules == ["all-linear"] else
+                f"{len(self.modules)} linear layers of the unfrozen parts" if any("." in m for m in self.modules)
+                else ", ".join(self.modules))
         parts = [f"LoRA (rank {r}) on {what or 'no linear module'}"]
         if not self.moe:
             return parts[0]

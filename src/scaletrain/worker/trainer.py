@@ -89,6 +89,7 @@ class ModelFacts:
     lora: dict = field(default_factory=dict)  # model.lora_summary: what LoRA adapted
     experts: str | None = None  # model.experts_kernel: how an MoE's experts compute here (None: dense)
     context_parallel: str | None = None  # install_context_parallel's account (None: whole sequences per rank)
+    parts: str | None = None  # a vision-language model: trainable parameters per part (model/vision.py)
 
 
 @dataclass
@@ -154,6 +155,7 @@ class Trainer:
                 + ")" + (f"; loss in chunks of {output_layer(self.model).chunk_tokens} tokens (the whole logits never "
                          f"materialised)" if self.chunked_loss else "") + (f"; {f.experts}" if f.experts else "")
                 + (f"; {f.context_parallel}" if f.context_parallel else "")
+                + (f"; {f.parts}" if f.parts else "")
                 + (f"; {self.compiled.note()}" if self.compiled else "")
                 + (f"; {device_kernel_note(ctx.device)}" if ctx.device != "cpu" and not f.context_parallel else ""))
 
@@ -177,7 +179,7 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     model_config = getattr(model, "config", None)  # before wrapping (peft, DDP and FSDP keep it, or hide it)
     facts = ModelFacts(trainable, total, model_flops_facts(model), lora_summary(model),
                        experts_kernel(model, torch.device(ctx.device).type, precision.policy.torch_dtype("compute")),
-                       cp_note)
+                       cp_note, vision_parts(model))
     # Preference tuning reads each sequence's log-probability from the logits (no chunked token loss yet).
     if cfg.model.task == "causal-lm" and cfg.train.stage == "sft" and (
             chunk := chunk_tokens_for(cfg.train.loss_chunk_tokens, model_vocab(model, spec.vocab.size))):
@@ -249,3 +251,11 @@ def seed_everything(seed: int) -> None:
         np.random.seed(seed)
     except ImportError:
         pass
+
+
+def vision_parts(model) -> str | None:
+    """What trains of a vision-language model, per part (None for a text model)."""
+    from scaletrain.model.vision import counts_line, is_vision_language
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return counts_line(model) if is_vision_language(getattr(base, "config", None)) else None

@@ -1,0 +1,128 @@
+"""The parts of an image-text-to-text model (#62): its vision tower, the projector that maps image features into
+the language model, and the language model with its head, found by parameter name for the families transformers
+ships; frozen as LLaMA-Factory's ``freeze_vision_tower`` / ``freeze_multi_modal_projector`` /
+``freeze_language_model`` say, with the same defaults (the tower and the projector frozen, the language model
+trained).
+
+Written here, not taken from LLaMA-Factory's registry (model_utils/visual.py), because that registry names
+modules to freeze and misses some: Qwen3-VL's ``visual.pos_embed`` and ``visual.deepstack_merger_list`` are in
+none of its keys, so a "frozen" Qwen3-VL tower trains its position embedding. Here every parameter of the model
+belongs to exactly one part (by the longest matching prefix), and a parameter that matches none is an error,
+never left trainable by omission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaletrain.errors import ConfigError
+
+PART_NAMES = ("vision", "projector", "language")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parameter-name prefixes of each part (the longest match wins: a projector inside the tower's module)."""
+
+    vision: tuple[str, ...]
+    projector: tuple[str, ...]
+    language: tuple[str, ...]
+
+
+_QWEN = Layout(vision=("model.visual.",),
+               projector=("model.visual.merger.", "model.visual.deepstack_merger_list."),
+               language=("model.language_model.", "lm_head."))
+LAYOUTS = {
+    "qwen2_vl": _QWEN,
+    "qwen2_5_vl": _QWEN,
+    "qwen3_vl": _QWEN,
+    "qwen3_vl_moe": _QWEN,
+    "gemma3": Layout(vision=("model.vision_tower.",), projector=("model.multi_modal_projector.",),
+                     language=("model.language_model.", "lm_head.")),
+}
+
+
+def is_vision_language(config) -> bool:
+    """A transformers config of an image-text-to-text model (a vision config beside the text one)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def layout_of(config) -> Layout:
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in LAYOUTS:
+        raise ConfigError(f"model: a vision-language model of type {model_type} is not one scaletrain knows the parts "
+                          f"of yet (it knows {', '.join(sorted(LAYOUTS))}); use one of those")
+    return LAYOUTS[model_type]
+
+
+def part_of(name: str, layout: Layout) -> str | None:
+    """The part a parameter (or module) name belongs to, by the longest matching prefix; None: no part."""
+    name = name.replace("base_model.model.", "", 1) if name.startswith("base_model.model.") else name
+    best, length = None, -1
+    for part in PART_NAMES:
+        for prefix in getattr(layout, part):
+            if (name + ".").startswith(prefix) and len(prefix) > length:
+                best, length = part, len(prefix)
+    return best
+
+
+def parts(model) -> dict[str, list]:
+    """Every parameter by part: {"vision": [(name, parameter)], ...}; one that belongs to no part is an error."""
+    layout = layout_of(model.config)
+    out: dict[str, list] = {p: [] for p in PART_NAMES}
+    for name, p in model.named_parameters():
+        part = part_of(name, layout)
+        if part is None:
+            raise ConfigError(f"model: the parameter {name} of this {model.config.model_type} is in none of its "
+                              f"parts (vision, projector, language); a newer transformers layout: report it")
+        out[part].append((name, p))
+    return out
+
+
+def freeze(model, vision: bool, projector: bool, language: bool) -> None:
+    """Freeze the parts asked (requires_grad off), the others left as they are."""
+    frozen = {"vision": vision, "projector": projector, "language": language}
+    for part, members in parts(model).items():
+        if frozen[part]:
+            for _, p in members:
+                p.requires_grad_(False)
+
+
+def counts(model) -> dict[str, tuple[int, int]]:
+    """{part: (trainable, total)} parameters."""
+    return {part: (sum(p.numel() for _, p in m if p.requires_grad), sum(p.numel() for _, p in m))
+            for part, m in parts(model).items()}
+
+
+def counts_line(model) -> str:
+    """What trains, said at start: ``vision 0 of 1.2M, projector 0 of 0.1M, language 12.3M of 12.3M``."""
+    def m(n: int) -> str:
+        return f"{n / 1e6:.2f}M" if n >= 10_000 else str(n)
+
+    return ", ".join(f"{part} {m(t)} of {m(total)} trainable" for part, (t, total) in counts(model).items())
+
+
+def unfrozen_targets(model, targets, cfg):
+    """LoRA's targets on a vision-language model: the asked linear modules within the parts left unfrozen (the
+    language model by default: an adapter on the frozen tower would train what the user froze), as peft's full
+    module names; a choice that leaves nothing to adapt is one line."""
+    import dataclasses
+
+    import torch
+
+    from scaletrain.model.lora_targets import HEAD_NAMES
+
+    layout = layout_of(model.config)
+    open_parts = {p for p, frozen in (("vision", cfg.freeze_vision_tower),
+                                      ("projector", cfg.freeze_multi_modal_projector),
+                                      ("language", cfg.freeze_language_model)) if not frozen}
+    wanted = None if targets.peft_modules == "all-linear" else set(targets.modules)
+    names = sorted(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                   and part_of(n, layout) in open_parts and n.rsplit(".", 1)[-1] not in HEAD_NAMES
+                   and (wanted is None or n.rsplit(".", 1)[-1] in wanted or n in wanted))
+    if not names:
+        parts_open = ", ".join(sorted(open_parts)) or "none"
+        raise ConfigError(f"model.lora_target: nothing to adapt in the unfrozen parts ({parts_open}) of this "
+                          f"{model.config.model_type}; set model.freeze_language_model: false or name "
+                          f"modules of an unfrozen part")
+    return dataclasses.replace(targets, modules=names)

@@ -90,6 +90,7 @@ def test_lora_goes_to_vllm_as_a_new_adapter_per_version(fake_vllm, tmp_path):
     assert llm.kwargs["gpu_memory_utilization"] == 0.3 and llm.kwargs["max_model_len"] == 96
     assert llm.kwargs["dtype"] == "bfloat16" and llm.kwargs["seed"] == 7 and llm.kwargs["enable_sleep_mode"]
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs"  # after the temperature, as the trainer's
+    assert llm.kwargs["distributed_executor_backend"] == "external_launcher"  # in the worker's process
     first = engine.load(0, full=True)
     path0 = engine.request.path
     from safetensors.torch import load_file
@@ -178,6 +179,7 @@ def test_a_rollout_actor_runs_vllm_on_the_trainers_adapter_files(fake_vllm, tmp_
     actor = RolloutWorker(0, cfg.model_dump(mode="json"), Vocab.of(tok), "cuda", 1, str(tmp_path))
     llm = FakeLLM.made[0]
     assert llm.kwargs["model"] == str(tmp_path / "model") and llm.kwargs["max_lora_rank"] == 4
+    assert llm.kwargs["distributed_executor_backend"] == "uni"  # no process group in an actor
     assert llm.kwargs["max_model_len"] == 40  # the prompt's budget and the completion's
     policy = build_model(trained_model_config(cfg.model, "grpo"), Vocab.of(tok))
     files = payload_of(policy, lora=True)

@@ -98,7 +98,7 @@ class RolloutWorker:
             self.vllm = VLLMEngine(str(model_dir(cfg.model.name_or_path)),
                                    cfg.model.lora_rank if cfg.model.finetuning_type == "lora" else None, cfg.rollout,
                                    cfg.train.seed, cfg.data.max_length + cfg.rl.max_completion_length,
-                                   vllm_dtype(self.precision.policy.compute))
+                                   vllm_dtype(self.precision.policy.compute), executor="uni")
             self.tensors = {}
             return
         self.model = build_model(trained_model_config(cfg.model, cfg.train.stage), vocab, cfg.data.label_names,

@@ -47,7 +47,10 @@ class VLLMEngine:
     placement = "colocated"
 
     def __init__(self, model_dir: str, lora_rank: int | None, rollout, seed: int, max_len: int, dtype: str,
-                 policy=None):
+                 policy=None, executor: str = "external_launcher"):
+        """``executor``: vLLM's distributed_executor_backend: external_launcher in a training worker (vLLM in the
+        worker's own process beside torch.distributed, one engine per rank, as TRL's colocate mode), uni in a
+        rollout actor (no process group there)."""
         from vllm import LLM
 
         self.policy, self.lora, self.version = policy, lora_rank is not None, None
@@ -57,7 +60,7 @@ class VLLMEngine:
         # processed_logprobs: the sampled tokens' log-probabilities after the temperature, as the trainer's
         self.llm = LLM(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_len,
                        logprobs_mode="processed_logprobs", gpu_memory_utilization=rollout.gpu_memory_utilization,
-                       enable_sleep_mode=True, distributed_executor_backend="external_launcher", **extra)
+                       enable_sleep_mode=True, distributed_executor_backend=executor, **extra)
         self.asleep = False
 
     def load(self, version: int, full: bool) -> dict:

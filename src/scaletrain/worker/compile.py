@@ -52,6 +52,11 @@ class Compiled:
     fallback: list[str] = field(default_factory=list)
     skipped: str | None = None  # nothing compiled: why
     packed: bool = False  # packed rows: transformers' masked SDPA (the per-example attention breaks the graph)
+    graphs: int = 0  # graphs dynamo handed to the backend
+    backend: object = None  # the guarded inductor backend (compile_blocks), for function()
+    loss: bool = False  # the chunked loss's per-chunk step compiled too
+    said: int = 0  # fallbacks already said
+    checked: bool = False  # graph breaks looked at (after the first step)
 
     def note(self) -> str:
         if self.skipped:
@@ -62,12 +67,6 @@ class Compiled:
                     "; packed rows attend through transformers' block-diagonal SDPA mask (scaletrain's per-example "
                     "attention splits on data-dependent spans, which breaks the compiled graph)" if self.packed
                     else ""))
-
-    graphs: int = 0  # graphs dynamo handed to the backend
-    backend: object = None  # the guarded inductor backend (compile_blocks), for function()
-    loss: bool = False  # the chunked loss's per-chunk step compiled too
-    said: int = 0  # fallbacks already said
-    checked: bool = False  # graph breaks looked at (after the first step)
 
     def function(self, fn):
         """``fn`` through torch.compile with the blocks' guarded backend (dynamic shapes); ``fn`` itself where

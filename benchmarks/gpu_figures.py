@@ -29,7 +29,7 @@ def figures(run: Path) -> dict[str, str]:
         for key in ("time/rollout_s", "time/reference_s", "time/sync_s", "throughput/rollout_tokens_per_s",
                     "completions/mean_length", "reward"):
             out[key.split("/")[-1]] = str(round(statistics.median(r[key] for r in rl), 4))
-        compiling = [r["time/compile_s"] for r in recs if "time/compile_s" in r]
+    compiling = [r["time/compile_s"] for r in recs if "time/compile_s" in r]
     if compiling:  # train.compile: the time compiling, kept out of the step time
         out["compile_s"] = str(round(sum(compiling), 1))
     peaks = [r["memory/peak_gib"] for r in recs if "memory/peak_gib" in r]

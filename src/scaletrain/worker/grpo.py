@@ -1,5 +1,7 @@
-"""train.stage: grpo: one optimizer step of GRPO (and its variants) with the rollout engine colocated in the training
-workers (``rollout.engine: hf``: transformers' generate with the policy being trained).
+"""train.stage: grpo: one optimizer step of GRPO (and its variants). The rollout engine (worker/rollout.py,
+worker/vllm_engine.py) samples with the policy being trained (hf, colocated), in Ray actors of their own given the
+policy by a versioned weight sync (separate), or with vLLM; ``_sync`` keeps an engine that holds weights of its own
+at the last optimizer step's policy.
 
 Each step (``begin_step``, before the micro-batches' forwards): every prompt of this rank's accumulation window is
 answered ``rl.num_generations`` times (its group, one row each), each row drawn from a random stream of its own (the

@@ -22,19 +22,17 @@ import hashlib
 import json
 import logging
 import math
-import random
 import time
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from scaletrain.errors import ConfigError, TrainingError
 from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
-from scaletrain.worker.rollout import Colocated, RolloutPool, sync_payload
+from scaletrain.worker.rollout import Colocated, RolloutPool, start_engine, sync_engine
 
 if TYPE_CHECKING:
     from scaletrain.config.schema import Config, TrainConfig
@@ -260,109 +258,22 @@ class GRPOObjective:
                 "sampling_logps": sampling_logps,
                 "completion_ids": completions, "extras": extras, "truncated": truncated}
 
-    # -- the engine and its weights ----------------------------------------------------------------------------
+    # -- the engine and its weights (worker/rollout.py) -------------------------------------------------------
 
     def _engine(self, t: Trainer) -> Colocated | RolloutPool | VLLMEngine:
         if self.engine is None:
-            if self.cfg.rollout.engine == "vllm":
-                self.engine = self._start_vllm(t)
-            elif self.cfg.rollout.placement == "colocated":
-                self.engine = Colocated(unwrap(t.model), t.ctx.device, t.precision.autocast, self._all_done(t))
-            else:
-                self.engine = self._start_pool(t)
+            self.engine = start_engine(t)
         return self.engine
 
-    def _start_vllm(self, t: Trainer) -> VLLMEngine:
-        from scaletrain.model.files import model_dir
-        from scaletrain.worker.vllm_engine import VLLMEngine, check_vllm, lora_rank_of, vllm_dtype
-
-        check_vllm(t.ctx.device)
-        policy = unwrap(t.model)
-        return VLLMEngine(str(model_dir(self.cfg.model.name_or_path)), lora_rank_of(policy) if t.lora else None,
-                          self.cfg.rollout, self.cfg.train.seed,
-                          self.cfg.data.max_length + self.rl.max_completion_length,
-                          vllm_dtype(t.precision.policy.compute), policy=policy)
-
-    def _start_pool(self, t: Trainer) -> RolloutPool:
-        """Rank 0 starts the actors (names of this worker group's own: a restarted group never finds the last
-        one's), the others find them once they are ready; a start that fails stops every rank, rank 0 naming why."""
-        r, ctx = self.cfg.rollout, t.ctx
-        import ray
-
-        if not ray.is_initialized():
-            raise ConfigError("rollout.placement=separate runs its engine in Ray actors and this worker is not in "
-                              "a Ray job; set scaling.launcher: ray (or auto)")
-        nonce = random.SystemRandom().randrange(2**52) if ctx.is_main else 0
-        nonce = int(all_reduce_sum([float(nonce)], ctx.device)[0])  # rank 0's, to every rank
-        names = [f"scaletrain-rollout-{nonce:x}-{i}" for i in range(r.num_workers)]
-        mine = ctx.dp_rank % r.num_workers
-        pool = self._on_rank0(t, "start of the rollout actors", lambda: RolloutPool.start(
-            names, t.spec.config, t.spec.vocab, ctx.device, r.sync_timeout_s, mine,
-            None if t.spec.store else str(t.spec.run_dir)))
-        return pool if ctx.is_main else RolloutPool.join(names, r.sync_timeout_s, mine)
-
     def _sync(self, t: Trainer, count: bool = True) -> None:
-        """A separate engine brought to the policy of the last optimizer step (its version: the steps it holds):
-        the whole model at its first sync, the trainable tensors after (LoRA's adapter only). ``count``: the time
-        is the step's (``time/sync_s``; an evaluation's is not)."""
-        pool = self._engine(t)
-        version = t.progress.step
-        if isinstance(pool, Colocated) or pool.version == version:
-            return
+        """The engine brought to the last optimizer step's policy where it holds weights of its own. ``count``: the
+        time is the step's (``time/sync_s``; an evaluation's is not)."""
         t0 = time.perf_counter()
-        if not isinstance(pool, RolloutPool):  # vLLM in this worker: each rank gives its own engine its replica
-            self.sync_mb = pool.load(version, full=pool.version is None or not t.lora)["mb"]
+        mb = sync_engine(t, self._engine(t))
+        if mb is not None:
+            self.sync_mb = mb
             if count:
                 self._add(t, "sync_s", time.perf_counter() - t0)
-            return
-        full = pool.version is None or not t.lora
-        # a collective under FSDP (the shards gathered to rank 0); under DDP rank 0's replica is the policy
-        if self.cfg.rollout.engine == "vllm" and t.lora:  # vLLM takes an adapter as peft's files (vllm_engine.py)
-            from scaletrain.worker.vllm_engine import payload_of
-
-            payload = payload_of(unwrap(t.model), lora=True) if t.ctx.is_main else {}
-        else:
-            payload = sync_payload(t.model, full) if t.ctx.is_main or self.cfg.train.strategy == "fsdp" else {}
-        reply = self._on_rank0(t, f"weight sync of version {version}", lambda: pool.sync(version, payload, full))
-        pool.version = version
-        if reply is not None:
-            self.sync_mb = reply["mb"]
-        if count:
-            self._add(t, "sync_s", time.perf_counter() - t0)
-
-    @staticmethod
-    def _on_rank0(t: Trainer, what: str, fn):
-        """``fn()`` on rank 0 with every rank told whether it worked: no rank waits on a collective for a rank 0
-        that failed (rank 0 raises its own error, naming the actor; the others a line that points to it)."""
-        value, error = None, None
-        if t.ctx.is_main:
-            try:
-                value = fn()
-            except TrainingError as e:
-                error = e
-        failed = all_reduce_sum([1.0 if error is not None else 0.0], t.ctx.device)[0]
-        if error is not None:
-            raise error
-        if failed:
-            raise TrainingError(f"rank {t.ctx.world_rank}: the {what} failed on rank 0 (its error names the "
-                                f"actor); this rank stops with it")
-        return value
-
-    @staticmethod
-    def _all_done(t: Trainer):
-        """Under FSDP with several ranks: a collective that says whether every rank's rows are done (the sharded
-        policy's forwards are collectives: a rank that stopped sampling first would pair its next all-gathers with
-        another rank's generation); None where each rank samples with a whole model (DDP, one rank)."""
-        if t.cfg.train.strategy != "fsdp" or t.ctx.world_size == 1:
-            return None
-        import torch.distributed as dist
-
-        def all_done(mine: bool) -> bool:
-            flag = torch.tensor([1.0 if mine else 0.0], device=t.ctx.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            return bool(flag.item())
-
-        return all_done
 
     def _rewards(self, t: Trainer, r: dict) -> torch.Tensor:
         """[completions, reward functions] (NaN where a function returned None)."""

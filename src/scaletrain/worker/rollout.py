@@ -1,5 +1,5 @@
-"""The rollout engine of ``train.stage: grpo`` behind one interface: ``Colocated`` samples with the policy the worker
-trains; ``RolloutPool`` sends the prompts to a pool of Ray actors on their own devices (``rollout.placement:
+"""The rollout engine of ``train.stage: grpo`` behind one interface, and a training worker's handling of it
+(``start_engine``, ``sync_engine``): ``Colocated`` samples with the policy the worker trains; ``RolloutPool`` sends the prompts to a pool of Ray actors on their own devices (``rollout.placement:
 separate``, as verl, OpenRLHF and NeMo-RL place theirs), which hold a copy of the policy kept current by a weight
 sync.
 
@@ -258,3 +258,112 @@ class RolloutPool:
 
         return ray.get([h.digest.remote() for h in self.handles], timeout=self.timeout_s)
 
+
+
+# -- a training worker's engine: made at its first rollout, kept at the last optimizer step's policy ------------
+
+
+def start_engine(t):
+    """This worker's engine for ``rollout.engine`` / ``rollout.placement`` (``t``: the Trainer)."""
+    if t.cfg.rollout.engine == "vllm":
+        return _start_vllm(t)
+    if t.cfg.rollout.placement == "colocated":
+        from scaletrain.worker.parallel import unwrap
+
+        return Colocated(unwrap(t.model), t.ctx.device, t.precision.autocast, all_done_for(t))
+    return _start_pool(t)
+
+
+def sync_engine(t, engine) -> float | None:
+    """An engine with weights of its own brought to the policy of the last optimizer step (its version: the steps
+    it holds): the whole model at its first sync, the trainable tensors after (LoRA's adapter only; vLLM takes it as
+    peft's files). Returns the payload's MB, or None where nothing was synced (colocated hf, already current)."""
+    from scaletrain.worker.parallel import unwrap
+
+    version = t.progress.step
+    if isinstance(engine, Colocated) or engine.version == version:
+        return None
+    full = engine.version is None or not t.lora
+    if not isinstance(engine, RolloutPool):  # vLLM in this worker: each rank gives its own engine its replica
+        return engine.load(version, full=full)["mb"]
+    if t.cfg.rollout.engine == "vllm" and t.lora:
+        from scaletrain.worker.vllm_engine import payload_of
+
+        payload = payload_of(unwrap(t.model), lora=True) if t.ctx.is_main else {}
+    else:  # a collective under FSDP (the shards gathered to rank 0); under DDP rank 0's replica is the policy
+        payload = sync_payload(t.model, full) if t.ctx.is_main or t.cfg.train.strategy == "fsdp" else {}
+    reply = on_rank0(t.ctx, f"weight sync of version {version}", lambda: engine.sync(version, payload, full))
+    engine.version = version
+    return reply["mb"] if reply is not None else 0.0
+
+
+def _start_vllm(t):
+    from scaletrain.model.files import model_dir
+    from scaletrain.worker.parallel import unwrap
+    from scaletrain.worker.vllm_engine import VLLMEngine, check_vllm, lora_rank_of, vllm_dtype
+
+    check_vllm(t.ctx.device)
+    policy, cfg = unwrap(t.model), t.cfg
+    return VLLMEngine(str(model_dir(cfg.model.name_or_path)), lora_rank_of(policy) if t.lora else None, cfg.rollout,
+                      cfg.train.seed, cfg.data.max_length + cfg.rl.max_completion_length,
+                      vllm_dtype(t.precision.policy.compute), policy=policy)
+
+
+def _start_pool(t) -> RolloutPool:
+    """Rank 0 starts the actors (names of this worker group's own: a restarted group never finds the last one's),
+    the others find them once they are ready; a start that fails stops every rank, rank 0 naming why."""
+    import random
+
+    import ray
+
+    from scaletrain.errors import ConfigError
+    from scaletrain.worker.parallel import all_reduce_sum
+
+    r, ctx = t.cfg.rollout, t.ctx
+    if not ray.is_initialized():
+        raise ConfigError("rollout.placement=separate runs its engine in Ray actors and this worker is not in a Ray "
+                          "job; set scaling.launcher: ray (or auto)")
+    nonce = random.SystemRandom().randrange(2**52) if ctx.is_main else 0
+    nonce = int(all_reduce_sum([float(nonce)], ctx.device)[0])  # rank 0's, to every rank
+    names = [f"scaletrain-rollout-{nonce:x}-{i}" for i in range(r.num_workers)]
+    mine = ctx.dp_rank % r.num_workers
+    pool = on_rank0(ctx, "start of the rollout actors", lambda: RolloutPool.start(
+        names, t.spec.config, t.spec.vocab, ctx.device, r.sync_timeout_s, mine,
+        None if t.spec.store else str(t.spec.run_dir)))
+    return pool if ctx.is_main else RolloutPool.join(names, r.sync_timeout_s, mine)
+
+
+def on_rank0(ctx, what: str, fn):
+    """``fn()`` on rank 0 with every rank told whether it worked: no rank waits on a collective for a rank 0 that
+    failed (rank 0 raises its own error, naming the actor; the others a line that points to it)."""
+    from scaletrain.worker.parallel import all_reduce_sum
+
+    value, error = None, None
+    if ctx.is_main:
+        try:
+            value = fn()
+        except TrainingError as e:
+            error = e
+    failed = all_reduce_sum([1.0 if error is not None else 0.0], ctx.device)[0]
+    if error is not None:
+        raise error
+    if failed:
+        raise TrainingError(f"rank {ctx.world_rank}: the {what} failed on rank 0 (its error names the actor); this "
+                            f"rank stops with it")
+    return value
+
+
+def all_done_for(t):
+    """Under FSDP with several ranks: a collective that says whether every rank's rows are done (the sharded policy's
+    forwards are collectives: a rank that stopped sampling first would pair its next all-gathers with another
+    rank's generation); None where each rank samples with a whole model (DDP, one rank)."""
+    if t.cfg.train.strategy != "fsdp" or t.ctx.world_size == 1:
+        return None
+    import torch.distributed as dist
+
+    def all_done(mine: bool) -> bool:
+        flag = torch.tensor([1.0 if mine else 0.0], device=t.ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    return all_done

@@ -1,7 +1,7 @@
 """The rollout engine of ``train.stage: grpo`` behind one interface, and a training worker's handling of it
 (``start_engine``, ``sync_engine``): ``Colocated`` samples with the policy the worker trains; ``RolloutPool`` sends
-the prompts to a pool of Ray actors on their own devices (``rollout.placement: separate``, as verl, OpenRLHF and NeMo-RL place theirs), which hold a copy of the policy kept current by a weight
-sync.
+the prompts to a pool of Ray actors on their own devices (``rollout.placement: separate``, as verl, OpenRLHF and
+NeMo-RL place theirs), which hold a copy of the policy kept current by a weight sync.
 
 The sync (``RolloutPool.sync``): before a step's rollout the engine gets the policy of the last optimizer step, the
 whole model once (the first sync of a worker group: the start, or a resume's checkpoint) and then the trainable

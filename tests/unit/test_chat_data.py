@@ -300,8 +300,8 @@ def test_fast_renderers_equal_their_jinja_source():
 
 
 def test_multimodal_data_is_refused_not_trained_as_text(tmp_path, tiny):
-    """LLaMA-Factory's mllm_demo shape (#62): an `images` column, mapped in dataset_info.json or in the file itself,
-    is one line naming it, never a text-only run that drops the images."""
+    """LLaMA-Factory's mllm_demo shape (#62) for a text model: an `images` column, mapped in dataset_info.json or in
+    the file itself, is one line naming it, never a text-only run that drops the images."""
     d = _dataset_dir(tmp_path)
     rows = [{"messages": [{"role": "user", "content": "<image>Who is this?"},
                           {"role": "assistant", "content": "A cat."}], "images": ["mllm_demo_data/1.jpg"]}]
@@ -312,9 +312,10 @@ def test_multimodal_data_is_refused_not_trained_as_text(tmp_path, tiny):
                          "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
                                   "assistant_tag": "assistant"}}
     (d / "dataset_info.json").write_text(json.dumps(info))
-    with pytest.raises(DataError, match=r"mllm_demo\): a multimodal dataset \(its images column in .*; scaletrain "
-                                        r"trains text only so far"):
+    with pytest.raises(DataError, match=r"mllm_demo.jsonl: its rows have an 'images' column, and "
+                                        r"model.name_or_path is a text model"):
         prepare_data(_cfg(tmp_path, {"dataset_dir": str(d), "dataset": "mllm_demo", "template": "chatml"}), tiny)
-    with pytest.raises(DataError, match=r"mllm_demo.jsonl: its rows have an 'images' column .*issue #62"):
+    with pytest.raises(DataError, match=r"mllm_demo.jsonl: its rows have an 'images' column, and model.name_or_path "
+                                        r"is a text model that would not see them; use a vision-language model"):
         prepare_data(_cfg(tmp_path, {"train_file": str(d / "mllm_demo.jsonl"), "formatting": "messages",
                                      "template": "chatml"}), tiny)

@@ -27,6 +27,7 @@ def examples(cfg, n: int, split: str = "train"):
 
     from scaletrain.data.prepare import cached_entry, prepare_data
     from scaletrain.errors import ConfigError
+    from scaletrain.model.processor import image_text_factory
     from scaletrain.model.tokenizer import load_tokenizer
 
     if cfg.model.task != "causal-lm":
@@ -39,7 +40,8 @@ def examples(cfg, n: int, split: str = "train"):
         data = prepare_stream(cfg, tokenizer)
         return tokenizer, [data.train[i] for i in range(min(n, len(data.train)))], (
             f"the first {SAMPLE} records of the stream's first shard ({data.stream.shards[0]})")
-    cached = cached_entry(cfg, tokenizer)
+    images = image_text_factory(cfg.model.name_or_path, tokenizer) if not cfg.data.streaming else None
+    cached = cached_entry(cfg, tokenizer, images)
     if cached is not None:
         import datasets
 
@@ -49,7 +51,7 @@ def examples(cfg, n: int, split: str = "train"):
         # twice the examples asked, half of them eval when the config holds some out (for --split eval)
         d = cfg.data.model_copy(update={"max_samples": max(n, 1) * 2, "cache_dir": tmp,
                                         "eval_ratio": cfg.data.eval_ratio and 0.5})
-        data = prepare_data(cfg.model_copy(update={"data": d}), tokenizer)
+        data = prepare_data(cfg.model_copy(update={"data": d}), tokenizer, images)
         ds = data.train if split == "train" else data.eval
         rows = [ds[i] for i in range(min(n, len(ds)))]
     return tokenizer, rows, f"the first {d.max_samples} records of each source (no data cache yet)"

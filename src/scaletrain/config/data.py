@@ -81,6 +81,16 @@ class DataConfig(_Section):
         "sharegpt / messages: a tool result's role (default observation / tool)."))
     function_tag: Optional[str] = Field(None, description=(
         "sharegpt: the tool-call turn's role (default function_call)."))
+    images_column: str = Field("images", description=(
+        "A vision-language model: each record's images, a list of paths (relative to data.media_dir), absolute "
+        "paths or object-storage URIs, one per <image> placeholder in its turns (LLaMA-Factory's column)."))
+    media_dir: Optional[str] = Field(None, description=(
+        "Where relative image paths start (LLaMA-Factory's name); default: the directory of the data file."))
+    image_max_pixels: int = Field(768 * 768, ge=1, description=(
+        "An image with more pixels is scaled down to this many before the processor sees it, its aspect kept "
+        "(LLaMA-Factory's name and default)."))
+    image_min_pixels: int = Field(32 * 32, ge=1, description=(
+        "An image with fewer pixels is scaled up to this many (LLaMA-Factory's name and default)."))
     max_length: int = Field(128, ge=8, validation_alias=AliasChoices("max_length", "cutoff_len"), description=(
         "Tokens per example (a packed row with packing); LLaMA-Factory's name cutoff_len works too."))
     max_samples: Optional[int] = Field(None, ge=1, description=(

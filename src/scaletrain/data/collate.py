@@ -70,6 +70,8 @@ class Collator:
         out.update({"position_ids": positions} if packed else {"attention_mask": mask})
         out["num_tokens"] = mask.sum()
         out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
+        if "pixel_values" in batch[0]:  # a vision-language model's images (data/vision.py)
+            out.update(image_inputs(batch, width))
         if "extra" in batch[0]:  # GRPO prompts: what the rewards read and the index that seeds the sampling
             out["extra"] = [ex["extra"] for ex in batch]
             out["prompt_index"] = torch.tensor([ex["prompt_index"] for ex in batch])
@@ -87,3 +89,29 @@ class Collator:
         plain = [{"input_ids": ex["input_ids"], "labels": ex["labels"]} for ex in batch]
         return {**self(plain + mismatched), "num_examples": torch.tensor(len(batch)),
                 "kto_tag": torch.tensor([bool(ex["kto_tag"]) for ex in batch])}
+
+
+def image_inputs(batch: list[dict], width: int) -> dict[str, torch.Tensor]:
+    """The images of a batch's rows as the model takes them: their pixels concatenated in row order (Qwen-VL: the
+    patches of every image, with ``image_grid_thw``; Gemma 3: one tensor per image), and the image-token mask
+    (Gemma's ``token_type_ids``, Qwen-VL's ``mm_token_type_ids``) padded to ``width``. A batch without an image
+    gets no pixels."""The images of a batch's rows as the model takes them: their pixels concatenated in row order (Qwen-VL: the
+    patches of every image, with ``image_grid_thw``; Gemma 3: one tensor per image), and the image-token mask
+    (Gemma's ``token_type_ids``, Qwen-VL's ``mm_token_type_ids``) padded to ``width``. A batch without an image gets no pixels (the step
+    runs the tower on a stand-in so that no rank waits for another: worker/images.py)."""
+    import numpy as np
+
+    out: dict[str, torch.Tensor] = {}
+    shaped = [(ex["pixel_values"], ex["pixel_shape"], ex["image_grid_thw"]) for ex in batch if ex["pixel_shape"]]
+    if shaped:
+        out["pixel_values"] = torch.cat([torch.from_numpy(np.asarray(p, dtype=np.float32)).view(*shape)
+                                         for p, shape, _ in shaped])
+        if any(len(g) for _, _, g in shaped):
+            out["image_grid_thw"] = torch.cat([torch.tensor(g, dtype=torch.long).view(-1, 3) for _, _, g in shaped])
+    for name in ("token_type_ids", "mm_token_type_ids"):  # the image-token mask (data/vision.py: type_column)
+        if name in batch[0]:
+            types = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, ex in enumerate(batch):
+                types[i, :len(ex[name])] = torch.tensor(ex[name], dtype=torch.long)
+            out[name] = types
+    return out

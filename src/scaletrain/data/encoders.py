@@ -5,6 +5,7 @@ file without tags) are one line naming the file and the key to set, before anyth
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 from scaletrain.config.schema import Config
 from scaletrain.config.stages import PAIR_STAGES, RL_STAGES
@@ -23,10 +24,14 @@ def _lf_mapped(mapped: set[str]) -> set[str]:
     return {key for key, f in _ENTRY_FIELD.items() if f in mapped}
 
 
-def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None):
+def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None,
+                image_text=None):
     """The batched ``datasets.map`` function that encodes this source for the job's task and stage, after checking
-    that the records have the columns it reads (one line naming the file and the fix when they do not)."""
+    that the records have the columns it reads (one line naming the file and the fix when they do not).
+    ``image_text``: a vision-language model's (model/processor.py), for records with images."""
     d, c = cfg.data, src.columns
+    if image_text is not None and c.images in ds.column_names:
+        return _vision_encoder(ds, src, cfg, tokenizer, template, image_text)
     if cfg.model.task == "sequence-classification":
         cols = {"text_column": d.text_column, "label_column": d.label_column}
         if d.text_pair_column:
@@ -93,6 +98,28 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
                    template=template[1], template_name=template[0], max_length=d.max_length,
                    mask_history=d.multi_turn == "last", train_on_prompt=d.train_on_prompt,
                    enable_thinking=d.enable_thinking, per_turn=d.multi_turn == "per_turn")
+
+
+def _vision_encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], image_text):
+    """Records with images (data/vision.py): supervised fine-tuning of a chat, its images beside the text."""
+    from scaletrain.data.vision import encode_vision_chat
+
+    d, c = cfg.data, src.columns
+    if cfg.train.stage != "sft" or src.formatting == "text":
+        what = f"train.stage={cfg.train.stage}" if cfg.train.stage != "sft" else "data.formatting=text"
+        raise DataError(f"{src.key}={src.path}: records with images train with train.stage=sft on conversations "
+                        f"(sharegpt, messages or alpaca) so far, not {what}; give text-only data for {what}")
+    if d.multi_turn == "per_turn":
+        raise DataError(f"{src.key}={src.path}: data.multi_turn=per_turn with images is not supported (each turn "
+                        f"would carry every image again); use multi_turn: spans or last")
+    info = src.extra.get("info") if src.extra and set(c.required(src.formatting)) & _lf_mapped(
+        src.extra["mapped"]) else None
+    require_columns(ds, c.required(src.formatting), src.key, src.path, info=info, images=c.images)
+    media = d.media_dir or (src.path.rsplit("/", 1)[0] if "://" in src.path else str(Path(src.path).parent))
+    return partial(encode_vision_chat, tokenizer=tokenizer, image_text=image_text, formatting=src.formatting,
+                   columns=c, template=template[1], max_length=d.max_length, mask_history=d.multi_turn == "last",
+                   train_on_prompt=d.train_on_prompt, media_dir=media, max_pixels=d.image_max_pixels,
+                   min_pixels=d.image_min_pixels, enable_thinking=d.enable_thinking)
 
 
 def _check_label_range(ds, num_labels: int, column: str, src: Source) -> None:

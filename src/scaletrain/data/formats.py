@@ -55,6 +55,7 @@ class Columns:
     chosen: str = "chosen"  # preference data: the preferred and the dispreferred reply
     rejected: str = "rejected"
     kto_tag: str = "kto_tag"  # KTO: whether the reply is desirable
+    images: str = "images"  # a vision-language model's images per record (LLaMA-Factory's column)
 
     @classmethod
     def from_config(cls, d: DataConfig, formatting: str) -> Columns:
@@ -67,7 +68,7 @@ class Columns:
                    assistant_tag=d.assistant_tag or assistant,
                    observation_tag=d.observation_tag or ("tool" if formatting == "messages" else "observation"),
                    function_tag=d.function_tag or "function_call", tools=d.tools_column, chosen=d.chosen_column,
-                   rejected=d.rejected_column, kto_tag=d.kto_tag_column)
+                   rejected=d.rejected_column, kto_tag=d.kto_tag_column, images=d.images_column)
 
     def with_overrides(self, columns: dict[str, str], tags: dict[str, str]) -> Columns:
         """A dataset_info.json entry's ``columns`` and ``tags`` over these."""

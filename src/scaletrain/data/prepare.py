@@ -43,6 +43,7 @@ from scaletrain.data.template_facts import check_template, conversation_notes
 from scaletrain.data.template_input import template_variables
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
 from scaletrain.data.turns import CONVERSATION, one_per_turn, per_turn_cost, supervision_note
+from scaletrain.data.vision import IMAGE_PROBLEM
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.storage.mirror import local_output_dir
 
@@ -94,14 +95,15 @@ class PreparedData:
         return self.train_path, self.eval_path
 
 
-def cached_entry(cfg: Config, tokenizer) -> Path | None:
+def cached_entry(cfg: Config, tokenizer, image_text=None) -> Path | None:
     """The data cache entry of this config and tokenizer when it exists (what `train` would load), else None."""
     d = cfg.data
     train_sources, eval_srcs = sources(d, cfg.model.task, cfg.train.stage), eval_sources(d, cfg.train.stage)
     template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
     for src in train_sources + eval_srcs:
         exists(src)  # a missing file: one line naming its key, as train says it
-    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
+    media = _media_digest(cfg, train_sources + eval_srcs) if image_text is not None else ""
+    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
     return entry if (entry / META).is_file() else None
 
 
@@ -112,8 +114,9 @@ def cache_root(cfg: Config) -> Path:
                 ).expanduser().resolve()
 
 
-def prepare_data(cfg: Config, tokenizer) -> PreparedData:
-    """Read, split and tokenize both splits once for the whole job (in the driver), or load them from the cache."""
+def prepare_data(cfg: Config, tokenizer, image_text=None) -> PreparedData:
+    """Read, split and tokenize both splits once for the whole job (in the driver), or load them from the cache.
+    ``image_text``: a vision-language model's, called for it when a source has images (model/processor.py)."""
     import datasets
 
     d = cfg.data
@@ -127,7 +130,8 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
     for src in train_sources + eval_srcs:
         exists(src)
     template_notes = check_template(*template, tokenizer) if template[0] else []
-    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs)
+    media = _media_digest(cfg, train_sources + eval_srcs) if image_text is not None else ""
+    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if (entry / META).is_file() and not d.overwrite_cache:
         meta = json.loads((entry / META).read_text())
@@ -145,7 +149,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         parts, skipped, notes, speed = [], {}, list(template_notes), Speed()
         for src, raw in loaded:
             notes += _placeholders(src, raw)
-            ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels, hf_cache, speed)
+            ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels, hf_cache, speed, image_text)
             parts.append(ds)
             _merge(skipped, notes, why, src, raw)
             notes += said
@@ -153,7 +157,7 @@ def prepare_data(cfg: Config, tokenizer) -> PreparedData:
         if loaded_evals:
             eval_parts = []
             for src, raw in loaded_evals:
-                ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels, hf_cache, speed)
+                ds, why, said = _tokenized(src, raw, cfg, tokenizer, template, labels, hf_cache, speed, image_text)
                 eval_parts.append(ds)
                 _merge(skipped, notes, why, src, raw)
                 notes += said
@@ -243,13 +247,14 @@ def _class_labels(cfg: Config, loaded: list, loaded_eval) -> Labels | None:
 
 
 def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple[str, str], labels: Labels | None,
-               workdir: str, speed: Speed):
+               workdir: str, speed: Speed, image_text=None):
     """One source's examples (input_ids, labels) and its skipped records: {reason: [positions]} (file lines for
     JSON Lines, record numbers otherwise). Written to an Arrow file in ``workdir`` batch by batch (the driver holds
     no tokenized split in memory)."""
     d = cfg.data
     ds = raw.ds
-    fn = encoder_for(ds, src, cfg, tokenizer, template, labels)
+    images = image_text() if image_text is not None and src.columns.images in ds.column_names else None
+    fn = encoder_for(ds, src, cfg, tokenizer, template, labels, images)
     out = encoded(ds, fn, d, workdir, speed)
     said = []
     if encode.STATS[0] in out.column_names:  # a chat: what its conversations meet in the template, said or refused
@@ -268,6 +273,11 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
         raise DataError(f"{src.key}={src.path}: {len(rows)} records declare or call tools ({raw.unit} {rows[0]} is the "
                         f"first), and data.template={template[0]} has no tool format; use the model's own template "
                         f"(data.template=auto) or a built-in that has one: {', '.join(TOOL_TEMPLATES)}")
+    if unreadable := [(p, why) for why, rows in bad.items() if why.startswith(IMAGE_PROBLEM) for p in rows]:
+        position, why = min(unreadable)  # never trained without the image its text speaks of
+        raise DataError(f"{src.key}={src.path}: {raw.unit} {position}: {why[len(IMAGE_PROBLEM):]}; fix the path "
+                        f"(relative paths start at data.media_dir, else the data file's directory) or the file"
+                        + (f" ({len(unreadable)} records have unreadable images)" if len(unreadable) > 1 else ""))
     if n_bad and n_bad > d.max_bad_ratio * n_all:
         first_reason = min(bad, key=lambda r: min(bad[r]))
         fix = (render_advice(first_reason, template[0], template[1]) if first_reason.startswith("the chat template")
@@ -371,7 +381,22 @@ def _materialized(split):
     return split.flatten_indices()
 
 
-def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source]) -> str:
+def _media_digest(cfg: Config, srcs: list[Source]) -> str:
+    """A digest of the images the sources' records name (their bytes), for the cache key of a vision-language job."""
+    from scaletrain.data.images import images_digest
+
+    parts = []
+    with tempfile.TemporaryDirectory(prefix="scaletrain-hf-") as hf_cache:
+        for src in srcs:
+            ds = load(src.path, src.file_format, src.key, hf_cache, cfg.data.encoding).ds
+            if src.columns.images in ds.column_names:
+                base = cfg.data.media_dir or (src.path.rsplit("/", 1)[0] if "://" in src.path
+                                              else str(Path(src.path).parent))
+                parts.append(images_digest(ds[src.columns.images], base))
+    return ",".join(parts)
+
+
+def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source], media: str = "") -> str:
     d = cfg.data
     keys = d.model_dump(exclude={"preprocessing_num_workers", "overwrite_cache", "cache_dir", "loader_workers",
                                  "record_examples", "tokenize_on", "train_file", "eval_file", "dataset_dir"})
@@ -380,7 +405,8 @@ def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source]) -> s
                          "num_labels": cfg.model.num_labels, "seed": cfg.train.seed, "template": template,
                          "sources": [(s.name, s.formatting, repr(s.columns), s.num_samples, content_hash(s.path))
                                      for s in srcs],
-                         "tokenizer": _tokenizer_fingerprint(tokenizer)}, sort_keys=True, default=str).encode())
+                         "tokenizer": _tokenizer_fingerprint(tokenizer), "media": media},
+                        sort_keys=True, default=str).encode())
     return h.hexdigest()[:20]
 
 

@@ -92,10 +92,9 @@ def named_sources(d: DataConfig, names: list[str], setting: str, stage: str) -> 
             raise DataError(f"{key}: a preference (ranking) dataset; train on it with train.stage=dpo" if
                             entry.get("ranking") else f"{key}: not a preference dataset (no \"ranking\": true in "
                             f"{info_path}); train.stage=dpo trains on chosen/rejected pairs: give one")
-        if media := sorted(set(mapped) & set(MEDIA_COLUMNS)):
-            raise DataError(f"{key}: a multimodal dataset (its {media[0]} column in {info_path}); scaletrain trains "
-                            f"text only so far and would not see them: leave it out of data.dataset "
-                            f"(vision-language fine-tuning is issue #62)")
+        if media := sorted(set(mapped) & set(UNSUPPORTED_MEDIA)):
+            raise DataError(f"{key}: its {media[0]} column in {info_path}: {media[0]} are not supported (images are, "
+                            f"with a vision-language model); leave it out of data.dataset")
         columns = Columns.from_config(d, formatting).with_overrides(mapped, entry.get("tags", {}))
         path = Path(entry["file_name"])
         path = path if path.is_absolute() else info_path.parent / path
@@ -324,18 +323,24 @@ def _root_message(e: BaseException) -> str:
     return text[0][:300] if text else type(e).__name__
 
 
-MEDIA_COLUMNS = ("images", "videos", "audios")
+MEDIA_COLUMNS = ("images", "videos", "audios")  # LLaMA-Factory's names for a row's images, videos, audios
+UNSUPPORTED_MEDIA = ("videos", "audios")
 
 
 def require_columns(ds, columns: dict[str, str], key: str, path: str, hint: str = "",
-                    info: str | None = None) -> None:
+                    info: str | None = None, images: str | None = None) -> None:
     """``columns`` maps a config key (``text_column``) to the column name it holds; ``info``: the
-    dataset_info.json whose entry mapped the columns (the fix is there, not in a data.* key)."""
+    dataset_info.json whose entry mapped the columns (the fix is there, not in a data.* key); ``images``: the
+    images column a vision-language model reads (None: a text model, which would not see them)."""
     have = set(ds.column_names)
-    if media := sorted(have & set(MEDIA_COLUMNS)):  # LLaMA-Factory's names for a row's images, videos, audios
-        raise DataError(f"{key}={path}: its rows have an '{media[0]}' column (LLaMA-Factory's multimodal data); "
-                        f"scaletrain trains text only so far and would not see them: give text-only data "
-                        f"(vision-language fine-tuning is issue #62)")
+    if media := sorted(have & set(UNSUPPORTED_MEDIA)):
+        raise DataError(f"{key}={path}: its rows have a '{media[0]}' column (LLaMA-Factory's multimodal data); "
+                        f"{media[0]} are not supported (images are, with a vision-language model): give rows "
+                        f"without them")
+    if images is None and "images" in have:
+        raise DataError(f"{key}={path}: its rows have an 'images' column, and model.name_or_path is a text model "
+                        f"that would not see them; use a vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, "
+                        f"Gemma 3) or text-only data")
     for setting, col in columns.items():
         if col not in have:
             fix = (f"fix the \"columns\" of this entry in {info}" if info else f"set data.{setting} to one of them")

@@ -26,6 +26,7 @@ from scaletrain.model.build import (
 from scaletrain.model.files import final_dtype, head_mismatch, model_dir
 from scaletrain.model.frozen_base import quantization_note
 from scaletrain.model.precision import Policy, policy
+from scaletrain.model.processor import image_text_factory
 from scaletrain.model.tokenizer import Vocab, load_tokenizer
 from scaletrain.worker.compile import MIN_TORCH, torch_too_old
 from scaletrain.worker.loss import LIGER_FIX, liger_installed
@@ -99,7 +100,10 @@ def preflight(cfg: Config) -> Preflight:
                           f"(torch >= {'.'.join(map(str, MIN_TORCH))}); upgrade torch or remove train.compile")
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
-    data = prepare_stream(cfg, tokenizer) if cfg.data.streaming else prepare_data(cfg, tokenizer)
+    if cfg.data.streaming:
+        data = prepare_stream(cfg, tokenizer)
+    else:
+        data = prepare_data(cfg, tokenizer, image_text_factory(cfg.model.name_or_path, tokenizer))
     cfg = data.resolve(cfg)
     if lora_note:
         data.notes.append(f"model: {lora_note}")

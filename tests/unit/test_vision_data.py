@@ -1,0 +1,220 @@
+"""#62: conversations with images, as LLaMA-Factory users bring them, through the data step: the token ids equal the
+model's own processor's (Qwen2-VL, Qwen3-VL, Gemma 3 built here with their real chat templates), each image has the
+processor's token count, the labels are the replies, image spans are never cut (a record that would be cut inside
+one is left out and counted), and every bad input is one line naming the record and the image."""
+
+import json
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from scaletrain.config import validate
+from scaletrain.data import Collator, prepare_data
+from scaletrain.data.encode import IGNORE_INDEX
+from scaletrain.data.images import bounded
+from scaletrain.data.vision import fit_whole, image_runs
+from scaletrain.errors import DataError
+from scaletrain.model.processor import image_text_factory
+from scaletrain.model.tokenizer import load_tokenizer
+from tests.vlm import image, mllm_demo, reference_processor, save_tiny
+
+KINDS = ("qwen2_vl", "qwen3_vl", "gemma3")
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def model(request, tmp_path_factory):
+    kind = request.param
+    path = save_tiny(kind, tmp_path_factory.mktemp(kind))
+    return kind, path, load_tokenizer(str(path))
+
+
+def _prepare(path, tok, data_dir, tmp_path, **data):
+    cfg = validate({"model": {"name_or_path": str(path), "task": "causal-lm"},
+                    "data": {"dataset_dir": str(data_dir), "dataset": ["mllm_demo"], "eval_ratio": 0,
+                             "max_length": 256, **data},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    return prepare_data(cfg, tok, image_text_factory(str(path), tok))
+
+
+def _reference(kind, tok, row, base):
+    """The model's processor on the row: its chat template applied to image parts, then its images processed."""
+    messages = []
+    for m in row["messages"]:
+        pieces = m["content"].split("<image>")
+        parts = [{"type": "image"}] * (len(pieces) - 1) + ([{"type": "text", "text": pieces[-1]}] if pieces[-1] else [])
+        messages.append({"role": m["role"], "content": parts if len(pieces) > 1 else m["content"]})
+    processor = reference_processor(kind, tok)
+    text = processor.apply_chat_template(messages, tokenize=False)
+    images = [Image.open(base / p).convert("RGB") for p in row["images"]] or None
+    return processor(text=[text], images=images, add_special_tokens=False)
+
+
+def test_token_ids_and_image_tokens_equal_the_processors_and_labels_are_the_replies(model, tmp_path):
+    kind, path, tok = model
+    demo = mllm_demo(tmp_path / "data", n=6)
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    data = _prepare(path, tok, demo, tmp_path)
+    assert len(data.train) == len(rows)
+    for row in rows:
+        ref = _reference(kind, tok, row, demo)
+        same = [ex for ex in data.train if ex["input_ids"] == list(ref["input_ids"][0])]  # token for token
+        if row["images"]:  # Gemma's rows of one question and one image each have the same ids: their pixels differ
+            pixels = torch.as_tensor(np.asarray(ref["pixel_values"])).reshape(-1)
+            same = [ex for ex in same if torch.equal(torch.tensor(ex["pixel_values"]), pixels)]
+        assert len(same) >= 1
+        ex = same[0]
+        image_id = tok.convert_tokens_to_ids("<image_soft_token>" if kind == "gemma3" else "<|image_pad|>")
+        assert sum(ex["image_tokens"]) == list(ref["input_ids"][0]).count(image_id) == sum(
+            t == image_id for t in ex["input_ids"])
+        assert len(ex["image_tokens"]) == len(row["images"])
+        trained = tok.decode([t for t in ex["labels"] if t != IGNORE_INDEX])
+        assert trained.startswith(row["messages"][1]["content"]) and "<image" not in trained, trained
+
+
+def test_the_collator_concatenates_the_rows_images_and_masks_image_tokens(model, tmp_path):
+    kind, path, tok = model
+    data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=6), tmp_path)
+    rows = [data.train[i] for i in range(len(data.train))]
+    batch = Collator(tok.pad_token_id or 0)(rows)
+    n_images = sum(len(r["image_tokens"]) for r in rows)
+    assert batch["pixel_values"].shape[0] == (n_images if kind == "gemma3" else sum(
+        int(torch.tensor(r["image_grid_thw"]).view(-1, 3).prod(-1).sum()) for r in rows))
+    types = batch["token_type_ids" if kind == "gemma3" else "mm_token_type_ids"]
+    assert int(types.sum()) == sum(sum(r["image_tokens"]) for r in rows)
+    text_only = Collator(0)([r for r in rows if not r["image_tokens"]])
+    assert "pixel_values" not in text_only
+
+
+def test_image_spans_are_never_cut():
+    ids = [1, 2, 9, 7, 7, 7, 8, 3, 4, 5, 6, 10, 11, 12]  # 9 7 7 7 8: an image with its marks
+    mask = [0] * 7 + [0, 0, 0, 0, 1, 1, 1]
+    runs = image_runs(ids, 7, (9, 8))
+    assert runs == [(2, 7)]
+    for cutoff in range(8, 14):
+        out, out_mask, why = fit_whole(ids, mask, cutoff, runs)
+        assert not why and len(out) <= cutoff and out.count(7) == 3 and out[out.index(7) - 1] == 9
+    assert "alone are 5 tokens" in fit_whole(ids, mask, 5, runs)[2]
+    # two images and a reply that takes the budget: the later image would be dropped, so the record is left out
+    ids2 = [1, 9, 7, 7, 8, 2, 9, 7, 7, 8, 3] + [20] * 10
+    mask2 = [0] * 11 + [1] * 10
+    assert "no room for its image 2" in fit_whole(ids2, mask2, 14, image_runs(ids2, 7, (9, 8)))[2]
+
+
+def test_a_record_whose_images_do_not_fit_is_left_out_and_counted(model, tmp_path):
+    kind, path, tok = model
+    demo = mllm_demo(tmp_path / "data", n=8, text_only_every=2)  # rows 1, 3, 5, 7: text only
+    data = _prepare(path, tok, demo, tmp_path, max_length=12 if kind == "gemma3" else 16, max_bad_ratio=0.9,
+                    max_truncated_ratio=1.0)
+    image_id = tok.convert_tokens_to_ids("<image_soft_token>" if kind == "gemma3" else "<|image_pad|>")
+    for ex in data.train:  # what was kept was cut in its text only
+        assert len(ex["input_ids"]) <= data_max(kind) and sum(ex["image_tokens"]) == ex["input_ids"].count(image_id)
+    assert sum(data.skipped.values()) >= 1
+    said = [n for n in data.notes if "image tokens are never cut" in n]
+    assert said and "record" in said[0], data.notes
+
+
+def data_max(kind):
+    return 12 if kind == "gemma3" else 16
+
+
+def test_placeholders_and_images_that_disagree_leave_the_record_out_named(model, tmp_path):
+    kind, path, tok = model
+    demo = mllm_demo(tmp_path / "data", n=6)
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    rows[2]["messages"][0]["content"] = rows[2]["messages"][0]["content"].replace("<image>", "", 1)
+    (demo / "mllm_demo.json").write_text(json.dumps(rows))
+    data = _prepare(path, tok, demo, tmp_path, max_bad_ratio=0.5)
+    assert len(data.train) == 5
+    said = [n for n in data.notes if "placeholder" in n]
+    assert said and "record 3" in said[0] and "1 <image> placeholder(s) and its images column 2" in said[0], said
+
+
+def _break(demo, how):
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    target = demo / rows[1]["images"][0]
+    if how == "missing":
+        target.unlink()
+    elif how == "not an image":
+        target.write_text("hello")
+    else:  # truncated
+        target.write_bytes(target.read_bytes()[:200])
+    return rows[1]["images"][0]
+
+
+@pytest.mark.parametrize("how,message", [("missing", "does not exist"), ("not an image", "not an image Pillow"),
+                                         ("truncated", "damaged or truncated")])
+def test_an_unreadable_image_stops_the_data_step_naming_the_record_and_the_image(tmp_path, how, message):
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=4)
+    name = _break(demo, how)
+    with pytest.raises(DataError) as e:
+        _prepare(path, tok, demo, tmp_path)
+    said = str(e.value)
+    assert "record 2" in said and name in said and message in said and len(said.splitlines()) == 1, said
+
+
+class _DeadStore(fsspec.AbstractFileSystem):
+    """A store that does not answer."""
+
+    protocol = "deadstore"
+
+    def _open(self, path, mode="rb", **kwargs):
+        raise ConnectionError("connection refused by 10.0.0.1:9000")
+
+
+def test_images_by_uri_and_a_store_that_does_not_answer(tmp_path):
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=4)
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    memory = fsspec.filesystem("memory")
+    for row in rows:
+        for k, name in enumerate(row["images"]):
+            memory.pipe(f"/imgs/{name}", (demo / name).read_bytes())
+            row["images"][k] = f"memory://imgs/{name}"
+    (demo / "mllm_demo.json").write_text(json.dumps(rows))
+    assert len(_prepare(path, tok, demo, tmp_path).train) == 4
+    fsspec.register_implementation("deadstore", _DeadStore, clobber=True)
+    rows[0]["images"][0] = "deadstore://bucket/a.jpg"
+    (demo / "mllm_demo.json").write_text(json.dumps(rows))
+    with pytest.raises(DataError, match=r"record 1: image deadstore://bucket/a.jpg cannot be read from its store "
+                                        r"\(ConnectionError: connection refused"):
+        _prepare(path, tok, demo, tmp_path / "again")
+
+
+def test_the_cache_key_covers_the_images_content(tmp_path):
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=4)
+    first = _prepare(path, tok, demo, tmp_path)
+    assert _prepare(path, tok, demo, tmp_path).cached
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    image(50, 50, seed=99).save(demo / rows[0]["images"][0])  # the same name, other pixels
+    again = _prepare(path, tok, demo, tmp_path)
+    assert not again.cached and again.train_path != first.train_path
+
+
+def test_images_on_a_text_model_and_videos_are_one_line(tmp_path):
+    from tests.conftest import save_tiny_llama
+
+    text_model = save_tiny_llama(tmp_path / "llama")
+    tok = load_tokenizer(str(text_model))
+    demo = mllm_demo(tmp_path / "data", n=4)
+    with pytest.raises(DataError, match="'images' column, and model.name_or_path is a text model"):
+        _prepare(text_model, tok, demo, tmp_path)
+    vlm = save_tiny("qwen2_vl", tmp_path / "m")
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    (demo / "mllm_demo.json").write_text(json.dumps([{**r, "videos": []} for r in rows]))
+    with pytest.raises(DataError, match="'videos' column .* videos are not supported"):
+        _prepare(vlm, load_tokenizer(str(vlm)), demo, tmp_path)
+
+
+def test_image_max_and_min_pixels_bound_an_image_as_llamafactory_does():
+    big = bounded(image(400, 300), 100 * 100, 32 * 32)
+    assert big.size == (115, 86) and big.size[0] * big.size[1] <= 100 * 100  # sqrt(1e4 / 1.2e5) = 0.2887
+    small = bounded(image(10, 20).convert("L"), 768 * 768, 32 * 32)
+    assert small.size == (22, 45) and small.mode == "RGB"

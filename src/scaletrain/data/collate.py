@@ -95,10 +95,7 @@ def image_inputs(batch: list[dict], width: int) -> dict[str, torch.Tensor]:
     """The images of a batch's rows as the model takes them: their pixels concatenated in row order (Qwen-VL: the
     patches of every image, with ``image_grid_thw``; Gemma 3: one tensor per image), and the image-token mask
     (Gemma's ``token_type_ids``, Qwen-VL's ``mm_token_type_ids``) padded to ``width``. A batch without an image
-    gets no pixels."""The images of a batch's rows as the model takes them: their pixels concatenated in row order (Qwen-VL: the
-    patches of every image, with ``image_grid_thw``; Gemma 3: one tensor per image), and the image-token mask
-    (Gemma's ``token_type_ids``, Qwen-VL's ``mm_token_type_ids``) padded to ``width``. A batch without an image gets no pixels (the step
-    runs the tower on a stand-in so that no rank waits for another: worker/images.py)."""
+    gets no pixels."""
     import numpy as np
 
     out: dict[str, torch.Tensor] = {}

@@ -218,3 +218,29 @@ def test_image_max_and_min_pixels_bound_an_image_as_llamafactory_does():
     assert big.size == (115, 86) and big.size[0] * big.size[1] <= 100 * 100  # sqrt(1e4 / 1.2e5) = 0.2887
     small = bounded(image(10, 20).convert("L"), 768 * 768, 32 * 32)
     assert small.size == (22, 45) and small.mode == "RGB"
+
+
+def test_a_batch_without_an_image_runs_the_tower_on_a_stand_in_that_changes_nothing(model, tmp_path):
+    """No rank waits for another: data with images, a micro-batch of text-only rows still runs the vision tower
+    (so every rank's FSDP all-gathers match), on a stand-in image whose tokens nothing sees: the loss is the same."""
+    from transformers import AutoModelForImageTextToText
+
+    from scaletrain.model.vision import stand_in_image
+
+    kind, path, tok = model
+    data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=8), tmp_path)
+    rows = [ex for ex in data.train if not ex["image_tokens"]]
+    net = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
+    plain = Collator(tok.pad_token_id or 0)(rows)
+    stood = Collator(tok.pad_token_id or 0, stand_in_image(net.config))(rows)
+    assert "pixel_values" not in plain and "pixel_values" in stood
+    tower = net.model.visual if kind != "gemma3" else net.model.vision_tower
+    calls = []
+    tower.register_forward_hook(lambda *a: calls.append(1))
+    keys = ("input_ids", "labels", "attention_mask", "pixel_values", "image_grid_thw", "token_type_ids",
+            "mm_token_type_ids")
+    with torch.no_grad():
+        without = net(**{k: v for k, v in plain.items() if k in keys}).loss
+        assert not calls
+        with_it = net(**{k: v for k, v in stood.items() if k in keys}).loss
+    assert calls and float(with_it) == pytest.approx(float(without), abs=1e-6)

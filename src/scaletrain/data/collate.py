@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from scaletrain.data.encode import IGNORE_INDEX
@@ -27,6 +29,37 @@ def model_inputs(batch: dict, labels: bool = True) -> dict:
     return {k: v for k, v in batch.items() if k not in STATS and k not in SHARD_KEYS and (labels or k != "labels")}
 
 
+@dataclass(frozen=True)
+class StandIn:
+    """An image for a batch of image data that has none (#62: no rank waits for another). Every rank of a job
+    whose data has images runs the vision tower in every micro-batch: a rank that skipped it would leave the
+    others waiting in its FSDP all-gathers (or DDP's reduction of a trainable tower's gradients). This image's
+    tokens are appended to the first row where nothing sees them (attention mask 0, no target, as LLaMA-Factory's
+    fake image), so the loss and every other token's output are what they are without it."""
+
+    image_token_id: int
+    tokens: int  # the image's tokens in the text
+    pixel_shape: tuple[int, ...]  # its pixel_values
+    grid: tuple[int, ...] = ()  # Qwen-VL: its (t, h, w) patches
+
+    def added(self, out: dict, pad_token_id: int) -> dict:
+        ids, labels, mask = out["input_ids"], out["labels"], out["attention_mask"]
+        rows, k = ids.shape[0], self.tokens
+        extra = torch.zeros((rows, k), dtype=torch.long)
+        image = extra.clone()
+        image[0] = 1
+        out = {**out, "input_ids": torch.cat([ids, torch.where(image.bool(), self.image_token_id, pad_token_id)], 1),
+               "labels": torch.cat([labels, extra.fill_(IGNORE_INDEX)], 1),
+               "attention_mask": torch.cat([mask, torch.zeros((rows, k), dtype=torch.long)], 1),
+               "pixel_values": torch.zeros(self.pixel_shape)}
+        for name in ("token_type_ids", "mm_token_type_ids"):
+            if name in out:
+                out[name] = torch.cat([out[name], image], 1)
+        if self.grid:
+            out["image_grid_thw"] = torch.tensor([self.grid], dtype=torch.long)
+        return out
+
+
 class Collator:
     """Pads a list of examples to the longest one in the batch (right padding).
 
@@ -34,8 +67,9 @@ class Collator:
     (``attention.py``, or transformers' block-diagonal mask), and the padding's own positions (0, 1, ...) make it
     an example of its own, with no targets."""
 
-    def __init__(self, pad_token_id: int):
+    def __init__(self, pad_token_id: int, stand_in: StandIn | None = None):
         self.pad_token_id = pad_token_id
+        self.stand_in = stand_in
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         if "kto_tag" in batch[0]:
@@ -72,6 +106,8 @@ class Collator:
         out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
         if "pixel_values" in batch[0]:  # a vision-language model's images (data/vision.py)
             out.update(image_inputs(batch, width))
+            if "pixel_values" not in out and self.stand_in is not None and not packed:
+                out = self.stand_in.added(out, self.pad_token_id)
         if "extra" in batch[0]:  # GRPO prompts: what the rewards read and the index that seeds the sampling
             out["extra"] = [ex["extra"] for ex in batch]
             out["prompt_index"] = torch.tensor([ex["prompt_index"] for ex in batch])

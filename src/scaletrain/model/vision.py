@@ -126,3 +126,20 @@ def unfrozen_targets(model, targets, cfg):
                           f"{model.config.model_type}; set model.freeze_language_model: false or name "
                           f"modules of an unfrozen part")
     return dataclasses.replace(targets, modules=names)
+
+
+def stand_in_image(config):
+    """The smallest image this model's tower takes, as a batch carries it (data/collate.py StandIn): Qwen-VL's one
+    merged patch (a grid of spatial_merge_size x spatial_merge_size patches: one token), Gemma 3's one image at its
+    size (mm_tokens_per_image tokens)."""
+    from scaletrain.data.collate import StandIn
+
+    vision = config.vision_config
+    if config.model_type == "gemma3":
+        return StandIn(config.image_token_index, config.mm_tokens_per_image,
+                       (1, vision.num_channels, vision.image_size, vision.image_size))
+    layout_of(config)  # a family scaletrain knows
+    merge, temporal = vision.spatial_merge_size, vision.temporal_patch_size
+    channels = getattr(vision, "in_channels", None) or vision.in_chans
+    return StandIn(config.image_token_id, 1, (merge * merge, channels * temporal * vision.patch_size ** 2),
+                   (1, merge, merge))

@@ -19,6 +19,7 @@ from scaletrain.comm.context import DistContext
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
+from scaletrain.data.collate import StandIn
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import context_parallel
@@ -35,6 +36,7 @@ from scaletrain.model.build import (
 from scaletrain.model.fp8 import check_device as check_fp8
 from scaletrain.model.moe import experts_of, router_terms
 from scaletrain.model.quantize import engine_for
+from scaletrain.model.vision import is_vision_language, stand_in_image
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.compile import Compiled, compile_blocks
@@ -113,6 +115,7 @@ class Trainer:
     objective_sums: list[float] = field(default_factory=list)  # the objective's stats summed since the last record
     router: RouterLoss | None = None  # an MoE's load-balancing loss over the global batch (worker/router.py)
     compiled: Compiled | None = None  # train.compile: the blocks compiled, and what fell back to eager
+    stand_in: StandIn | None = None  # a vision-language model: the image of a batch without one (data/collate.py)
 
     @property
     def run_dir(self) -> RunDir:
@@ -203,7 +206,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
     return Trainer(ctx, cfg, spec, model, optimizer, scheduler, precision, beat, facts, progress, checkpointer,
                    memory, objective=objective, reference=reference,
                    objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [],
-                   router=router_loss_for(cfg, model_config, ctx), compiled=compiled)
+                   router=router_loss_for(cfg, model_config, ctx), compiled=compiled,
+                   stand_in=stand_in_image(model_config) if is_vision_language(model_config) else None)
 
 
 def install_context_parallel(model, ctx: DistContext, cfg: Config) -> str:

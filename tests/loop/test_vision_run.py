@@ -1,0 +1,41 @@
+"""#62 end to end: LLaMA-Factory's mllm_demo shape (a dataset_info.json entry, <image> placeholders, an images
+column) fine-tunes a tiny Qwen2-VL; on 2 workers, where in each step one rank's micro-batch holds the only image
+and the other's none, DDP and FSDP train the same losses as 1 worker (1e-6), with no rank left waiting (the
+text-only rank runs the tower on a stand-in image, data/collate.py StandIn)."""
+
+import json
+
+import pytest
+
+from tests.conftest import cli_train, train_losses
+from tests.vlm import mllm_demo, save_tiny
+
+pytestmark = pytest.mark.loop
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(tmp_path_factory):
+    return save_tiny("qwen2_vl", tmp_path_factory.mktemp("qwen2-vl"))
+
+
+def _cfg(model, data, **train):
+    # the tower trains too: a rank that skipped it would leave DDP's reduction of its gradients waiting
+    return {"model": {"name_or_path": str(model), "task": "causal-lm", "finetuning_type": "full",
+                      "freeze_vision_tower": False, "freeze_multi_modal_projector": False},
+            "data": {"dataset_dir": str(data), "dataset": ["mllm_demo"], "max_length": 96, "eval_ratio": 0,
+                     "balance_ranks": False},
+            "train": {"per_device_train_batch_size": 2, "max_steps": 4, "learning_rate": 1e-3, "logging_steps": 1,
+                      **train}}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_path, strategy):
+    data = mllm_demo(tmp_path / "data", n=4, text_only_every=4)
+    rows = json.loads((data / "mllm_demo.json").read_text())
+    for row in rows[1:]:  # one image in the whole set: every step has a rank without one
+        row["messages"][0]["content"] = row["messages"][0]["content"].replace("<image>", "")
+        row["images"] = []
+    (data / "mllm_demo.json").write_text(json.dumps(rows))
+    curves = [train_losses(cli_train(_cfg(qwen2_vl, data, strategy=strategy, per_device_train_batch_size=2 // w),
+                                     tmp_path, f"w{w}", w)) for w in (1, 2)]
+    assert len(curves[0]) == 4 and curves[1] == pytest.approx(curves[0], abs=1e-6)

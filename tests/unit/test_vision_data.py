@@ -244,3 +244,21 @@ def test_a_batch_without_an_image_runs_the_tower_on_a_stand_in_that_changes_noth
         assert not calls
         with_it = net(**{k: v for k, v in stood.items() if k in keys}).loss
     assert calls and float(with_it) == pytest.approx(float(without), abs=1e-6)
+
+
+def test_preview_shows_each_image_as_one_marker_with_its_token_count(model, tmp_path):
+    from scaletrain.commands.preview import examples
+    from scaletrain.data.preview import describe
+
+    kind, path, tok = model
+    demo = mllm_demo(tmp_path / "data", n=3)
+    cfg = validate({"model": {"name_or_path": str(path), "task": "causal-lm"},
+                    "data": {"dataset_dir": str(demo), "dataset": ["mllm_demo"], "eval_ratio": 0, "max_length": 256},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    _, rows, _ = examples(cfg, 3, "train")
+    two = next(ex for ex in rows if len(ex["image_tokens"]) == 2)
+    text = describe(tok, two, 0)
+    first, second = two["image_tokens"]
+    assert f"<image 1: {first} tokens>" in text and f"<image 2: {second} tokens>" in text, text
+    assert "[[Both" not in text and "<|image_pad|>" not in text and "<image_soft_token>" not in text
+    assert text.count("[[") == 1  # the reply, as for text

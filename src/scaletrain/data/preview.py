@@ -18,14 +18,24 @@ def trained_share(labels: list[int]) -> tuple[int, int]:
     return sum(1 for lab in labels if lab != IGNORE_INDEX), len(labels)
 
 
-def marked(tokenizer, input_ids: list[int], labels: list[int], color: bool = False) -> str:
+def marked(tokenizer, input_ids: list[int], labels: list[int], color: bool = False,
+           image_mask: list[int] | None = None) -> str:
     """The example's text, each run of trained tokens marked: decoded run by run (a run of byte-level tokens
-    decodes whole, where one token alone could be half a character)."""
+    decodes whole, where one token alone could be half a character). ``image_mask`` (1 on a vision-language
+    example's image tokens): each image one marker with its token count, ``<image 1: 256 tokens>``."""
     from rich.markup import escape
 
-    parts = []
-    for trained, run in groupby(zip(input_ids, labels), key=lambda p: p[1] != IGNORE_INDEX):
-        text = tokenizer.decode([tok for tok, _ in run])
+    parts, images = [], 0
+    kinds = image_mask or [0] * len(input_ids)
+    runs = groupby(zip(input_ids, labels, kinds), key=lambda p: (p[1] != IGNORE_INDEX, bool(p[2])))
+    for (trained, image), run in runs:
+        run = list(run)
+        if image:
+            images += 1
+            text = f"<image {images}: {len(run)} tokens>"
+            parts.append(f"[bold cyan]{escape(text)}[/]" if color else text)
+            continue
+        text = tokenizer.decode([tok for tok, _, _ in run])
         if color:
             parts.append(f"[bold green]{escape(text)}[/]" if trained else f"[dim]{escape(text)}[/]")
         else:
@@ -39,7 +49,8 @@ def describe(tokenizer, example: dict, index: int, color: bool = False, ids: boo
     input_ids, labels = list(example["input_ids"]), list(example["labels"])
     k, n = trained_share(labels)
     head = f"example {index}: {n} tokens, {k} trained ({100 * k / max(n, 1):.1f}%)"
-    body = marked(tokenizer, input_ids, labels, color)
+    mask = example.get("mm_token_type_ids") or example.get("token_type_ids")  # a vision-language example's images
+    body = marked(tokenizer, input_ids, labels, color, list(mask) if mask else None)
     pairs = ("\n(label, id): " + " ".join(f"({lab},{tok})" for tok, lab in zip(input_ids, labels))) if ids else ""
     return f"{head}\n{body}{pairs}"
 

@@ -154,3 +154,19 @@ def mllm_demo(out: Path, n: int = 8, text_only_every: int = 4) -> Path:
     (out / "mllm_demo.json").write_text(json.dumps(rows, indent=1))
     (out / "dataset_info.json").write_text(json.dumps(MLLM_INFO, indent=1))
     return out
+
+
+def llamafactory_data(out: Path, n: int = 8) -> Path:
+    """``mllm_demo`` (mllm_demo()) with LLaMA-Factory's two text sets its VL examples mix in: identity and
+    alpaca_en_demo (alpaca records, no images), each with its dataset_info.json entry."""
+    import json
+
+    out = mllm_demo(out, n)
+    for name in ("identity", "alpaca_en_demo"):
+        rows = [{"instruction": f"{QUESTIONS[k % 4]} ({name} {k})", "input": "", "output": ANSWERS[k % 4]}
+                for k in range(n // 2)]
+        (out / f"{name}.json").write_text(json.dumps(rows))
+    info = json.loads((out / "dataset_info.json").read_text())
+    info.update({name: {"file_name": f"{name}.json"} for name in ("identity", "alpaca_en_demo")})
+    (out / "dataset_info.json").write_text(json.dumps(info, indent=1))
+    return out

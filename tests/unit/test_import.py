@@ -231,19 +231,39 @@ def test_llamafactorys_qlora_example_imports_with_its_quantization_keys():
         "model.quantization_bit", "model.quantization_method", "model.double_quantization"}
 
 
-@pytest.mark.parametrize("extra", [{"image_max_pixels": 262144, "video_max_pixels": 16384},
-                                   {"freeze_vision_tower": True}, {}])
-def test_a_vision_language_file_is_refused_not_turned_into_a_text_job(tmp_path, capsys, extra):
-    """LLaMA-Factory's examples/train_lora/qwen3vl_lora_sft.yaml (#62): its image keys or its VL template stop the
-    import in one line, and no config is written (it used to import as a text-only causal-lm job)."""
+@pytest.mark.parametrize("name", ["qwen3vl_lora_sft.yaml", "qwen3vl_full_sft.yaml", "qwen3vl_lora_dpo.yaml"])
+def test_llamafactorys_vision_language_examples_import_with_their_meaning(name):
+    """LLaMA-Factory's multimodal examples (#62): image bounds, the parts frozen, the model's own template; the
+    video key of an image job is a row that says videos are refused, never a silent text-only job."""
+    lf = yaml.safe_load((FIXTURES / name).read_text())
+    cfg, rows = from_llamafactory(lf)
+    c = validate(cfg)
+    by_key = _rows(rows)
+    assert set(by_key) >= set(lf) and not any("cannot run here" in r.note for r in rows)
+    assert (c.data.image_max_pixels, c.data.image_min_pixels, c.data.template) == (262144, 32 * 32, "auto")
+    assert "the model's own chat template" in by_key["template"].note
+    assert "videos are not supported" in by_key["video_max_pixels"].note
+    assert (c.model.freeze_vision_tower, c.model.freeze_multi_modal_projector, c.model.freeze_language_model) == (
+        True, True, False)
+    if name == "qwen3vl_lora_dpo.yaml":
+        assert c.train.stage == "dpo" and c.data.dataset == ["rlhf_v"]
+    else:
+        assert c.data.dataset == ["mllm_demo", "identity", "alpaca_en_demo"]
+
+
+@pytest.mark.parametrize("extra", [{"image_do_pan_and_scan": True}, {"use_audio_in_video": True},
+                                   {"template": "llava"}])
+def test_a_multimodal_file_scaletrain_cannot_train_is_refused_whole(tmp_path, capsys, extra):
+    """What scaletrain has no equivalent of (pan-and-scan crops, audio, a VL family it does not know) stops the
+    import in one line, and no config is written (never a job that drops the images or the audio)."""
     from scaletrain.cli import main
 
-    lf = tmp_path / "qwen3vl.yaml"
+    lf = tmp_path / "vl.yaml"
     lf.write_text(yaml.safe_dump({"model_name_or_path": "Qwen/Qwen3-VL-4B-Instruct", "stage": "sft", "do_train": True,
                                   "finetuning_type": "lora", "dataset": "mllm_demo,identity",
                                   "template": "qwen3_vl_nothink", **extra}))
     out = tmp_path / "job.yaml"
     assert main(["import", "llamafactory", str(lf), "-o", str(out)]) != 0
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "a vision-language job" in err and "issue #62" in err and "no config written" in err
+    assert "a multimodal job scaletrain cannot train yet" in err and "no config written" in err
     assert not out.exists()

@@ -4,6 +4,7 @@ processor's token count, the labels are the replies, image spans are never cut (
 one is left out and counted), and every bad input is one line naming the record and the image."""
 
 import json
+from pathlib import Path
 
 import fsspec
 import numpy as np
@@ -20,6 +21,8 @@ from scaletrain.errors import DataError
 from scaletrain.model.processor import image_text_factory
 from scaletrain.model.tokenizer import load_tokenizer
 from tests.vlm import image, mllm_demo, reference_processor, save_tiny
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamafactory"
 
 KINDS = ("qwen2_vl", "qwen3_vl", "gemma3")
 
@@ -262,3 +265,23 @@ def test_preview_shows_each_image_as_one_marker_with_its_token_count(model, tmp_
     assert f"<image 1: {first} tokens>" in text and f"<image 2: {second} tokens>" in text, text
     assert "[[Both" not in text and "<|image_pad|>" not in text and "<image_soft_token>" not in text
     assert text.count("[[") == 1  # the reply, as for text
+
+
+def test_llamafactorys_qwen3vl_example_reads_its_mix_of_image_and_text_sets(tmp_path):
+    """LLaMA-Factory's examples/train_lora/qwen3vl_lora_sft.yaml, imported: mllm_demo beside identity and
+    alpaca_en_demo (text only) becomes one set, the image rows with their images and the text rows with none."""
+    import yaml
+
+    from scaletrain.config.importers import from_llamafactory
+    from tests.vlm import llamafactory_data
+
+    path = save_tiny("qwen3_vl", tmp_path / "qwen3-vl")
+    lf = yaml.safe_load((FIXTURES / "qwen3vl_lora_sft.yaml").read_text())
+    cfg, _ = from_llamafactory({**lf, "model_name_or_path": str(path), "cutoff_len": 256,
+                                "dataset_dir": str(llamafactory_data(tmp_path / "data", n=8))})
+    cfg["output"] = {"output_dir": str(tmp_path / "runs")}
+    tok = load_tokenizer(str(path))
+    data = prepare_data(validate(cfg), tok, image_text_factory(str(path), tok))
+    assert len(data.train) == 8 + 4 + 4
+    with_images = [ex for ex in data.train if ex["image_tokens"]]
+    assert len(with_images) == 6 and all(ex["pixel_shape"] for ex in with_images)  # rows 3, 7 of mllm_demo: none

@@ -24,6 +24,12 @@ DIRECT: dict[str, tuple[str, str]] = {
     "quantization_method": ("model", "quantization_method"),
     "quantization_type": ("model", "quantization_type"),
     "double_quantization": ("model", "double_quantization"),
+    "freeze_vision_tower": ("model", "freeze_vision_tower"),  # a vision-language model's parts (#62), LF's names
+    "freeze_multi_modal_projector": ("model", "freeze_multi_modal_projector"),
+    "freeze_language_model": ("model", "freeze_language_model"),
+    "image_max_pixels": ("data", "image_max_pixels"),
+    "image_min_pixels": ("data", "image_min_pixels"),
+    "media_dir": ("data", "media_dir"),
     "dataset_dir": ("data", "dataset_dir"),
     "cutoff_len": ("data", "max_length"),
     "max_samples": ("data", "max_samples"),
@@ -100,17 +106,20 @@ NOT_MAPPED: dict[str, str] = {
 # Stages LLaMA-Factory trains that scaletrain does not yet: the issue that covers them.
 NOT_YET = {"ppo": "RL from a reward model (PPO)"}
 CANNOT_RUN = "this file cannot run here"  # a row that says so: the import writes no config
-# LLaMA-Factory's multimodal keys and its templates of vision-language models: a file with any of them trains on
-# images (or video, audio), which scaletrain's text path would silently drop; refused whole until vision-language
-# fine-tuning lands (#62), never turned into a text-only job.
-MULTIMODAL_KEYS = ("image_max_pixels", "image_min_pixels", "image_do_pan_and_scan", "crop_to_patches",
-                   "video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen", "use_audio_in_video",
-                   "audio_sampling_rate", "freeze_vision_tower", "freeze_multi_modal_projector",
-                   "freeze_language_model")
-MULTIMODAL_TEMPLATES = ("qwen2_vl", "qwen2_5_vl", "qwen2_omni", "qwen3_vl", "qwen3_vl_nothink", "qwen3_omni",
-                        "qwen3_5_vl", "llava", "llava_next", "llava_next_video", "mllama", "paligemma", "internvl",
-                        "intern_vl", "minicpm_v", "minicpm_o", "kimi_vl", "glm4v", "glm4_5v", "video_llava",
-                        "llama4_vl", "gemma3n", "pixtral")
+# LLaMA-Factory's multimodal keys scaletrain does not have (#62): a file with any of them trains what scaletrain
+# would not (audio, Gemma's pan-and-scan crops, videos in the audio track); refused whole, never turned into a
+# job that drops them. Video keys in an image job (LF's VL examples carry video_max_pixels) are rows: videos are
+# refused in the data itself.
+MULTIMODAL_KEYS = ("image_do_pan_and_scan", "crop_to_patches", "use_audio_in_video", "audio_sampling_rate")
+VIDEO_KEYS = ("video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen")
+# LLaMA-Factory's templates of the vision-language models scaletrain fine-tunes: the model's own chat template (its
+# processor's), which writes the image parts the model was trained on.
+VL_TEMPLATES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_nothink")
+IMAGE_KEYS = ("image_max_pixels", "image_min_pixels", "freeze_vision_tower", "freeze_multi_modal_projector")
+# ... and of those it does not yet: the import stops (no config written).
+MULTIMODAL_TEMPLATES = ("qwen2_omni", "qwen3_omni", "qwen3_5_vl", "llava", "llava_next", "llava_next_video",
+                        "mllama", "paligemma", "internvl", "intern_vl", "minicpm_v", "minicpm_o", "kimi_vl", "glm4v",
+                        "glm4_5v", "video_llava", "llama4_vl", "gemma3n", "pixtral")
 # LLaMA-Factory's report_to values -> monitor.report_to (jsonl is always written).
 REPORTERS = {"none": [], "tensorboard": ["tensorboard"], "wandb": ["wandb"], "mlflow": ["mlflow"],
              "all": ["tensorboard", "wandb", "mlflow"]}
@@ -187,6 +196,9 @@ def from_llamafactory(lf: dict, deepspeed: dict | None = None, deepspeed_path: s
                             "scaletrain's output_dir holds run directories; the run is <output_dir>/<run_name>"))
         elif key == "deepspeed":
             rows.append(Row(key, value, "(below)", f"DeepSpeed config {value}: its rows follow"))
+        elif key in VIDEO_KEYS:
+            rows.append(Row(key, value, "", "videos are not supported (a videos column is refused in one line); "
+                                            "images are"))
         elif key in NOT_MAPPED:
             rows.append(Row(key, value, "", NOT_MAPPED[key]))
         else:
@@ -225,9 +237,9 @@ def _multimodal(lf: dict, rows: list[Row]) -> None:
         return
     key = keys[0] if keys else "template"
     what = f"template {template}" if template else key
-    rows.append(Row(key, lf[key], "", f"a vision-language job (LLaMA-Factory's {what}): scaletrain trains text only "
-                    f"so far and would not see the images, so it does not turn this file into a text-only job; "
-                    f"vision-language fine-tuning is issue #62; {CANNOT_RUN}"))
+    rows.append(Row(key, lf[key], "", f"a multimodal job scaletrain cannot train yet (LLaMA-Factory's {what}; "
+                    f"images train with Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3), and it does not turn this file "
+                    f"into a job that drops them; {CANNOT_RUN}"))
 
 
 def _stage(key, value, lf, put, rows) -> None:
@@ -261,7 +273,10 @@ def _names(key, value, lf, put, rows) -> None:
 
 
 def _template(key, value, lf, put, rows) -> None:
-    if value in TEMPLATES:
+    if value in VL_TEMPLATES or (value == "gemma3" and any(k in lf for k in IMAGE_KEYS)):  # Gemma 3 with images
+        put(key, "data", "template", "auto", f"LLaMA-Factory's {value!r} -> the model's own chat template (its "
+                                             f"processor's), which writes each image where the model expects it")
+    elif value in TEMPLATES:
         put(key, "data", "template", TEMPLATES[value], TEMPLATE_NOTES.get(value, ""))
     elif value in LF_OWN_TEMPLATE:
         put(key, "data", "template", "auto", f"LLaMA-Factory's {value!r} -> the tokenizer's own chat template: "

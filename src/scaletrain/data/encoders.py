@@ -30,7 +30,7 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
     that the records have the columns it reads (one line naming the file and the fix when they do not).
     ``image_text``: a vision-language model's (model/processor.py), for records with images."""
     d, c = cfg.data, src.columns
-    if image_text is not None and c.images in ds.column_names:
+    if image_text is not None:  # the job's data has images (a source without them joins them: no images each)
         return _vision_encoder(ds, src, cfg, tokenizer, template, image_text)
     if cfg.model.task == "sequence-classification":
         cols = {"text_column": d.text_column, "label_column": d.label_column}
@@ -109,6 +109,10 @@ def _vision_encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str
         what = f"train.stage={cfg.train.stage}" if cfg.train.stage != "sft" else "data.formatting=text"
         raise DataError(f"{src.key}={src.path}: records with images train with train.stage=sft on conversations "
                         f"(sharegpt, messages or alpaca) so far, not {what}; give text-only data for {what}")
+    if d.template != "auto":
+        raise DataError(f"{src.key}={src.path}: records with images are rendered by the model's own chat template "
+                        f"(it writes each image part as the model was trained), not data.template={d.template}; set "
+                        f"data.template: auto")
     if d.multi_turn == "per_turn":
         raise DataError(f"{src.key}={src.path}: data.multi_turn=per_turn with images is not supported (each turn "
                         f"would carry every image again); use multi_turn: spans or last")

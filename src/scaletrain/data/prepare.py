@@ -116,7 +116,7 @@ def cache_root(cfg: Config) -> Path:
 
 def prepare_data(cfg: Config, tokenizer, image_text=None) -> PreparedData:
     """Read, split and tokenize both splits once for the whole job (in the driver), or load them from the cache.
-    ``image_text``: a vision-language model's, called for it when a source has images (model/processor.py)."""
+    ``image_text``: a vision-language model's factory, called when a source has images (model/processor.py)."""
     import datasets
 
     d = cfg.data
@@ -146,6 +146,13 @@ def prepare_data(cfg: Config, tokenizer, image_text=None) -> PreparedData:
         loaded = [(src, _loaded(src, cfg, hf_cache)) for src in train_sources]
         loaded_evals = [(src, _loaded(src, cfg, hf_cache)) for src in eval_srcs]
         labels = _class_labels(cfg, loaded, loaded_evals[0] if loaded_evals else None)
+        # a vision-language job whose data has images: every source through the image path (a text-only source
+        # beside them too, LF's mllm_demo,identity: one set of columns to mix and collate)
+        if image_text is not None and any(src.columns.images in raw.ds.column_names
+                                          for src, raw in loaded + loaded_evals):
+            image_text = image_text()
+        else:
+            image_text = None
         parts, skipped, notes, speed = [], {}, list(template_notes), Speed()
         for src, raw in loaded:
             notes += _placeholders(src, raw)
@@ -253,8 +260,7 @@ def _tokenized(src: Source, raw: Loaded, cfg: Config, tokenizer, template: tuple
     no tokenized split in memory)."""
     d = cfg.data
     ds = raw.ds
-    images = image_text() if image_text is not None and src.columns.images in ds.column_names else None
-    fn = encoder_for(ds, src, cfg, tokenizer, template, labels, images)
+    fn = encoder_for(ds, src, cfg, tokenizer, template, labels, image_text)
     out = encoded(ds, fn, d, workdir, speed)
     said = []
     if encode.STATS[0] in out.column_names:  # a chat: what its conversations meet in the template, said or refused

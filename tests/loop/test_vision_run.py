@@ -1,7 +1,7 @@
 """#62 end to end: LLaMA-Factory's mllm_demo shape (a dataset_info.json entry, <image> placeholders, an images
 column) fine-tunes a tiny Qwen2-VL; on 2 workers, where in each step one rank's micro-batch holds the only image
-and the other's none, DDP and FSDP train the same losses as 1 worker (1e-6), with no rank left waiting (the
-text-only rank runs the tower on a stand-in image, data/collate.py StandIn)."""
+and the other's none, DDP and FSDP, padded and packed, train the same losses as 1 worker (1e-6), with no rank left
+waiting (the text-only rank runs the tower on a stand-in image, data/collate.py StandIn)."""
 
 import json
 
@@ -28,14 +28,16 @@ def _cfg(model, data, **train):
                       **train}}
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_path, strategy):
+@pytest.mark.parametrize("strategy,packing", [("ddp", False), ("fsdp", False), ("ddp", True)])
+def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_path, strategy, packing):
     data = mllm_demo(tmp_path / "data", n=4, text_only_every=4)
     rows = json.loads((data / "mllm_demo.json").read_text())
     for row in rows[1:]:  # one image in the whole set: every step has a rank without one
         row["messages"][0]["content"] = row["messages"][0]["content"].replace("<image>", "")
         row["images"] = []
     (data / "mllm_demo.json").write_text(json.dumps(rows))
-    curves = [train_losses(cli_train(_cfg(qwen2_vl, data, strategy=strategy, per_device_train_batch_size=2 // w),
-                                     tmp_path, f"w{w}", w)) for w in (1, 2)]
+    cfgs = [_cfg(qwen2_vl, data, strategy=strategy, per_device_train_batch_size=2 // w) for w in (1, 2)]
+    for cfg in cfgs:  # packed: rows of up to 96 tokens, one ~60-token example each (the stand-in one of its own)
+        cfg["data"]["packing"] = packing
+    curves = [train_losses(cli_train(cfg, tmp_path, f"w{w}", w)) for cfg, w in zip(cfgs, (1, 2))]
     assert len(curves[0]) == 4 and curves[1] == pytest.approx(curves[0], abs=1e-6)

@@ -285,3 +285,41 @@ def test_llamafactorys_qwen3vl_example_reads_its_mix_of_image_and_text_sets(tmp_
     assert len(data.train) == 8 + 4 + 4
     with_images = [ex for ex in data.train if ex["image_tokens"]]
     assert len(with_images) == 6 and all(ex["pixel_shape"] for ex in with_images)  # rows 3, 7 of mllm_demo: none
+
+
+QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+@pytest.mark.parametrize("kind", QWEN_KINDS)
+@pytest.mark.parametrize("attention", ["by-example", "block-mask"])
+def test_packed_image_rows_give_the_unpacked_loss(tmp_path, kind, attention):
+    """Several examples with images in one row: each example's own 3-D M-RoPE positions (the model's
+    get_rope_index on it alone) and attention kept inside it give the padded batch's loss (1e-6, fp32)."""
+    import datasets
+    from transformers import AutoModelForImageTextToText
+
+    from scaletrain.data import model_inputs
+    from scaletrain.data.packing import pack
+    from scaletrain.model import attention as by_example
+    from scaletrain.model.vision import packed_positions, rope_owner
+    from scaletrain.worker.step import token_loss_sum
+
+    path = save_tiny(kind, tmp_path / kind)
+    tok = load_tokenizer(str(path))
+    data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=8), tmp_path)
+    examples = [data.train[i] for i in range(len(data.train))]
+    model = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
+    twin = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
+    if attention == "by-example":
+        assert by_example.isolate_examples(twin) == by_example.NAME
+    padded = Collator(tok.pad_token_id or 0)(examples)
+    rows = pack(datasets.Dataset.from_list(examples), 256, seed=1, workdir=tmp_path)
+    packed = Collator(tok.pad_token_id or 0)([rows[i] for i in range(len(rows))])
+    assert packed["input_ids"].shape[0] < len(examples) and "attention_mask" not in packed
+    assert torch.equal(packed["image_grid_thw"].prod(-1).sort().values, padded["image_grid_thw"].prod(-1).sort().values)
+    packed["position_ids"] = packed_positions(rope_owner(twin, twin.config), packed)
+    with torch.no_grad():
+        a = token_loss_sum(model(**model_inputs(padded, labels=False), use_cache=False).logits, padded["labels"])
+        b = token_loss_sum(twin(**model_inputs(packed, labels=False), use_cache=False).logits, packed["labels"])
+    assert int((padded["labels"][:, 1:] != IGNORE_INDEX).sum()) == int((packed["labels"][:, 1:] != IGNORE_INDEX).sum())
+    assert b.item() == pytest.approx(a.item(), abs=1e-6 * a.item())

@@ -34,8 +34,9 @@ class StandIn:
     """An image for a batch of image data that has none (#62: no rank waits for another). Every rank of a job
     whose data has images runs the vision tower in every micro-batch: a rank that skipped it would leave the
     others waiting in its FSDP all-gathers (or DDP's reduction of a trainable tower's gradients). This image's
-    tokens are appended to the first row where nothing sees them (attention mask 0, no target, as LLaMA-Factory's
-    fake image), so the loss and every other token's output are what they are without it."""
+    tokens are appended to the first row where nothing sees them (attention mask 0, or an example of its own in a
+    packed row; no target; LLaMA-Factory's fake image), so the loss and every other token's output are what they
+    are without it."""
 
     image_token_id: int
     tokens: int  # the image's tokens in the text
@@ -43,15 +44,18 @@ class StandIn:
     grid: tuple[int, ...] = ()  # Qwen-VL: its (t, h, w) patches
 
     def added(self, out: dict, pad_token_id: int) -> dict:
-        ids, labels, mask = out["input_ids"], out["labels"], out["attention_mask"]
+        ids, labels = out["input_ids"], out["labels"]
         rows, k = ids.shape[0], self.tokens
         extra = torch.zeros((rows, k), dtype=torch.long)
         image = extra.clone()
         image[0] = 1
         out = {**out, "input_ids": torch.cat([ids, torch.where(image.bool(), self.image_token_id, pad_token_id)], 1),
                "labels": torch.cat([labels, extra.fill_(IGNORE_INDEX)], 1),
-               "attention_mask": torch.cat([mask, torch.zeros((rows, k), dtype=torch.long)], 1),
                "pixel_values": torch.zeros(self.pixel_shape)}
+        if "position_ids" in out:  # packed rows: an example of its own (positions from 0), which nothing attends to
+            out["position_ids"] = torch.cat([out["position_ids"], torch.arange(k).repeat(rows, 1)], 1)
+        else:
+            out["attention_mask"] = torch.cat([out["attention_mask"], torch.zeros((rows, k), dtype=torch.long)], 1)
         for name in ("token_type_ids", "mm_token_type_ids"):
             if name in out:
                 out[name] = torch.cat([out[name], image], 1)
@@ -106,7 +110,7 @@ class Collator:
         out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
         if "pixel_values" in batch[0]:  # a vision-language model's images (data/vision.py)
             out.update(image_inputs(batch, width))
-            if "pixel_values" not in out and self.stand_in is not None and not packed:
+            if "pixel_values" not in out and self.stand_in is not None:
                 out = self.stand_in.added(out, self.pad_token_id)
         if "extra" in batch[0]:  # GRPO prompts: what the rewards read and the index that seeds the sampling
             out["extra"] = [ex["extra"] for ex in batch]

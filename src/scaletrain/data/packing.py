@@ -76,7 +76,8 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
 
     members, counts = plan(list_lengths(split, "input_ids"), max_length, seed)
     row_ends = np.cumsum(counts, dtype=np.int64)
-    source = split.select_columns(["input_ids", "labels"]).with_format("arrow")
+    joined = [c for c in JOINED if c in split.column_names]  # a vision-language example's images (#62)
+    source = split.select_columns(["input_ids", "labels", *joined]).with_format("arrow")
     spans = mapped_spans(f["filename"] for f in split.cache_files)  # while ``split`` lives, as it does here
     ceiling = psutil.Process().memory_info().shared + MAPPED_BUDGET
     fd, path = tempfile.mkstemp(prefix="packed-", suffix=".arrow",
@@ -84,11 +85,11 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
     os.close(fd)
     with pa.OSFile(path, "wb") as sink:
         writer = None
-        step = max(1, TOKENS_PER_BATCH // max_length)
+        step = max(1, TOKENS_PER_BATCH // max_length // (IMAGE_ROWS_SHARE if joined else 1))
         for first in range(0, len(counts), step):
             last = min(first + step, len(counts))
             lo, hi = (int(row_ends[first - 1]) if first else 0), int(row_ends[last - 1])
-            batch = _rows(source, members[lo:hi], counts[first:last], spans, ceiling)
+            batch = _rows(source, members[lo:hi], counts[first:last], spans, ceiling, joined)
             if writer is None:
                 writer = pa.ipc.new_stream(sink, batch.schema)
             writer.write_batch(batch)
@@ -101,12 +102,13 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
     return datasets.Dataset.from_file(path)
 
 
-def _rows(source, members, counts, spans, ceiling):
-    """One Arrow batch of packed rows: the members' token lists concatenated (``members`` in row order)."""
+def _rows(source, members, counts, spans, ceiling, joined=()):
+    """One Arrow batch of packed rows: the members' token lists concatenated (``members`` in row order), and their
+    ``joined`` columns (images: pixels, grids, image-token masks) concatenated the same way."""
     import numpy as np
     import pyarrow as pa
 
-    ids, labels = _gather(source, members, spans, ceiling)
+    ids, labels, *others = _gather(source, members, spans, ceiling, ("input_ids", "labels", *joined))
     lengths = np.asarray(ids.value_lengths(), dtype=np.int64)
     starts = np.zeros(len(lengths), dtype=np.int64)  # each member's first token in the flat row values
     np.cumsum(lengths[:-1], out=starts[1:])
@@ -123,28 +125,55 @@ def _rows(source, members, counts, spans, ceiling):
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
                                         values if isinstance(values, pa.Array) else pa.array(values))
 
-    return pa.record_batch({"input_ids": listed(ids.flatten()),
-                            "labels": listed(pa.array(flat_labels, labels.type.value_type)),
-                            "position_ids": listed(positions), "examples": pa.array(counts, pa.int32()),
-                            "example_ids": listed(members, member_offsets)})
+    columns = {"input_ids": listed(ids.flatten()), "labels": listed(pa.array(flat_labels, labels.type.value_type)),
+               "position_ids": listed(positions), "examples": pa.array(counts, pa.int32()),
+               "example_ids": listed(members, member_offsets)}
+    columns.update(_joined(dict(zip(joined, others)), member_ends))
+    return pa.record_batch(columns)
 
 
-def _gather(source, members, spans, ceiling):
-    """The members' input_ids and labels, copied out of the memory-mapped split ``TAKE`` examples at a time; when
-    this process's resident shared pages (file-backed: psutil's ``shared``) pass ``ceiling``, the split's pages are
-    released."""
+# What a packed row of image examples carries besides its tokens (data/vision.py), each its members' lists end to
+# end; pixel_shape is summed over its first dimension (Qwen-VL's patches, Gemma's images).
+JOINED = ("pixel_values", "pixel_shape", "image_grid_thw", "image_tokens", "mm_token_type_ids", "token_type_ids")
+IMAGE_ROWS_SHARE = 64  # image rows are built this many times fewer at a time: their pixels are ~20 KB a token
+
+
+def _joined(columns: dict, member_ends):
+    """Each column's members' lists concatenated per packed row (int64 offsets: a row's pixels can pass 2 GB)."""
+    import numpy as np
+    import pyarrow as pa
+
+    out = {}
+    ends = np.concatenate([[0], member_ends]).astype(np.int64)
+    for name, values in columns.items():
+        if name == "pixel_shape":  # the members' shapes: [sum of first dims, *the rest] (none: [])
+            shapes = values.to_pylist()
+            rows = [[s for s in shapes[a:b] if s] for a, b in zip(ends[:-1], ends[1:])]
+            out[name] = pa.array([[sum(s[0] for s in r), *r[0][1:]] if r else [] for r in rows],
+                                 pa.list_(pa.int64()))
+            continue
+        lengths = np.asarray(values.value_lengths(), dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])[ends]
+        out[name] = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values.flatten())
+    return out
+
+
+def _gather(source, members, spans, ceiling, names=("input_ids", "labels")):
+    """The members' ``names`` columns (input_ids and labels), copied out of the memory-mapped split ``TAKE`` examples
+    at a time; when this process's resident shared pages (file-backed: psutil's ``shared``) pass ``ceiling``, the
+    split's pages are released."""
     import psutil
     import pyarrow as pa
 
     proc = psutil.Process()
-    ids, labels = [], []
+    taken_columns: list[list] = [[] for _ in names]
     for at in range(0, len(members), TAKE):
         taken = source[members[at:at + TAKE].tolist()]
-        ids.append(taken.column("input_ids").combine_chunks())
-        labels.append(taken.column("labels").combine_chunks())
+        for out, name in zip(taken_columns, names):
+            out.append(taken.column(name).combine_chunks())
         if spans and proc.memory_info().shared > ceiling:
             release(spans)
-    return pa.concat_arrays(ids), pa.concat_arrays(labels)
+    return tuple(pa.concat_arrays(c) for c in taken_columns)
 
 
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux

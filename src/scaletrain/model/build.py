@@ -357,9 +357,11 @@ def packing_support_error(cfg: ModelConfig, vocab: Vocab) -> str | None:
     import inspect
 
     auto, config = auto_and_config(cfg, vocab)
-    if is_vision_language(config):
-        return (f"{cfg.name_or_path} ({config.model_type}) is a vision-language model, and packing its rows (each "
-                f"with its own M-RoPE positions) is not supported yet; set data.packing=false")
+    if is_vision_language(config):  # Qwen-VL: each packed example's own M-RoPE positions (vision.packed_positions)
+        if config.model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
+            return None
+        return (f"{cfg.name_or_path} ({config.model_type}) is a vision-language model whose packed rows scaletrain "
+                f"cannot keep apart yet (packing serves Qwen2-VL, Qwen2.5-VL and Qwen3-VL); set data.packing=false")
     model_class = auto._model_mapping[type(config)]
     source = inspect.getsource(importlib.import_module(model_class.__module__))
     if "create_causal_mask" not in source:

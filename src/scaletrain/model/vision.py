@@ -143,3 +143,39 @@ def stand_in_image(config):
     channels = getattr(vision, "in_channels", None) or vision.in_chans
     return StandIn(config.image_token_id, 1, (merge * merge, channels * temporal * vision.patch_size ** 2),
                    (1, merge, merge))
+
+
+def rope_owner(model, config):
+    """The module of a Qwen-VL model (wrapped or not) that computes its M-RoPE positions (``get_rope_index``), or
+    None (no M-RoPE)."""
+    if config is None or getattr(config, "model_type", None) not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl",
+                                                                    "qwen3_vl_moe"):
+        return None
+    return next((m for m in model.modules() if hasattr(m, "get_rope_index")), None)
+
+
+def packed_positions(owner, batch: dict):
+    """The (4, batch, length) position ids of packed Qwen-VL rows: the text positions (restarting at each example:
+    what keeps the examples apart in attention, transformers' packed-M-RoPE layout), then each example's own 3-D
+    M-RoPE positions from the model's ``get_rope_index`` on that example alone (its images' grids in order), so a
+    packed example is positioned exactly as it is unpacked. An example without an image: its text positions."""
+    import itertools
+
+    import torch
+
+    positions = batch["position_ids"]
+    rope = positions[None].repeat(3, 1, 1)
+    types = batch.get("mm_token_type_ids")
+    grids = iter(batch["image_grid_thw"]) if "image_grid_thw" in batch else iter(())
+    if types is not None and bool(types.any()):
+        for b in range(positions.shape[0]):
+            starts = (positions[b] == 0).nonzero().flatten().tolist() + [positions.shape[1]]
+            for s, e in zip(starts[:-1], starts[1:]):
+                kinds = types[b, s:e]
+                images = sum(1 for k, _ in itertools.groupby(kinds.tolist()) if k == 1)
+                if images:
+                    grid = torch.stack([next(grids) for _ in range(images)])
+                    ids, _ = owner.get_rope_index(batch["input_ids"][b:b + 1, s:e], mm_token_type_ids=kinds[None],
+                                                  image_grid_thw=grid)
+                    rope[:, b, s:e] = ids[:, 0].to(rope.dtype)
+    return torch.cat([positions[None], rope], 0)

@@ -36,7 +36,7 @@ from scaletrain.model.build import (
 from scaletrain.model.fp8 import check_device as check_fp8
 from scaletrain.model.moe import experts_of, router_terms
 from scaletrain.model.quantize import engine_for
-from scaletrain.model.vision import is_vision_language, stand_in_image
+from scaletrain.model.vision import is_vision_language, rope_owner, stand_in_image
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.compile import Compiled, compile_blocks
@@ -116,6 +116,7 @@ class Trainer:
     router: RouterLoss | None = None  # an MoE's load-balancing loss over the global batch (worker/router.py)
     compiled: Compiled | None = None  # train.compile: the blocks compiled, and what fell back to eager
     stand_in: StandIn | None = None  # a vision-language model: the image of a batch without one (data/collate.py)
+    rope: torch.nn.Module | None = None  # a Qwen-VL model's M-RoPE (get_rope_index), for packed rows' positions
 
     @property
     def run_dir(self) -> RunDir:
@@ -207,7 +208,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
                    memory, objective=objective, reference=reference,
                    objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [],
                    router=router_loss_for(cfg, model_config, ctx), compiled=compiled,
-                   stand_in=stand_in_image(model_config) if is_vision_language(model_config) else None)
+                   stand_in=stand_in_image(model_config) if is_vision_language(model_config) else None,
+                   rope=rope_owner(model, model_config))
 
 
 def install_context_parallel(model, ctx: DistContext, cfg: Config) -> str:

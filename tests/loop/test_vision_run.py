@@ -41,3 +41,53 @@ def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_pat
         cfg["data"]["packing"] = packing
     curves = [train_losses(cli_train(cfg, tmp_path, f"w{w}", w)) for cfg, w in zip(cfgs, (1, 2))]
     assert len(curves[0]) == 4 and curves[1] == pytest.approx(curves[0], abs=1e-6)
+
+
+def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp_path):
+    """After training: final/ and the export carry the processor's files and the trained chat template; `chat RUN
+    --image FILE --prompt TEXT` answers, and the exported model reads the image through them."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
+
+    from scaletrain.after.export import export_run
+    from scaletrain.data.vision import prompt_inputs
+    from scaletrain.model.processor import image_text
+    from tests.vlm import image
+
+    cfg = _cfg(qwen2_vl, mllm_demo(tmp_path / "data", n=4), max_steps=2)
+    cfg["model"].update({"finetuning_type": "lora", "lora_rank": 4})
+    run = cli_train(cfg, tmp_path, "lora")
+    done = export_run(run)
+    for where in (run / "final", done.path):
+        assert (where / "preprocessor_config.json").is_file() and (where / "chat_template.jinja").is_file()
+    image(64, 48, seed=5).save(tmp_path / "cat.png")
+    out = subprocess.run([sys.executable, "-m", "scaletrain", "chat", str(run), "--image",
+                          str(tmp_path / "cat.png"), "--prompt", "What is this?", "--max-new-tokens", "4"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+    tok = AutoTokenizer.from_pretrained(str(done.path))
+    model = AutoModelForImageTextToText.from_pretrained(str(done.path), dtype=torch.float32)
+    from peft import PeftModel  # the export's merge is peft's (its language model's adapted weights)
+
+    reference = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(
+        str(qwen2_vl), dtype=torch.float32), str(run / "final")).merge_and_unload().state_dict()
+    mine = model.state_dict()
+    assert done.merged > 0 and all(torch.allclose(mine[k], reference[k], atol=1e-6) for k in reference), done
+    reader = image_text(str(done.path), AutoConfig.from_pretrained(str(done.path)), tok)
+    inputs = prompt_inputs([{"role": "user", "content": "<image>What is this?"}], tok, reader,
+                           [image(64, 48, seed=5)])
+    with torch.no_grad():
+        new = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert new.shape[1] > inputs["input_ids"].shape[1]
+    from scaletrain.after.serving import serve_plan
+
+    plan = serve_plan(run, "vllm")
+    assert """--limit-mm-per-prompt '{"image": 2}'""" in plan.commands[0], plan
+    assert """--mm-processor-kwargs '{"max_pixels": 589824, "min_pixels": 1024}'""" in plan.commands[0], plan
+    missing = subprocess.run([sys.executable, "-m", "scaletrain", "chat", str(run), "--image",
+                              str(tmp_path / "nope.png"), "--prompt", "Hi"], capture_output=True, text=True,
+                             timeout=300)
+    assert missing.returncode != 0 and "nope.png does not exist" in missing.stderr.strip().splitlines()[-1]

@@ -29,6 +29,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.model.dtypes import BYTES, checkpoint_dtype, torch_dtype, torch_name
 from scaletrain.model.files import model_dir
 from scaletrain.model.fused_lora import PEFT_PREFIX, FusedDeltas
+from scaletrain.model.processor import PROCESSOR_FILES
 from scaletrain.rundir import RunDir
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -36,7 +37,8 @@ INDEX = "model.safetensors.index.json"
 # What travels with the weights (when the source has it): the model's config and generation settings, the
 # tokenizer's files with the chat template the run trained with.
 BESIDE = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-          "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja", "added_tokens.json")
+          "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "chat_template.jinja", "added_tokens.json",
+          *PROCESSOR_FILES)
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,29 @@ def _release_freed_memory() -> None:
         pass
 
 
+def checkpoint_to_model_keys(base: Path):
+    """A checkpoint's weight name -> the model's parameter name (what an adapter names). The same but where the
+    checkpoint keeps an older layout that transformers renames as it loads (Qwen2-VL's ``model.layers.*`` is
+    ``model.language_model.layers.*``, Gemma 3's ``language_model.model.*``): its own renamings, read from a model
+    built on the meta device (no weights)."""
+    from transformers import AutoConfig
+
+    from scaletrain.model.vision import is_vision_language
+
+    config = AutoConfig.from_pretrained(str(base), local_files_only=True)
+    if not is_vision_language(config):
+        return lambda key: key
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, apply_renamings
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    return lambda key: apply_renamings(key, renamings)
+
+
 def _merge(run: RunDir, final: Path, target: Path, dtype: str | None, given: Path | None = None) -> Exported:
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -236,21 +261,22 @@ def _merge(run: RunDir, final: Path, target: Path, dtype: str | None, given: Pat
     size = sum((base / n).stat().st_size for n in names)
     _check_space(target, int(size * BYTES[dtype] / BYTES[_dtype_of(base)]))
     weight_map, total, merged, replaced = {}, 0, set(), set()
+    model_key = checkpoint_to_model_keys(base)
     fused = adapter.fused.keys() if adapter.fused else set()
     with _written(target) as partial:
         for name in names:
             out = {}
             with safe_open(str(base / name), framework="pt") as f:
-                for key in f.keys():
-                    w = f.get_tensor(key)
-                    if key in adapter.saved:
-                        w = adapter.saved[key]
-                        replaced.add(key)
-                    elif key in adapter.pairs or key in fused:
+                for key in f.keys():  # written under the checkpoint's key; the adapter's names are the model's
+                    w, mine = f.get_tensor(key), model_key(key)
+                    if mine in adapter.saved:
+                        w = adapter.saved[mine]
+                        replaced.add(mine)
+                    elif mine in adapter.pairs or mine in fused:
                         # added in fp32 and rounded once, to the dtype written (a bf16 base exported in fp32 keeps
                         # the adapter's fp32 precision)
-                        w = adapter.merged(key, w) if key in adapter.pairs else w.float() + adapter.fused.delta(key)
-                        merged.add(key)
+                        w = adapter.merged(mine, w) if mine in adapter.pairs else w.float() + adapter.fused.delta(mine)
+                        merged.add(mine)
                     out[key] = w.to(torch_dtype(dtype)).contiguous()
                     weight_map[key] = name
                     total += out[key].numel() * out[key].element_size()

@@ -66,9 +66,10 @@ def serve_plan(run_dir: str | Path, server: str, name: str | None = None) -> Pla
     notes = [f"the chat template the run trained with: {template} (checked against the run's own prompts)"]
     q = shlex.quote
     adapter = final / "adapter_config.json"
+    images = _image_settings(run, cfg, server, notes)  # a vision-language run's multimodal flags ("" for text)
     if not adapter.is_file():
         model = q(str(final))
-        cmd = (f"vllm serve {model} --served-model-name {q(name)} --chat-template {q(str(template))}"
+        cmd = (f"vllm serve {model} --served-model-name {q(name)} --chat-template {q(str(template))}{images}"
                if server == "vllm" else
                f"python -m sglang.launch_server --model-path {model} --served-model-name {q(name)} "
                f"--chat-template {q(str(template))}")
@@ -82,7 +83,7 @@ def serve_plan(run_dir: str | Path, server: str, name: str | None = None) -> Pla
     if blockers := _adapter_blockers(settings, tensors):
         merged = run.root / "export"
         notes.append(f"served merged, not as an adapter: {'; '.join(blockers)}")
-        serve = (f"vllm serve {q(str(merged))} --served-model-name {q(name)}" if server == "vllm" else
+        serve = (f"vllm serve {q(str(merged))} --served-model-name {q(name)}{images}" if server == "vllm" else
                  f"python -m sglang.launch_server --model-path {q(str(merged))} --served-model-name {q(name)}")
         return Plan([f"scaletrain export {q(str(run.root))} -o {q(str(merged))}", serve], notes)
     rank = settings["r"]
@@ -91,12 +92,56 @@ def serve_plan(run_dir: str | Path, server: str, name: str | None = None) -> Pla
         notes.append(f"rank {rank}: --max-lora-rank {max_rank} (vLLM's default, 16, would refuse the adapter)")
     if server == "vllm":
         cmd = (f"vllm serve {q(base)} --enable-lora --lora-modules {q(f'{name}={final}')} --max-lora-rank "
-               f"{max_rank} --chat-template {q(str(template))}")
+               f"{max_rank} --chat-template {q(str(template))}{images}")
     else:
         cmd = (f"python -m sglang.launch_server --model-path {q(base)} --enable-lora --lora-paths "
                f"{q(f'{name}={final}')} --max-lora-rank {max_rank} --chat-template {q(str(template))}")
     notes.append(f"requests name the adapter as the model: \"model\": \"{name}\"")
     return Plan([cmd], notes)
+
+
+def _image_settings(run: RunDir, cfg: dict, server: str, notes: list[str]) -> str:
+    """vLLM's multimodal flags for a vision-language run: as many images per prompt as the training data had in
+    one record (``--limit-mm-per-prompt``), and Qwen-VL's pixel bounds as the run's data step bounded them
+    (``--mm-processor-kwargs``); "" for a text run."""
+    from transformers import AutoConfig
+
+    from scaletrain.model.processor import QWEN_TYPES
+    from scaletrain.model.vision import is_vision_language
+
+    final = run.final
+    where = final if (final / "config.json").is_file() else Path(cfg["model"]["name_or_path"])
+    try:
+        config = AutoConfig.from_pretrained(str(where), local_files_only=True)
+    except (OSError, ValueError):
+        return ""
+    if not is_vision_language(config):
+        return ""
+    most = _most_images(run)
+    data = cfg.get("data") or {}
+    bounds = {"max_pixels": data.get("image_max_pixels", 768 * 768), "min_pixels": data.get("image_min_pixels", 1024)}
+    if server != "vllm":
+        notes.append(f"a vision-language model: SGLang reads its images with the model's processor; the run bounded "
+                     f"them to {bounds['min_pixels']}..{bounds['max_pixels']} pixels")
+        return ""
+    flags = f" --limit-mm-per-prompt {shlex.quote(json.dumps({'image': most}))}"
+    if config.model_type in QWEN_TYPES:
+        flags += f" --mm-processor-kwargs {shlex.quote(json.dumps(bounds))}"
+    notes.append(f"a vision-language model: up to {most} image(s) a prompt (the most a training row had)"
+                 + (", bounded to the run's image_min/max_pixels" if config.model_type in QWEN_TYPES else ""))
+    return flags
+
+
+def _most_images(run: RunDir) -> int:
+    """The most images one training row had (the run's prepared data), at least 1."""
+    try:
+        import datasets
+
+        train = json.loads((run.data / "source.json").read_text())["train"]
+        counts = datasets.load_from_disk(train).select_columns(["image_tokens"])["image_tokens"]
+        return max([len(c) for c in counts] + [1])
+    except (OSError, KeyError, ValueError):
+        return 1
 
 
 def check_template(run: RunDir, prompts: int = 100) -> Path:

@@ -12,20 +12,25 @@ def register(sub: argparse._SubParsersAction, parents) -> None:
     p.add_argument("run_dir", help="a finished causal-LM run directory")
     p.add_argument("--prompt", help="one message: print the answer and exit (no terminal needed)")
     p.add_argument("--system", help="a system prompt")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image the first message is about (a vision-language run; repeat for several)")
     p.add_argument("--max-new-tokens", type=COUNT, default=256, help="the longest reply, in tokens")
     p.add_argument("--temperature", type=NONNEGATIVE_REAL, default=0.0, help="0: greedy (default)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from scaletrain.after.chat import open_chat
+    from scaletrain.after.chat import open_chat, read_image
     from scaletrain.errors import ConfigError
 
     if args.max_new_tokens < 1 or args.temperature < 0:
         raise ConfigError("--max-new-tokens must be >= 1 and --temperature >= 0")
     chat = open_chat(args.run_dir, args.system)
+    if args.image and chat.image_text is None:
+        raise ConfigError(f"--image: {args.run_dir} trained a text model, which cannot read images")
+    images = [read_image(path) for path in args.image]
     if args.prompt is not None:
-        print(chat.reply(args.prompt, args.max_new_tokens, args.temperature))
+        print(chat.reply(args.prompt, args.max_new_tokens, args.temperature, images=images))
         return 0
     from transformers import TextStreamer
 
@@ -38,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
             break
         if not text:
             break
-        chat.reply(text, args.max_new_tokens, args.temperature, streamer=streamer)
+        chat.reply(text, args.max_new_tokens, args.temperature, streamer=streamer, images=images)
+        images = []  # the first message's: the conversation keeps them
     return 0

@@ -208,3 +208,24 @@ def fit_whole(ids: list[int], mask: list[int], cutoff: int, runs: list[tuple[int
             out_ids.append(t)
             out_mask.append(m)
     return out_ids, out_mask, ""
+
+
+def prompt_inputs(messages: list[dict], tokenizer, image_text, images: list) -> dict:
+    """A generation prompt with images (``<image>`` placeholders in the turns, ``images`` decoded, in order) as
+    the model takes it: the same rendering and expansion as training (``chat --image``, ``eval`` with images)."""
+    import torch
+
+    messages, n = with_image_parts(messages)
+    if n != len(images):
+        raise ValueError(f"{n} {PLACEHOLDER} placeholder(s) for {len(images)} image(s)")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    processed = image_text.preprocess(images) if images else {"tokens": []}
+    text, _, _ = _expanded(text, [], image_text.placeholder, [image_text.replacement(t) for t in processed["tokens"]])
+    ids = torch.tensor([encode_texts(tokenizer, [text])[0].ids])
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+           type_column(image_text.model_type): (ids == image_text.image_token_id).long()}
+    if images:
+        out["pixel_values"] = torch.as_tensor(processed["pixel_values"])
+        if "image_grid_thw" in processed:
+            out["image_grid_thw"] = torch.as_tensor(processed["image_grid_thw"])
+    return out

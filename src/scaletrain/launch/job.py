@@ -36,6 +36,7 @@ from scaletrain.metrics.monitor import RunMonitor, check_sinks
 from scaletrain.metrics.trackers import close_trackers, start_trackers, tracker_note
 from scaletrain.model.dtypes import torch_dtype
 from scaletrain.model.files import final_dtype, model_dir, set_config_dtype
+from scaletrain.model.processor import copy_processor_files
 from scaletrain.model.tokenizer import Vocab
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RUN_UMASK, RunDir, check_output_dir, create_run_dir
@@ -323,6 +324,7 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -
 
         tokenizer.chat_template = resolve_template(cfg.data.template, tokenizer)[1]
     tokenizer.save_pretrained(str(final))
+    copy_processor_files(cfg.model.name_or_path, final)  # a vision-language model reads images as it trained
     if cfg.model.finetuning_type != "lora":
         return
     if model_dir(cfg.model.name_or_path) is not None and not cfg.output.merge_lora:
@@ -355,6 +357,7 @@ def finish_final(cfg: Config, run_dir: Path, tokenizer, compute: str = "fp32") -
         merged.to(torch_dtype(dtype)).save_pretrained(str(final / "merged"))
         set_config_dtype(final / "merged", dtype)
         tokenizer.save_pretrained(str(final / "merged"))
+        copy_processor_files(cfg.model.name_or_path, final / "merged")
 
 
 def _quiet_libraries() -> None:

@@ -19,6 +19,10 @@ from pathlib import Path
 
 from scaletrain.errors import ConfigError
 
+# A vision-language model's processor settings, beside its weights: what final/, merged/ and an export carry so that
+# the model reads images at inference as it did in training (the chat template travels as the tokenizer's
+# chat_template.jinja, the one the run trained with: never the base's chat_template.json beside it).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 GEMMA_TYPES = ("gemma3",)
 QWEN_MARKS = ("<|vision_start|>", "<|vision_end|>")  # written around an image's tokens by Qwen-VL's template
@@ -129,3 +133,17 @@ def image_text_factory(name_or_path: str, tokenizer):
     if not is_vision_language(config):
         return None
     return functools.cache(functools.partial(image_text, str(path), config, tokenizer))
+
+
+def copy_processor_files(name_or_path: str, *targets) -> list[str]:
+    """The model directory's processor files copied into each of ``targets``; their names."""
+    import shutil
+
+    from scaletrain.model.files import model_dir
+
+    source = model_dir(name_or_path)
+    names = [n for n in PROCESSOR_FILES if source is not None and (source / n).is_file()]
+    for target in targets:
+        for n in names:
+            shutil.copyfile(source / n, Path(target) / n)
+    return names

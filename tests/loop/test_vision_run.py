@@ -45,7 +45,8 @@ def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_pat
 
 def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp_path):
     """After training: final/ and the export carry the processor's files and the trained chat template; `chat RUN
-    --image FILE --prompt TEXT` answers, and the exported model reads the image through them."""
+    --image FILE --prompt TEXT` answers, and the exported model reads the image through them; `eval --data` takes
+    rows with images; `serve --print vllm` says how many images a prompt may have and their pixel bounds."""
     import subprocess
     import sys
 
@@ -82,6 +83,10 @@ def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp
     with torch.no_grad():
         new = model.generate(**inputs, max_new_tokens=3, do_sample=False)
     assert new.shape[1] > inputs["input_ids"].shape[1]
+    from scaletrain.after.gen_eval import generation_eval
+
+    results, _ = generation_eval(run, "mllm_demo", max_new_tokens=3)  # its dataset_info entry: rows with images
+    assert results["scaletrain"]["examples"] == 4 and "<|image_pad|>" in results["predictions"][0]["prompt"]
     from scaletrain.after.serving import serve_plan
 
     plan = serve_plan(run, "vllm")

@@ -41,12 +41,14 @@ def similarity(prediction: str, reference: str) -> dict[str, float]:
 
 
 def held_out(run: RunDir, data: str, limit: int | None,
-             dataset_dir: str | None = None) -> list[tuple[list[dict], list | None, str]]:
-    """(prompt messages, tools, reference answer) of each usable record of ``data``, read as training reads its
+             dataset_dir: str | None = None) -> list[tuple[list[dict], list | None, str, list]]:
+    """(prompt messages, tools, reference answer, its images decoded) of each usable record of ``data``, read as
+    training reads its
     data (data/sources.py: JSON arrays, JSON Lines, CSV, Parquet, Arrow, ``save_to_disk`` folders) in the run's
     format and columns; or ``data`` names datasets (``a,b``) of the ``dataset_info.json`` in ``dataset_dir``
-    (default: the run's ``data.dataset_dir``), each with its own formatting and columns. A record whose last turn
-    is not the assistant's is skipped (and counted)."""
+    (default: the run's ``data.dataset_dir``), each with its own formatting and columns; a record's images (an
+    ``images`` column, as in training) are read and bounded as training read them. A record whose last turn is not
+    the assistant's is skipped (and counted)."""
     import tempfile
 
     from scaletrain.data.formats import to_conversation
@@ -57,18 +59,31 @@ def held_out(run: RunDir, data: str, limit: int | None,
     with tempfile.TemporaryDirectory(prefix="scaletrain-eval-") as scratch:
         for src in srcs:
             loaded = load(src.path, src.file_format, "--data", scratch, d.encoding)
-            for row in loaded.ds:
+            media = d.media_dir or str(Path(src.path).parent)
+            for i, row in enumerate(loaded.ds):
                 chat, _ = to_conversation(row, src.formatting, src.columns)
                 if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":
                     skipped += 1
                     continue
-                pairs.append((chat.messages[:-1], chat.tools, chat.messages[-1]["content"]))
+                pairs.append((chat.messages[:-1], chat.tools, chat.messages[-1]["content"],
+                              _images(row.get(src.columns.images) or [], media, d, f"--data {src.path}: "
+                                      f"{loaded.unit} {loaded.position(i)}")))
                 if limit and len(pairs) >= limit:
                     return pairs
     if not pairs:
         raise DataError(f"--data {data}: no record ends with an assistant reply in the run's format "
                         f"(data.formatting={d.formatting}); {skipped} skipped")
     return pairs
+
+
+def _images(refs: list, media: str, d, where: str) -> list:
+    """A record's images, decoded and bounded as the run's data step did; an unreadable one is one line."""
+    from scaletrain.data.images import ImageProblem, load_images
+
+    try:
+        return load_images(list(refs), media, d.image_max_pixels, d.image_min_pixels)
+    except ImageProblem as e:
+        raise DataError(f"{where}: {e}; fix the path or the file") from None
 
 
 def _data_config(run: RunDir, data: str, dataset_dir: str | None):
@@ -106,15 +121,24 @@ def generation_eval(run_dir: str | Path, data: str | Path, limit: int | None = N
     pairs = held_out(run, str(data), limit, dataset_dir)
     chat = open_chat(run.root)
     tok, predictions = chat.tokenizer, []
-    for messages, tools, reference in pairs:
-        ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                      return_dict=True)["input_ids"]
-        x = torch.tensor([ids])
+    for messages, tools, reference, images in pairs:
+        if images and chat.image_text is None:
+            raise DataError(f"--data {data}: its records have images, and {run.root} trained a text model that "
+                            f"cannot read them; evaluate a vision-language run, or give text-only records")
+        if chat.image_text is not None:  # the prompt rendered and its images expanded as training did
+            from scaletrain.data.vision import prompt_inputs
+
+            inputs = prompt_inputs(messages, tok, chat.image_text, images)
+        else:
+            ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                          return_dict=True)["input_ids"]
+            inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+        x = inputs["input_ids"]
         with torch.no_grad():
-            out = chat.model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                                      do_sample=False, pad_token_id=tok.pad_token_id or tok.eos_token_id)
+            out = chat.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                      pad_token_id=tok.pad_token_id or tok.eos_token_id)
         answer = tok.decode(out[0, x.shape[1]:], skip_special_tokens=True)
-        predictions.append({"prompt": tok.decode(ids), "label": reference, "predict": answer,
+        predictions.append({"prompt": tok.decode(x[0]), "label": reference, "predict": answer,
                             **similarity(answer, reference)})
     averages = {m: sum(p[m] for p in predictions) / len(predictions) for m in METRICS}
     name = f"{Path(data).stem} (generation)"

@@ -323,3 +323,21 @@ def test_packed_image_rows_give_the_unpacked_loss(tmp_path, kind, attention):
         b = token_loss_sum(twin(**model_inputs(packed, labels=False), use_cache=False).logits, packed["labels"])
     assert int((padded["labels"][:, 1:] != IGNORE_INDEX).sum()) == int((packed["labels"][:, 1:] != IGNORE_INDEX).sum())
     assert b.item() == pytest.approx(a.item(), abs=1e-6 * a.item())
+
+
+def test_plan_counts_an_images_tokens_as_the_data_step_does_and_the_towers_cost(model, tmp_path):
+    from transformers import AutoConfig
+
+    from scaletrain.model.processor import image_text
+    from scaletrain.model.vision import image_plan, image_plan_line
+
+    kind, path, tok = model
+    config = AutoConfig.from_pretrained(str(path))
+    facts = image_plan(config, 112 * 112, 256, tower_trains=False)
+    side = facts["side"]
+    assert facts["tokens"] == image_text(str(path), config, tok).preprocess([image(side, side)])["tokens"][0]
+    assert facts["per_sequence"] == 256 // facts["tokens"] and facts["activation_bytes"] == 0
+    trained = image_plan(config, 112 * 112, 256, tower_trains=True)
+    assert trained["activation_bytes"] > 0 and trained["forward_flops"] == facts["forward_flops"] > 0
+    line = image_plan_line(facts, 112 * 112, False)
+    assert f"{facts['tokens']} tokens of the sequence" in line and "frozen" in line

@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             import textwrap
 
             print(textwrap.fill(interval["note"], WIDTH, subsequent_indent="  ", break_long_words=False))
+    if not args.json and (images := _images_line(cfg)):
+        _say(images)
     if args.price:
         _costs(args, cfg, shape, sizes, dtype)
     elif args.deadline or args.steps:
@@ -183,6 +185,26 @@ def _context_parallel(args, cfg, vocab, sizes, device) -> tuple[list[dict], list
     degrees = tuple(parse_workers(asked, "--context-parallel")) if asked else (1, 2, 4, 8)
     rows = context_parallel_options(cfg, vocab, sizes, device, degrees)
     return rows, context_parallel_lines(cfg, rows, device)
+
+
+def _images_line(cfg) -> str | None:
+    """A vision-language model's images: their tokens and the tower's cost (model/vision.py image_plan)."""
+    from scaletrain.model.files import model_dir
+    from scaletrain.model.vision import image_plan, image_plan_line, is_vision_language
+
+    path = model_dir(cfg.model.name_or_path)
+    if path is None:
+        return None
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    if not is_vision_language(config):
+        return None
+    m = cfg.model
+    trains = m.finetuning_type == "full" and not (m.freeze_vision_tower and m.freeze_multi_modal_projector)
+    facts = image_plan(config, cfg.data.image_max_pixels, cfg.data.max_length, trains,
+                       4 if not (cfg.train.bf16 or cfg.train.fp16) else 2)
+    return image_plan_line(facts, cfg.data.image_max_pixels, trains)
 
 
 def _say(text: str) -> None:

@@ -179,3 +179,47 @@ def packed_positions(owner, batch: dict):
                                                   image_grid_thw=grid)
                     rope[:, b, s:e] = ids[:, 0].to(rope.dtype)
     return torch.cat([positions[None], rope], 0)
+
+
+def image_plan(config, max_pixels: int, max_length: int, tower_trains: bool, bytes_per_value: int = 2) -> dict:
+    """What `plan` says of a vision-language job's images (#62), from the config alone (the parts counted on the meta
+    device): an image at ``data.image_max_pixels`` (square) in patches and tokens of the sequence, how many such
+    images ``max_length`` holds, and the tower's cost per image: forward FLOPs (2 x its parameters x patches, the
+    attention over an image's patches added), and, when the tower trains, the activations its backward keeps
+    (~16 values a patch per block per hidden unit: a rough count, said as such). A frozen tower keeps none: no
+    gradient flows into it."""
+    import math
+
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    sizes = {part: sum(p.numel() for _, p in members) for part, members in parts(model).items()}
+    vision = config.vision_config
+    if config.model_type == "gemma3":
+        side, patch, merge = vision.image_size, vision.patch_size, 1
+        tokens = config.mm_tokens_per_image
+    else:
+        patch, merge = vision.patch_size, vision.spatial_merge_size
+        unit = patch * merge
+        side = max(unit, int(math.sqrt(max_pixels)) // unit * unit)
+        tokens = (side // patch) ** 2 // merge ** 2
+    patches = (side // patch) ** 2
+    hidden = getattr(vision, "hidden_size", None) or vision.embed_dim
+    depth = getattr(vision, "depth", None) or vision.num_hidden_layers
+    tower = sizes["vision"] + sizes["projector"]
+    flops = 2 * tower * patches + 4 * depth * patches * patches * hidden
+    activations = 16 * depth * patches * hidden * bytes_per_value if tower_trains else 0
+    return {"side": side, "patches": patches, "tokens": tokens, "per_sequence": max_length // max(tokens, 1),
+            "tower_parameters": tower, "forward_flops": flops, "activation_bytes": activations}
+
+
+def image_plan_line(facts: dict, max_pixels: int, trains: bool) -> str:
+    """`plan`'s line for ``image_plan``'s facts."""
+    kept = (f"~{facts['activation_bytes'] / 2**20:.0f} MiB of activations kept per image for its backward (a rough "
+            f"count)" if trains else "no activations kept (frozen: no gradient flows into it)")
+    return (f"images: one of up to {max_pixels:,} pixels ({facts['side']}x{facts['side']} square) is "
+            f"{facts['patches']} patches and {facts['tokens']} tokens of the sequence ({facts['per_sequence']} such "
+            f"images fill data.max_length); the tower and projector ({facts['tower_parameters'] / 1e6:.1f}M "
+            f"parameters) compute {facts['forward_flops'] / 1e9:.1f} GFLOPs forward per image, {kept}")

@@ -170,3 +170,28 @@ def llamafactory_data(out: Path, n: int = 8) -> Path:
     info.update({name: {"file_name": f"{name}.json"} for name in ("identity", "alpaca_en_demo")})
     (out / "dataset_info.json").write_text(json.dumps(info, indent=1))
     return out
+
+
+RLHF_V_INFO = {"rlhf_v": {"file_name": "rlhf_v.json", "ranking": True, "formatting": "sharegpt",
+                          "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected",
+                                      "images": "images"}}}
+
+
+def rlhf_v(out: Path, n: int = 8) -> Path:
+    """LLaMA-Factory's ``rlhf_v`` shape (a DPO set with images) in ``out``: sharegpt ``conversations`` whose human
+    turn holds ``<image>``, ``chosen`` and ``rejected`` gpt turns, an ``images`` column; with dataset_info.json."""
+    import json
+
+    out = Path(out)
+    (out / "rlhf_v_data").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for k in range(n):
+        name = f"rlhf_v_data/{k}.jpg"
+        image(48 + 8 * (k % 3), 40 + 6 * (k % 4), seed=100 + k).save(out / name)
+        rows.append({"conversations": [{"from": "human", "value": "<image>" + QUESTIONS[k % 4]}],
+                     "chosen": {"from": "gpt", "value": ANSWERS[k % 4]},
+                     "rejected": {"from": "gpt", "value": ANSWERS[(k + 1) % 4]}, "images": [name]})
+    (out / "rlhf_v.json").write_text(json.dumps(rows, indent=1))
+    info = json.loads((out / "dataset_info.json").read_text()) if (out / "dataset_info.json").is_file() else {}
+    (out / "dataset_info.json").write_text(json.dumps({**info, **RLHF_V_INFO}, indent=1))
+    return out

@@ -96,3 +96,33 @@ def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp
                               str(tmp_path / "nope.png"), "--prompt", "Hi"], capture_output=True, text=True,
                              timeout=300)
     assert missing.returncode != 0 and "nope.png does not exist" in missing.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("example,data", [("qwen3vl_lora_sft.yaml", "llamafactory_data"),
+                                          ("qwen3vl_lora_dpo.yaml", "rlhf_v")])
+def test_llamafactorys_vision_language_examples_train_as_imported(tmp_path, example, data):
+    """LLaMA-Factory's examples/train_lora/qwen3vl_lora_{sft,dpo}.yaml, imported as they are (a tiny Qwen3-VL in
+    the model's place, LF's data shapes in its dataset_dir, two steps), train: the SFT loss falls, DPO's starts at
+    log 2 (the policy is its reference) and both leave an adapter."""
+    from pathlib import Path
+
+    import yaml
+
+    import tests.vlm as vlm
+    from scaletrain.config.importers import from_llamafactory
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "llamafactory"
+    lf = yaml.safe_load((fixtures / example).read_text())
+    model = save_tiny("qwen3_vl", tmp_path / "qwen3-vl")
+    cfg, _ = from_llamafactory({**lf, "model_name_or_path": str(model), "cutoff_len": 256, "bf16": False,
+                                "dataset_dir": str(getattr(vlm, data)(tmp_path / "data", n=8))})
+    cfg["train"].update({"max_steps": 3, "logging_steps": 1, "gradient_accumulation_steps": 1,
+                         "per_device_train_batch_size": 4, "learning_rate": 5e-3})
+    cfg.pop("output", None)
+    run = cli_train(cfg, tmp_path, "imported")
+    losses = train_losses(run)
+    assert (run / "final" / "adapter_model.safetensors").is_file() and len(losses) == 3
+    if example.endswith("dpo.yaml"):
+        assert losses[0] == pytest.approx(0.6931, abs=1e-3)
+    else:
+        assert losses[-1] < losses[0]

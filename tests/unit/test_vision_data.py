@@ -341,3 +341,33 @@ def test_plan_counts_an_images_tokens_as_the_data_step_does_and_the_towers_cost(
     assert trained["activation_bytes"] > 0 and trained["forward_flops"] == facts["forward_flops"] > 0
     line = image_plan_line(facts, 112 * 112, False)
     assert f"{facts['tokens']} tokens of the sequence" in line and "frozen" in line
+
+
+def test_preference_pairs_with_images_encode_each_side_as_sft_does(tmp_path):
+    """LLaMA-Factory's rlhf_v shape (train.stage: dpo): each side is the prompt with its reply, token for token the
+    SFT encoding of that conversation, its labels the reply only; the collated batch carries the images once per
+    side (the chosen rows', then the rejected rows')."""
+    from tests.vlm import rlhf_v
+
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = rlhf_v(tmp_path / "data", n=4)
+    cfg = validate({"model": {"name_or_path": str(path), "task": "causal-lm"}, "train": {"stage": "dpo"},
+                    "data": {"dataset_dir": str(demo), "dataset": ["rlhf_v"], "eval_ratio": 0, "max_length": 256},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    data = prepare_data(cfg, tok, image_text_factory(str(path), tok))
+    rows = json.loads((demo / "rlhf_v.json").read_text())
+    assert len(data.train) == 4
+    for ex in data.train:
+        row = next(r for r in rows if tok.decode([t for t in ex["chosen_labels"] if t != IGNORE_INDEX]).startswith(
+            r["chosen"]["value"]))
+        ref = _reference("qwen2_vl", tok, {"messages": [{"role": "user", "content": row["conversations"][0]["value"]},
+                                                        {"role": "assistant", "content": row["chosen"]["value"]}],
+                                           "images": row["images"]}, demo)
+        assert ex["chosen_input_ids"] == list(ref["input_ids"][0])
+        rejected = tok.decode([t for t in ex["rejected_labels"] if t != IGNORE_INDEX])
+        assert rejected.startswith(row["rejected"]["value"])
+    batch = Collator(tok.pad_token_id or 0)([data.train[i] for i in range(2)])
+    grids = batch["image_grid_thw"]
+    assert batch["input_ids"].shape[0] == 4 and torch.equal(grids[:2], grids[2:])
+    assert int(batch["mm_token_type_ids"].sum()) == 2 * sum(sum(data.train[i]["image_tokens"]) for i in range(2))

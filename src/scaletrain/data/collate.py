@@ -79,8 +79,8 @@ class Collator:
         if "kto_tag" in batch[0]:
             return self._kto(batch)
         if "chosen_input_ids" in batch[0]:  # preference pairs: one batch of the chosen sides, then the rejected
-            sides = [{"input_ids": ex[f"{side}_input_ids"], "labels": ex[f"{side}_labels"]}
-                     for side in ("chosen", "rejected") for ex in batch]
+            sides = [{"input_ids": ex[f"{side}_input_ids"], "labels": ex[f"{side}_labels"], **_images_of_side(ex, side)}
+                     for side in ("chosen", "rejected") for ex in batch]  # a side's images: the pair's, again
             out = {**self(sides), "num_examples": torch.tensor(len(batch))}
             if "ref_logps" in batch[0]:  # [pairs, 2]: the reference's chosen and rejected log-probabilities
                 out["ref_logps"] = torch.tensor([ex["ref_logps"] for ex in batch], dtype=torch.float32)
@@ -129,6 +129,14 @@ class Collator:
         plain = [{"input_ids": ex["input_ids"], "labels": ex["labels"]} for ex in batch]
         return {**self(plain + mismatched), "num_examples": torch.tensor(len(batch)),
                 "kto_tag": torch.tensor([bool(ex["kto_tag"]) for ex in batch])}
+
+
+def _images_of_side(ex: dict, side: str) -> dict:
+    """A preference pair's images and one side's image-token mask, as an SFT row carries them (data/vision.py)."""
+    if "pixel_values" not in ex:
+        return {}
+    masks = {name: ex[f"{side}_{name}"] for name in ("token_type_ids", "mm_token_type_ids") if f"{side}_{name}" in ex}
+    return {k: ex[k] for k in ("pixel_values", "pixel_shape", "image_grid_thw")} | masks
 
 
 def image_inputs(batch: list[dict], width: int) -> dict[str, torch.Tensor]:

@@ -102,13 +102,14 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
 
 def _vision_encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], image_text):
     """Records with images (data/vision.py): supervised fine-tuning of a chat, its images beside the text."""
-    from scaletrain.data.vision import encode_vision_chat
+    from scaletrain.data.vision import encode_vision_chat, encode_vision_pairs
 
     d, c = cfg.data, src.columns
-    if cfg.train.stage != "sft" or src.formatting == "text":
-        what = f"train.stage={cfg.train.stage}" if cfg.train.stage != "sft" else "data.formatting=text"
-        raise DataError(f"{src.key}={src.path}: records with images train with train.stage=sft on conversations "
-                        f"(sharegpt, messages or alpaca) so far, not {what}; give text-only data for {what}")
+    if cfg.train.stage not in ("sft", "dpo") or src.formatting == "text":
+        what = f"train.stage={cfg.train.stage}" if cfg.train.stage not in ("sft", "dpo") else "data.formatting=text"
+        raise DataError(f"{src.key}={src.path}: records with images train with train.stage=sft or dpo on "
+                        f"conversations (sharegpt, messages or alpaca) so far, not {what}; give text-only data for "
+                        f"{what}")
     if d.template != "auto":
         raise DataError(f"{src.key}={src.path}: records with images are rendered by the model's own chat template "
                         f"(it writes each image part as the model was trained), not data.template={d.template}; set "
@@ -118,8 +119,15 @@ def _vision_encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str
                         f"would carry every image again); use multi_turn: spans or last")
     info = src.extra.get("info") if src.extra and set(c.required(src.formatting)) & _lf_mapped(
         src.extra["mapped"]) else None
-    require_columns(ds, c.required(src.formatting), src.key, src.path, info=info, images=c.images)
     media = d.media_dir or (src.path.rsplit("/", 1)[0] if "://" in src.path else str(Path(src.path).parent))
+    if cfg.train.stage == "dpo":  # LLaMA-Factory's rlhf_v shape: a prompt with images, chosen and rejected replies
+        required = {k: v for k, v in c.required(src.formatting).items() if k != "output_column"}
+        required.update({"chosen_column": c.chosen, "rejected_column": c.rejected})
+        require_columns(ds, required, src.key, src.path, info=info, images=c.images)
+        return partial(encode_vision_pairs, tokenizer=tokenizer, image_text=image_text, formatting=src.formatting,
+                       columns=c, template=template[1], max_length=d.max_length, media_dir=media,
+                       max_pixels=d.image_max_pixels, min_pixels=d.image_min_pixels)
+    require_columns(ds, c.required(src.formatting), src.key, src.path, info=info, images=c.images)
     return partial(encode_vision_chat, tokenizer=tokenizer, image_text=image_text, formatting=src.formatting,
                    columns=c, template=template[1], max_length=d.max_length, mask_history=d.multi_turn == "last",
                    train_on_prompt=d.train_on_prompt, media_dir=media, max_pixels=d.image_max_pixels,

@@ -91,8 +91,31 @@ def with_image_parts(messages: list[dict]) -> tuple[list[dict], int]:
 def _encode_one(messages, refs, tokenizer, image_text, template, variables, max_length, mask_history,
                 train_on_prompt, media_dir, max_pixels, min_pixels):
     """(ids, labels, full length, pixel_values, grid, tokens per image), "" or None and why not."""
-    import numpy as np
+    loaded, why = _images_of(messages, refs, media_dir, max_pixels, min_pixels)
+    if why:
+        return None, why
+    messages, images = loaded
+    processed = image_text.preprocess(images) if images else {"tokens": []}
+    tokens, why = _tokens(messages, len(images), processed, tokenizer, image_text, template, variables)
+    if why:
+        return None, why
+    ids, mask, full = tokens
+    ids, mask, why = fit_whole(ids, mask, max_length, image_runs(ids, image_text.image_token_id, image_text.marks),
+                               keep_last=mask_history)
+    if why:
+        return None, why
+    if mask_history:  # the loss on the last reply only
+        mask = _last_reply(mask)
+    labels = list(ids) if train_on_prompt else [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+    if train_on_prompt:
+        labels = [IGNORE_INDEX if t == image_text.image_token_id else t for t in labels]
+    if not any(lab != IGNORE_INDEX for lab in labels):
+        return None, f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
+    return (ids, labels, full, *_pixels(processed, images)), ""
 
+
+def _images_of(messages, refs, media_dir, max_pixels, min_pixels):
+    """((the messages with image parts, the images decoded), "") or (None, why)."""
     if not isinstance(refs, (list, tuple)):
         refs = [refs]
     messages, n_placeholders = with_image_parts(messages)
@@ -100,39 +123,94 @@ def _encode_one(messages, refs, tokenizer, image_text, template, variables, max_
         return None, (f"its turns have {n_placeholders} {PLACEHOLDER} placeholder(s) and its images column "
                       f"{len(refs)} image(s); they must agree (one {PLACEHOLDER} per image, in order)")
     try:
-        images = load_images(list(refs), media_dir, max_pixels, min_pixels)
+        return (messages, load_images(list(refs), media_dir, max_pixels, min_pixels)), ""
     except ImageProblem as e:
         return None, f"{IMAGE_PROBLEM}{e}"
+
+
+def _tokens(messages, n_images, processed, tokenizer, image_text, template, variables):
+    """((ids, assistant mask with image tokens off, length), "") of a conversation with its images expanded, or
+    (None, why)."""
     rendered = render_records([with_reasoning(messages, template)], template, variables)[0]
     if isinstance(rendered, str):
         return None, rendered
     text, spans = rendered
-    processed = image_text.preprocess(images) if images else {"tokens": []}
-    tokens = processed["tokens"]
-    text, spans, written = _expanded(text, spans, image_text.placeholder, [image_text.replacement(t) for t in tokens])
-    if written != len(images):
-        return None, (f"the chat template wrote {written} image placeholder(s) for its {len(images)} image(s); use "
+    text, spans, written = _expanded(text, spans, image_text.placeholder,
+                                     [image_text.replacement(t) for t in processed["tokens"]])
+    if written != n_images:
+        return None, (f"the chat template wrote {written} image placeholder(s) for its {n_images} image(s); use "
                       f"the model's own chat template (data.template: auto)")
     (encoding,) = encode_texts(tokenizer, [text])
     ids = list(encoding.ids)
     mask = [0 if t == image_text.image_token_id else m for t, m in zip(ids, assistant_mask(encoding.offsets, spans))]
-    runs = image_runs(ids, image_text.image_token_id, image_text.marks)
-    ids, mask, why = fit_whole(ids, mask, max_length, runs, keep_last=mask_history)
-    if why:
-        return None, why
-    if mask_history:  # the loss on the last reply only
-        from scaletrain.data.encode import _runs
+    return (ids, mask, len(ids)), ""
 
-        replies = [r for r in _runs(mask) if r[0]]
-        mask = [1 if replies and replies[-1][1] <= t < replies[-1][2] else 0 for t in range(len(mask))]
-    labels = list(ids) if train_on_prompt else [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
-    if train_on_prompt:
-        labels = [IGNORE_INDEX if t == image_text.image_token_id else t for t in labels]
-    if not any(lab != IGNORE_INDEX for lab in labels):
-        return None, f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
+
+def _last_reply(mask: list[int]) -> list[int]:
+    from scaletrain.data.encode import _runs
+
+    replies = [r for r in _runs(mask) if r[0]]
+    return [1 if replies and replies[-1][1] <= t < replies[-1][2] else 0 for t in range(len(mask))]
+
+
+def _pixels(processed: dict, images: list):
+    """(pixel_values, grid, tokens per image) of a record's processed images (empty when it has none)."""
+    import numpy as np
+
     pixels = np.asarray(processed["pixel_values"], dtype=np.float32) if images else np.zeros((0,), np.float32)
     grid = np.asarray(processed.get("image_grid_thw", np.zeros((0, 3))), dtype=np.int64)
-    return (ids, labels, len(encoding.ids), pixels, grid, tokens), ""
+    return pixels, grid, processed["tokens"]
+
+
+def encode_vision_pairs(batch: dict[str, list], tokenizer, image_text, formatting: str, columns: Columns,
+                        template: str, max_length: int, media_dir: str, max_pixels: int,
+                        min_pixels: int) -> dict[str, list]:
+    """Preference pairs with images (train.stage: dpo; LLaMA-Factory's rlhf_v shape): the prompt's images once per
+    record, each side (the prompt with its chosen or rejected reply) rendered and expanded as for SFT, its labels
+    the last reply only; image spans never cut (each side fitted as ``fit_whole``)."""
+    import numpy as np
+
+    from scaletrain.data.pairs import PAIR_COLUMNS, to_pair
+
+    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    variables = template_variables(tokenizer, None)
+    types = type_column(image_text.model_type)
+    out = {k: [] for k in (*PAIR_COLUMNS, "_skip", "_full", *PIXEL_COLUMNS, f"chosen_{types}", f"rejected_{types}")}
+    for row in rows:
+        pair, why = to_pair(row, formatting, columns)
+        sides, example = [], None
+        if pair is not None:
+            loaded, why = _images_of(pair[0].messages, row.get(columns.images) or [], media_dir, max_pixels,
+                                     min_pixels)
+        if pair is not None and not why:
+            _, images = loaded
+            processed = image_text.preprocess(images) if images else {"tokens": []}
+            for chat in pair:
+                messages, _ = with_image_parts(chat.messages)
+                tokens, why = _tokens(messages, len(images), processed, tokenizer, image_text, template, variables)
+                if why:
+                    break
+                ids, mask, _ = tokens
+                runs = image_runs(ids, image_text.image_token_id, image_text.marks)
+                ids, mask, why = fit_whole(ids, _last_reply(mask), max_length, runs, keep_last=True)
+                if why:
+                    break
+                if not any(mask):
+                    why = f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
+                    break
+                sides.append((ids, [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]))
+            example = _pixels(processed, images) if not why else None
+        (c_ids, c_labels), (r_ids, r_labels) = sides if example else (([], []), ([], []))
+        pixels, grid, tokens = example or (np.zeros((0,), np.float32), np.zeros((0, 3), np.int64), [])
+        for key, value in (("chosen_input_ids", c_ids), ("chosen_labels", c_labels), ("rejected_input_ids", r_ids),
+                           ("rejected_labels", r_labels), ("_skip", why), ("_full", max(len(c_ids), len(r_ids))),
+                           ("pixel_values", pixels.reshape(-1)), ("pixel_shape", list(pixels.shape) if len(pixels)
+                                                                   else []),
+                           ("image_grid_thw", grid.reshape(-1)), ("image_tokens", tokens),
+                           (f"chosen_{types}", [int(t == image_text.image_token_id) for t in c_ids]),
+                           (f"rejected_{types}", [int(t == image_text.image_token_id) for t in r_ids])):
+            out[key].append(value)
+    return out
 
 
 def _expanded(text: str, spans: list[tuple[int, int]], placeholder: str, replacements: list[str]):

@@ -93,7 +93,8 @@ def reference_processor(kind: str, tok):
 
 
 def save_tiny(kind: str, out: Path) -> Path:
-    """The model of ``kind`` saved in ``out`` with its tokenizer, chat template and image processor."""
+    """The model of ``kind`` saved in ``out`` in bf16 (as Qwen-VL and Gemma 3 are released) with its tokenizer,
+    chat template and image processor."""
     import json
 
     import torch
@@ -110,7 +111,8 @@ def save_tiny(kind: str, out: Path) -> Path:
         ids = {"image_token_id": vocab["<|image_pad|>"], "video_token_id": vocab["<|video_pad|>"],
                "vision_start_token_id": vocab["<|vision_start|>"], "vision_end_token_id": vocab["<|vision_end|>"]}
     torch.manual_seed(0)
-    AutoModelForImageTextToText.from_config(tiny_config(kind, len(tok), ids)).save_pretrained(out)
+    model = AutoModelForImageTextToText.from_config(tiny_config(kind, len(tok), ids))
+    model.to(torch.bfloat16).save_pretrained(out)  # as the real ones are released: bf16 (config.json says so)
     tok.save_pretrained(out)
     image_processor(kind).save_pretrained(out)
     if kind == "gemma3":

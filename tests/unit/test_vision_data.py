@@ -66,7 +66,8 @@ def test_token_ids_and_image_tokens_equal_the_processors_and_labels_are_the_repl
         same = [ex for ex in data.train if ex["input_ids"] == list(ref["input_ids"][0])]  # token for token
         if row["images"]:  # Gemma's rows of one question and one image each have the same ids: their pixels differ
             pixels = torch.as_tensor(np.asarray(ref["pixel_values"])).reshape(-1)
-            same = [ex for ex in same if torch.equal(torch.tensor(ex["pixel_values"]), pixels)]
+            same = [ex for ex in same if torch.equal(torch.from_numpy(np.frombuffer(ex["pixel_values"], np.float32)),
+                                                      pixels)]
         assert len(same) >= 1
         ex = same[0]
         image_id = tok.convert_tokens_to_ids("<image_soft_token>" if kind == "gemma3" else "<|image_pad|>")
@@ -233,7 +234,7 @@ def test_a_batch_without_an_image_runs_the_tower_on_a_stand_in_that_changes_noth
     kind, path, tok = model
     data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=8), tmp_path)
     rows = [ex for ex in data.train if not ex["image_tokens"]]
-    net = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
+    net = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
     plain = Collator(tok.pad_token_id or 0)(rows)
     stood = Collator(tok.pad_token_id or 0, stand_in_image(net.config))(rows)
     assert "pixel_values" not in plain and "pixel_values" in stood
@@ -308,8 +309,8 @@ def test_packed_image_rows_give_the_unpacked_loss(tmp_path, kind, attention):
     tok = load_tokenizer(str(path))
     data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=8), tmp_path)
     examples = [data.train[i] for i in range(len(data.train))]
-    model = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
-    twin = AutoModelForImageTextToText.from_pretrained(str(path)).eval()
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
+    twin = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
     if attention == "by-example":
         assert by_example.isolate_examples(twin) == by_example.NAME
     padded = Collator(tok.pad_token_id or 0)(examples)

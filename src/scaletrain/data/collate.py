@@ -149,8 +149,8 @@ def image_inputs(batch: list[dict], width: int) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     shaped = [(ex["pixel_values"], ex["pixel_shape"], ex["image_grid_thw"]) for ex in batch if ex["pixel_shape"]]
     if shaped:
-        out["pixel_values"] = torch.cat([torch.from_numpy(np.asarray(p, dtype=np.float32)).view(*shape)
-                                         for p, shape, _ in shaped])
+        out["pixel_values"] = torch.cat([torch.from_numpy(np.frombuffer(p, dtype=np.float32).copy()).view(*shape)
+                                         for p, shape, _ in shaped])  # float32 bytes (data/vision.py)
         if any(len(g) for _, _, g in shaped):
             out["image_grid_thw"] = torch.cat([torch.tensor(g, dtype=torch.long).view(-1, 3) for _, _, g in shaped])
     for name in ("token_type_ids", "mm_token_type_ids"):  # the image-token mask (data/vision.py: type_column)

@@ -152,6 +152,10 @@ def _joined(columns: dict, member_ends):
             out[name] = pa.array([[sum(s[0] for s in r), *r[0][1:]] if r else [] for r in rows],
                                  pa.list_(pa.int64()))
             continue
+        if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):  # pixels: float32 bytes
+            pieces = values.to_pylist()
+            out[name] = pa.array([b"".join(pieces[a:b]) for a, b in zip(ends[:-1], ends[1:])], pa.large_binary())
+            continue
         lengths = np.asarray(values.value_lengths(), dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])[ends]
         out[name] = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values.flatten())

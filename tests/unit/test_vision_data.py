@@ -372,3 +372,44 @@ def test_preference_pairs_with_images_encode_each_side_as_sft_does(tmp_path):
     grids = batch["image_grid_thw"]
     assert batch["input_ids"].shape[0] == 4 and torch.equal(grids[:2], grids[2:])
     assert int(batch["mm_token_type_ids"].sum()) == 2 * sum(sum(data.train[i]["image_tokens"]) for i in range(2))
+
+
+def test_image_keys_on_a_text_model_are_one_line_before_the_data_is_read(tmp_path):
+    from scaletrain.errors import ConfigError
+    from scaletrain.launch.preflight import preflight
+    from tests.conftest import save_tiny_llama
+
+    text_model = save_tiny_llama(tmp_path / "llama")
+    cfg = validate({"model": {"name_or_path": str(text_model), "task": "causal-lm"},
+                    "data": {"train_file": str(tmp_path / "none.json"), "image_max_pixels": 262144},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    with pytest.raises(ConfigError) as e:
+        preflight(cfg)
+    said = str(e.value)
+    assert said.startswith("data.image_max_pixels=262144: model.name_or_path=") and "is a text model" in said
+    assert len(said.splitlines()) == 1
+
+
+def test_frozen_parts_get_no_gradient_from_a_batch_with_images(tmp_path):
+    """Full fine-tuning with LLaMA-Factory's defaults, a batch with images through forward and backward: the tower
+    and the projector have no gradient, every language-model parameter has one, and what trains is the language
+    model's count."""
+    from scaletrain.config.schema import ModelConfig
+    from scaletrain.model.build import build_model
+    from scaletrain.model.tokenizer import Vocab
+    from scaletrain.model.vision import counts, parts
+
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=4), tmp_path)
+    model = build_model(ModelConfig(name_or_path=str(path), task="causal-lm", finetuning_type="full"), Vocab.of(tok))
+    batch = Collator(tok.pad_token_id or 0)([data.train[i] for i in range(len(data.train))])
+    assert "pixel_values" in batch
+    from scaletrain.data import model_inputs
+
+    model(**model_inputs(batch)).loss.backward()
+    by_part = parts(model)
+    assert all(p.grad is None for part in ("vision", "projector") for _, p in by_part[part])
+    assert all(p.grad is not None for _, p in by_part["language"])
+    assert counts(model)["language"][0] == sum(p.numel() for _, p in by_part["language"]) == sum(
+        p.numel() for p in model.parameters() if p.requires_grad)

@@ -77,6 +77,10 @@ class Preflight:
         return asdict(self.shape) if self.shape is not None else None
 
 
+# Data keys that only mean something to a vision-language model: set for a text model, a mistake said in one line.
+IMAGE_KEYS = {"image_max_pixels", "image_min_pixels", "media_dir"}
+
+
 def preflight(cfg: Config) -> Preflight:
     model_dir(cfg.model.name_or_path)  # a missing model is an error before anything is read
     tokenizer = load_tokenizer(cfg.model.name_or_path)
@@ -100,10 +104,12 @@ def preflight(cfg: Config) -> Preflight:
                           f"(torch >= {'.'.join(map(str, MIN_TORCH))}); upgrade torch or remove train.compile")
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
-    if cfg.data.streaming:
-        data = prepare_stream(cfg, tokenizer)
-    else:
-        data = prepare_data(cfg, tokenizer, image_text_factory(cfg.model.name_or_path, tokenizer))
+    images = image_text_factory(cfg.model.name_or_path, tokenizer)
+    if images is None and (keys := sorted(IMAGE_KEYS & cfg.data.model_fields_set)):
+        raise ConfigError(f"data.{keys[0]}={getattr(cfg.data, keys[0])}: model.name_or_path={cfg.model.name_or_path} "
+                          f"is a text model, which reads no images; remove data.{keys[0]} or use a vision-language "
+                          f"model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3)")
+    data = prepare_stream(cfg, tokenizer) if cfg.data.streaming else prepare_data(cfg, tokenizer, images)
     cfg = data.resolve(cfg)
     if lora_note:
         data.notes.append(f"model: {lora_note}")

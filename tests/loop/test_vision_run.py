@@ -39,8 +39,13 @@ def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_pat
     cfgs = [_cfg(qwen2_vl, data, strategy=strategy, per_device_train_batch_size=2 // w) for w in (1, 2)]
     for cfg in cfgs:  # packed: rows of up to 96 tokens, one ~60-token example each (the stand-in one of its own)
         cfg["data"]["packing"] = packing
-    curves = [train_losses(cli_train(cfg, tmp_path, f"w{w}", w)) for cfg, w in zip(cfgs, (1, 2))]
+    runs = [cli_train(cfg, tmp_path, f"w{w}", w) for cfg, w in zip(cfgs, (1, 2))]
+    curves = [train_losses(run) for run in runs]
     assert len(curves[0]) == 4 and curves[1] == pytest.approx(curves[0], abs=1e-6)
+    records = [json.loads(line) for line in (runs[1] / "metrics.jsonl").read_text().splitlines()]
+    ready = [r["ranks/ready_s"] for r in records if r.get("kind") == "train"]
+    # no rank waits on another at the gradient sync: the ranks reach it within a second of each other every step
+    assert len(ready) == 4 and all(max(r) - min(r) < 1.0 for r in ready), ready
 
 
 def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp_path):

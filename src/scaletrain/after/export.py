@@ -225,18 +225,14 @@ def checkpoint_to_model_keys(base: Path):
     checkpoint keeps an older layout that transformers renames as it loads (Qwen2-VL's ``model.layers.*`` is
     ``model.language_model.layers.*``, Gemma 3's ``language_model.model.*``): its own renamings, read from a model
     built on the meta device (no weights)."""
-    from transformers import AutoConfig
-
-    from scaletrain.model.vision import is_vision_language
-
-    config = AutoConfig.from_pretrained(str(base), local_files_only=True)
-    if not is_vision_language(config):
-        return lambda key: key
+    if json.loads((base / "config.json").read_text()).get("vision_config") is None:  # a text model: no import
+        return lambda key: key  # of transformers here (its ~100 MB would count against the export's memory)
     import torch
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoConfig, AutoModelForImageTextToText
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightRenaming, apply_renamings
 
+    config = AutoConfig.from_pretrained(str(base), local_files_only=True)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
     renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]

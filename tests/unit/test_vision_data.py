@@ -413,3 +413,20 @@ def test_frozen_parts_get_no_gradient_from_a_batch_with_images(tmp_path):
     assert all(p.grad is not None for _, p in by_part["language"])
     assert counts(model)["language"][0] == sum(p.numel() for _, p in by_part["language"]) == sum(
         p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def test_a_resumed_text_runs_resolved_config_with_every_default_is_not_an_image_job(tmp_path):
+    """A resolved config (what --resume reads) names every data key at its default: not a mistake (only a value
+    other than the default is)."""
+    from scaletrain.errors import ScaletrainError
+    from scaletrain.launch.preflight import preflight
+    from tests.conftest import save_tiny_llama
+
+    text_model = save_tiny_llama(tmp_path / "llama")
+    cfg = validate({"model": {"name_or_path": str(text_model), "task": "causal-lm"},
+                    "data": {"train_file": str(tmp_path / "none.json"), "image_max_pixels": 768 * 768,
+                             "image_min_pixels": 32 * 32, "media_dir": None},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    with pytest.raises(ScaletrainError) as e:  # it gets as far as the data: the file is missing
+        preflight(cfg)
+    assert "image" not in str(e.value) and "none.json" in str(e.value)

@@ -77,7 +77,8 @@ class Preflight:
         return asdict(self.shape) if self.shape is not None else None
 
 
-# Data keys that only mean something to a vision-language model: set for a text model, a mistake said in one line.
+# Data keys that only mean something to a vision-language model: set to other than their defaults for a text model,
+# a mistake said in one line.
 IMAGE_KEYS = {"image_max_pixels", "image_min_pixels", "media_dir"}
 
 
@@ -105,7 +106,8 @@ def preflight(cfg: Config) -> Preflight:
     if cfg.train.loss_backend == "liger" and not liger_installed():
         raise ConfigError(f"train.loss_backend=liger: liger-kernel is not installed here; {LIGER_FIX}")
     images = image_text_factory(cfg.model.name_or_path, tokenizer)
-    if images is None and (keys := sorted(IMAGE_KEYS & cfg.data.model_fields_set)):
+    changed = sorted(k for k in IMAGE_KEYS if getattr(cfg.data, k) != type(cfg.data).model_fields[k].default)
+    if images is None and (keys := changed):  # a resumed run's resolved config names every key: values, not names
         raise ConfigError(f"data.{keys[0]}={getattr(cfg.data, keys[0])}: model.name_or_path={cfg.model.name_or_path} "
                           f"is a text model, which reads no images; remove data.{keys[0]} or use a vision-language "
                           f"model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3)")

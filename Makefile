@@ -34,7 +34,10 @@ PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
 # in every process: +0.6 s each), GRPO's eval and FSDP: 1797 s, 1147 passed (the budget here is 30 minutes).
 # With #61's separate rollout engine on Ray, vLLM (faked), rl.num_iterations and #62's model parts: 1962 s and
 # 2146 s (two runs the same day, 1177 passed; the second run's every slow test 10-15% slower): over the budget, to be
-# bought back (the slowest: gpu_check on CPU 223 s, the elastic drill 184 s, two nodes 99 s). The quick tiers are CPU-bound and keep one worker (make test-fast: 102 s on one).
+# bought back (the slowest: gpu_check on CPU 223 s, the elastic drill 184 s, two nodes 99 s). With #62's images (its
+# loop tests ~4 min): 3166 s and 2646 s (two runs, 1224 tests; this session's machine ran the same slow tests
+# 1.3-1.6x slower: gpu_check 351 s, elastic 249 s, two nodes 141 s): over the budget, the next session's first
+# item. The quick tiers are CPU-bound and keep one worker (make test-fast: 102 s on one).
 PARALLEL = -n 2 --dist loadgroup
 timed = start=$$(date +%s); $(1); rc=$$?; echo "$(2): $$(( $$(date +%s) - start )) s"; exit $$rc
 

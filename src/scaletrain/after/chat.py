@@ -21,6 +21,7 @@ class Chat:
     history: list[dict] = field(default_factory=list)
     image_text: object = None  # a vision-language model's (model/processor.py): replies about images
     images: list = field(default_factory=list)  # the conversation's images so far, in order
+    bounds: tuple[int, int] = (768 * 768, 32 * 32)  # the run's data.image_max_pixels, data.image_min_pixels
 
     def prompt_ids(self, text: str) -> list[int]:
         """The ids of the conversation so far plus ``text``, as the trained template renders it for a reply."""
@@ -58,12 +59,13 @@ class Chat:
         return answer
 
 
-def read_image(path: str) -> object:
-    """An image file for ``chat --image``, bounded as the run's data step bounds them (LLaMA-Factory's defaults)."""
+def read_image(path: str, bounds: tuple[int, int]) -> object:
+    """An image file for ``chat --image``, bounded as the run's data step bounded its images: ``bounds`` is the
+    run's (data.image_max_pixels, data.image_min_pixels)."""
     from scaletrain.data.images import ImageProblem, open_image, read_bytes
 
     try:
-        return open_image(read_bytes(path), path, 768 * 768, 32 * 32)
+        return open_image(read_bytes(path), path, *bounds)
     except ImageProblem as e:
         raise ConfigError(f"chat --image {path}: {e}") from None
 
@@ -107,7 +109,9 @@ def open_chat(run_dir: str | Path, system: str | None = None) -> Chat:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(final))
-    return Chat(model.eval(), tokenizer, system, image_text=image_text)
+    data = resolved.get("data") or {}
+    bounds = (data.get("image_max_pixels", 768 * 768), data.get("image_min_pixels", 32 * 32))
+    return Chat(model.eval(), tokenizer, system, image_text=image_text, bounds=bounds)
 
 
 def _adapter_base(final: Path) -> Path:

@@ -52,6 +52,7 @@ def held_out(run: RunDir, data: str, limit: int | None,
     import tempfile
 
     from scaletrain.data.formats import to_conversation
+    from scaletrain.data.images import media_base
     from scaletrain.data.sources import load
 
     d, srcs = _data_config(run, data, dataset_dir)
@@ -59,7 +60,7 @@ def held_out(run: RunDir, data: str, limit: int | None,
     with tempfile.TemporaryDirectory(prefix="scaletrain-eval-") as scratch:
         for src in srcs:
             loaded = load(src.path, src.file_format, "--data", scratch, d.encoding)
-            media = d.media_dir or str(Path(src.path).parent)
+            media = media_base(d.media_dir, src.path)
             for i, row in enumerate(loaded.ds):
                 chat, _ = to_conversation(row, src.formatting, src.columns)
                 if chat is None or not chat.messages or chat.messages[-1]["role"] != "assistant":

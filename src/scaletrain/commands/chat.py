@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     chat = open_chat(args.run_dir, args.system)
     if args.image and chat.image_text is None:
         raise ConfigError(f"--image: {args.run_dir} trained a text model, which cannot read images")
-    images = [read_image(path) for path in args.image]
+    images = [read_image(path, chat.bounds) for path in args.image]
     if args.prompt is not None:
         print(chat.reply(args.prompt, args.max_new_tokens, args.temperature, images=images))
         return 0

@@ -5,11 +5,11 @@ file without tags) are one line naming the file and the key to set, before anyth
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 
 from scaletrain.config.schema import Config
 from scaletrain.config.stages import PAIR_STAGES, RL_STAGES
 from scaletrain.data import encode
+from scaletrain.data.images import media_base
 from scaletrain.data.labels import Labels
 from scaletrain.data.pairs import encode_kto, encode_pairs
 from scaletrain.data.sources import Source, require_columns
@@ -119,7 +119,7 @@ def _vision_encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str
                         f"would carry every image again); use multi_turn: spans or last")
     info = src.extra.get("info") if src.extra and set(c.required(src.formatting)) & _lf_mapped(
         src.extra["mapped"]) else None
-    media = d.media_dir or (src.path.rsplit("/", 1)[0] if "://" in src.path else str(Path(src.path).parent))
+    media = media_base(d.media_dir, src.path)
     if cfg.train.stage == "dpo":  # LLaMA-Factory's rlhf_v shape: a prompt with images, chosen and rejected replies
         required = {k: v for k, v in c.required(src.formatting).items() if k != "output_column"}
         required.update({"chosen_column": c.chosen, "rejected_column": c.rejected})

@@ -104,3 +104,25 @@ def images_digest(columns: list[list], base: str) -> str:
             except ImageProblem:
                 h.update(b"unreadable")
     return h.hexdigest()[:16]
+
+
+def media_base(media_dir: str | None, data_path: str) -> str:
+    """Where a source's relative image paths start: data.media_dir, else the data file's directory."""
+    if media_dir:
+        return media_dir
+    return data_path.rsplit("/", 1)[0] if URI_SEP in data_path else str(Path(data_path).parent)
+
+
+def sources_digest(srcs: list, media_dir: str | None, encoding: str) -> str:
+    """``images_digest`` of every source whose records have images (a vision-language job's cache key)."""
+    import tempfile
+
+    from scaletrain.data.sources import load
+
+    parts = []
+    with tempfile.TemporaryDirectory(prefix="scaletrain-hf-") as hf_cache:
+        for src in srcs:
+            ds = load(src.path, src.file_format, src.key, hf_cache, encoding).ds
+            if src.columns.images in ds.column_names:
+                parts.append(images_digest(ds[src.columns.images], media_base(media_dir, src.path)))
+    return ",".join(parts)

@@ -27,6 +27,7 @@ from scaletrain.config.schema import Config
 from scaletrain.config.stages import RL_STAGES
 from scaletrain.data import encode
 from scaletrain.data.encoders import encoder_for
+from scaletrain.data.images import sources_digest
 from scaletrain.data.labels import Labels, resolve_labels
 from scaletrain.data.lengths import example_lengths, list_lengths
 from scaletrain.data.sources import (
@@ -102,7 +103,7 @@ def cached_entry(cfg: Config, tokenizer, image_text=None) -> Path | None:
     template = resolve_template(d.template, tokenizer) if cfg.model.task == "causal-lm" else ("", "")
     for src in train_sources + eval_srcs:
         exists(src)  # a missing file: one line naming its key, as train says it
-    media = _media_digest(cfg, train_sources + eval_srcs) if image_text is not None else ""
+    media = (sources_digest(train_sources + eval_srcs, d.media_dir, d.encoding) if image_text is not None else "")
     entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
     return entry if (entry / META).is_file() else None
 
@@ -130,7 +131,7 @@ def prepare_data(cfg: Config, tokenizer, image_text=None) -> PreparedData:
     for src in train_sources + eval_srcs:
         exists(src)
     template_notes = check_template(*template, tokenizer) if template[0] else []
-    media = _media_digest(cfg, train_sources + eval_srcs) if image_text is not None else ""
+    media = (sources_digest(train_sources + eval_srcs, d.media_dir, d.encoding) if image_text is not None else "")
     entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if (entry / META).is_file() and not d.overwrite_cache:
@@ -385,21 +386,6 @@ def _materialized(split):
     if len(split) == 0:
         return datasets.Dataset.from_dict({c: [] for c in split.column_names}, features=split.features)
     return split.flatten_indices()
-
-
-def _media_digest(cfg: Config, srcs: list[Source]) -> str:
-    """A digest of the images the sources' records name (their bytes), for the cache key of a vision-language job."""
-    from scaletrain.data.images import images_digest
-
-    parts = []
-    with tempfile.TemporaryDirectory(prefix="scaletrain-hf-") as hf_cache:
-        for src in srcs:
-            ds = load(src.path, src.file_format, src.key, hf_cache, cfg.data.encoding).ds
-            if src.columns.images in ds.column_names:
-                base = cfg.data.media_dir or (src.path.rsplit("/", 1)[0] if "://" in src.path
-                                              else str(Path(src.path).parent))
-                parts.append(images_digest(ds[src.columns.images], base))
-    return ",".join(parts)
 
 
 def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source], media: str = "") -> str:

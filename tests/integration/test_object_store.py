@@ -20,6 +20,7 @@ from scaletrain.storage import uri
 from scaletrain.storage.mirror import Mirror, check_remote_output, create_remote_run, fetch_run
 from scaletrain.storage.relay import Forwarder, Relay
 from scaletrain.storage.uri import Store, probe
+from tests.cli import run_cli
 from tests.conftest import S3_SECRET, make_bucket, without_phases
 
 # The integration tier: an S3 API server (moto) and CLI subprocesses, no Ray.
@@ -262,13 +263,10 @@ def test_train_on_a_dead_endpoint_is_one_line_before_anything_is_written(s3_serv
         "data": {"train_file": str(demo_dir / "sentiment.jsonl")},
         "output": {"output_dir": "s3://probe/runs", "run_name": "r"},
         "storage": {"endpoint_url": "http://127.0.0.1:9", "mirror_dir": str(tmp_path / "mirror")}}))
-    started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", str(config), "--no-progress"],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = run_cli("train", config, "--no-progress", cwd=tmp_path)
     lines = without_phases(out.stdout + out.stderr)  # "config checked" may come first: then the error alone
     assert out.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: output.output_dir=s3://probe/runs: nothing answers at http://127.0.0.1:9")
-    assert time.perf_counter() - started < 60
     assert not (tmp_path / "mirror").exists()  # no run directory, no data cache
     assert S3_SECRET not in out.stdout + out.stderr
 

@@ -118,19 +118,15 @@ def test_the_sync_gives_the_engine_the_trainers_weights_bit_for_bit_and_never_ha
     names = pool.names
     payload = _payload(policy, False)
     pool.handles[1].hold.remote(60)  # busy: the sync queues behind it
-    t0 = time.perf_counter()
     with pytest.raises(TrainingError, match=rf"rollout actor 1 \({names[1]}\) did not finish the sync \(full "
                                             r"weights\) of version 2 within rollout.sync_timeout_s=3 s"):
-        pool.sync(2, payload, full=True)
-    assert time.perf_counter() - t0 < 3 + 5
+        pool.sync(2, payload, full=True)  # (held for 60 s: a sync that waited it out would succeed)
     import ray
 
     ray.kill(pool.handles[0])  # killed: the wait ends at once, named
-    t0 = time.perf_counter()
     with pytest.raises(TrainingError, match=rf"rollout actor 0 \({names[0]}\) died during the sync \(trainable "
                                             r"tensors\) of version 3"):
         pool.sync(3, payload, full=False)
-    assert time.perf_counter() - t0 < 3 + 5
 
 
 def test_a_separate_engine_trains_what_the_colocated_one_does_through_a_kill(sums, tmp_path, no_orphans,

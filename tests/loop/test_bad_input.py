@@ -5,19 +5,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import without_phases, write_config
-
-pytestmark = pytest.mark.slow  # subprocesses of the CLI or whole runs: make test-loop's budget, not test-fast's
-
-
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=180)
 
 
 def one_line(proc, *needles, absent=()):

@@ -2,19 +2,12 @@
 and no run directory created or touched. All of these fail before Ray starts."""
 
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import write_config
-
-pytestmark = pytest.mark.slow  # subprocesses of the CLI or whole runs: make test-loop's budget, not test-fast's
-
-
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
 
 
 def _assert_one_line_error(proc, *needles):
@@ -328,10 +321,7 @@ def test_bad_data_content_fails_before_ray_with_one_line(classify_cfg, tmp_path,
 
 
 def _wide_doctor(config):
-    import os
-
-    return subprocess.run([sys.executable, "-m", "scaletrain", "doctor", str(config), "--no-smoke"], text=True,
-                          capture_output=True, timeout=120, env={**os.environ, "COLUMNS": "1000"})
+    return run_cli("doctor", config, "--no-smoke", env={**os.environ, "COLUMNS": "1000"})
 
 
 def test_doctor_runs_the_data_checks_of_train(classify_cfg, tmp_path):

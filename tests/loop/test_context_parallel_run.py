@@ -6,14 +6,13 @@ start of the run says the mesh."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from scaletrain.metrics.records import read_jsonl
+from tests.cli import run_cli
 from tests.conftest import write_config
 
 pytestmark = pytest.mark.slow
@@ -65,9 +64,8 @@ def _cfg(tmp_path: Path, model: Path, name: str, workers: int, cp: int, finetuni
 def _train(tmp_path: Path, model: Path, name: str, workers: int, cp: int, finetuning: str, packing: bool,
            method: str, stage: str = "sft", accumulation: int = 1, save_steps: int = 0) -> Path:
     cfg = _cfg(tmp_path, model, name, workers, cp, finetuning, packing, method, stage, accumulation, save_steps)
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / f"{name}.yaml", cfg),
-                          "--no-progress"], capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli("train", write_config(tmp_path / f"{name}.yaml", cfg), "--no-progress",
+                  env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-3000:]
     return tmp_path / "runs" / name
 
@@ -143,10 +141,8 @@ def test_a_context_parallel_checkpoint_resumes_on_one_rank(tmp_path, tiny_llama)
     whole = [r for r in read_jsonl(two / "metrics.jsonl") if r["kind"] == "train"]
     again = tmp_path / "runs" / "again"  # the run as if stopped after its step-5 checkpoint
     shutil.copytree(two, again, ignore=shutil.ignore_patterns("step-10", "final", "metrics.jsonl", "summary.json"))
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--resume", str(again), "--no-progress",
-                          "scaling.num_workers=1", "scaling.context_parallel=1", "scaling.launcher=local"],
-                         capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli("train", "--resume", again, "--no-progress", "scaling.num_workers=1", "scaling.context_parallel=1",
+                  "scaling.launcher=local", env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resume: from step-5" in (again / "logs" / "main.log").read_text()
     resumed = [r for r in read_jsonl(again / "metrics.jsonl") if r["kind"] == "train"]

@@ -13,6 +13,7 @@ import pytest
 from scaletrain import checkpoint
 from scaletrain.errors import StorageError
 from scaletrain.launch.local import run_in_process
+from tests.cli import run_cli
 from tests.conftest import local_spec, train_losses
 
 
@@ -133,7 +134,6 @@ def test_a_disk_that_fills_under_the_local_launcher_is_one_line_not_a_logging_tr
     """Through the CLI, in-process (the local launcher): the run directory's disk fills while training; the
     worker's log handler says so once, and the error names the real log file, never `worker-<rank>`."""
     import os
-    import sys
 
     from tests.conftest import write_config
 
@@ -142,9 +142,8 @@ def test_a_disk_that_fills_under_the_local_launcher_is_one_line_not_a_logging_tr
     _resize(small_fs, (rest + 1.5 * one) / 2**20 + 1)
     cfg["output"] = {"output_dir": str(small_fs), "run_name": "cli"}
     cfg["data"] = {**cfg["data"], "cache_dir": str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / "c.yaml", cfg),
-                          "scaling.launcher=local", "--no-progress"], capture_output=True, text=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli("train", write_config(tmp_path / "c.yaml", cfg), "scaling.launcher=local", "--no-progress",
+                  env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode != 0
     assert "--- Logging error ---" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "<rank>" not in out.stderr

@@ -6,13 +6,12 @@ from the record every rank writes (data.record_examples, worker/seen.py)."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scaletrain.worker.seen import trained
+from tests.cli import run_cli
 from tests.conftest import write_config
 
 pytestmark = pytest.mark.slow
@@ -38,8 +37,7 @@ def _train(tmp_path: Path, workers: int, packing: bool) -> Path:
 
 
 def _scaletrain(args: list[str]) -> None:
-    out = subprocess.run([sys.executable, "-m", "scaletrain", *args, "--no-progress"], capture_output=True,
-                         text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli(*args, "--no-progress", env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-3000:]
 
 

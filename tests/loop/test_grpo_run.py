@@ -10,6 +10,7 @@ import pytest
 
 from scaletrain.launch.local import run_in_process
 from scaletrain.metrics.records import read_jsonl
+from tests.cli import run_cli
 from tests.conftest import local_spec, resumes_bit_identical
 
 pytestmark = pytest.mark.loop
@@ -187,8 +188,6 @@ def test_a_reward_that_returns_the_wrong_thing_is_named_with_the_example(task, t
 @pytest.mark.slow
 def test_two_workers_sample_and_train_what_one_does(task, tmp_path):
     """scaletrain parity on a GRPO config: the same completions (the same rewards at every step), the same KL."""
-    import subprocess
-    import sys
 
     import yaml
 
@@ -196,8 +195,7 @@ def test_two_workers_sample_and_train_what_one_does(task, tmp_path):
     cfg["output"] = {"output_dir": str(tmp_path / "runs")}
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "parity", str(path), "--workers", "2", "--steps", "3"],
-                         capture_output=True, text=True, timeout=600)
+    out = run_cli("parity", path, "--workers", "2", "--steps", "3")
     assert out.returncode == 0 and "PASS" in out.stderr + out.stdout, out.stderr[-3000:]
     runs = sorted((tmp_path / "runs").glob("parity-*"))[-1]
     one, two = (_records(runs / w) for w in ("workers-1", "workers-2"))

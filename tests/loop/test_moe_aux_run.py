@@ -5,14 +5,13 @@ fine-tuning under DDP and LoRA under FSDP; the start of the run says the coeffic
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from scaletrain.metrics.records import read_jsonl
+from tests.cli import run_cli
 from tests.conftest import write_config
 
 pytestmark = pytest.mark.slow
@@ -40,9 +39,8 @@ def _train(tmp_path: Path, model: Path, name: str, workers: int, accumulation: i
                      "moe_z_loss_coef": z},
            "scaling": {"num_workers": workers, "launcher": "torchrun" if workers > 1 else "local"},
            "output": {"output_dir": str(tmp_path / "runs"), "run_name": name}}
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / f"{name}.yaml", cfg),
-                          "--no-progress"], capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli("train", write_config(tmp_path / f"{name}.yaml", cfg), "--no-progress",
+                  env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-3000:]
     return tmp_path / "runs" / name
 

@@ -5,8 +5,6 @@ the adapter into the original-precision base from its own files, equal to peft's
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import torch
 import yaml
 
 from scaletrain.launch.local import run_in_process
+from tests.cli import run_cli
 from tests.conftest import (
     cli_train,
     local_spec,
@@ -76,10 +75,8 @@ def test_qlora_trains_and_exports_into_the_original_precision_base(tiny_llama, t
 def test_the_start_of_run_says_what_is_4_bit(tiny_llama, tmp_path):
     cfg = {**_cfg(tiny_llama, _data(tmp_path), steps=1), "scaling": {"num_workers": 1, "launcher": "local"},
            "output": {"output_dir": str(tmp_path / "runs")}}
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--no-progress",
-                          write_config(tmp_path / "c.yaml", cfg)],
-                         capture_output=True, text=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli("train", "--no-progress", write_config(tmp_path / "c.yaml", cfg),
+                  env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert ("model: qlora: 14 linear layers of the decoder blocks in NF4 via torchao (1,179,648 parameters at "
             "0.516 bytes each, double-quantized scales, frozen)") in out.stderr

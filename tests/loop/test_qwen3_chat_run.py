@@ -4,14 +4,13 @@ CLI runs it); the run trains every assistant turn, its final/ keeps the template
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from tests.cli import run_cli
 from tests.conftest import write_config
 
 pytestmark = pytest.mark.slow
@@ -60,9 +59,8 @@ def test_two_workers_train_qwen3_tool_conversations_and_final_generates_with_the
            "train": {"per_device_train_batch_size": 4, "max_steps": 6, "learning_rate": 5e-3, "logging_steps": 2},
            "scaling": {"num_workers": 2},
            "output": {"output_dir": str(tmp_path / "runs"), "run_name": "q3"}}
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", write_config(tmp_path / "c.yaml", cfg),
-                          "--no-progress"], capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli("train", write_config(tmp_path / "c.yaml", cfg), "--no-progress",
+                  env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "runs" / "q3"
     summary = json.loads((run / "summary.json").read_text())

@@ -3,13 +3,12 @@
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.cli import run_cli
 from tests.conftest import write_config
 
 pytestmark = pytest.mark.slow  # subprocesses of the CLI or whole runs: make test-loop's budget, not test-fast's
@@ -19,8 +18,7 @@ def _cli(*args, cwd, faults=""):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SCALETRAIN_FAULTS")}
     if faults:
         env["SCALETRAIN_FAULTS"] = faults
-    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd, env=env)
+    return run_cli(*args, cwd=cwd, env=env)
 
 
 def test_a_run_with_relative_paths_resumes_from_another_directory(classify_cfg, demo_dir, tmp_path):

@@ -6,14 +6,13 @@ line), and the stream goes on into its next epoch."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scaletrain.data.stream import ROW_BITS
 from scaletrain.worker.seen import trained
+from tests.cli import run_cli
 from tests.conftest import make_bucket, write_config
 
 pytestmark = pytest.mark.slow
@@ -49,8 +48,7 @@ def _config(tmp_path: Path, root: str, workers: int, extra: dict | None = None) 
 
 
 def _scaletrain(args: list[str]) -> str:
-    out = subprocess.run([sys.executable, "-m", "scaletrain", *args, "--no-progress"], capture_output=True,
-                         text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli(*args, "--no-progress", env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout + out.stderr
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import cli_train, train_losses
 from tests.vlm import mllm_demo, save_tiny
 
@@ -58,9 +59,6 @@ def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp
     """After training: final/ and the export carry the processor's files and the trained chat template; `chat RUN
     --image FILE --prompt TEXT` answers, and the exported model reads the image through them; `eval --data` takes
     rows with images; `serve --print vllm` says how many images a prompt may have and their pixel bounds."""
-    import subprocess
-    import sys
-
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
 
@@ -77,9 +75,7 @@ def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp
     for where in (run / "final", done.path):
         assert (where / "preprocessor_config.json").is_file() and (where / "chat_template.jinja").is_file()
     image(64, 48, seed=5).save(tmp_path / "cat.png")
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "chat", str(run), "--image",
-                          str(tmp_path / "cat.png"), "--prompt", "What is this?", "--max-new-tokens", "4"],
-                         capture_output=True, text=True, timeout=300)
+    out = run_cli("chat", run, "--image", tmp_path / "cat.png", "--prompt", "What is this?", "--max-new-tokens", "4")
     assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
     tok = AutoTokenizer.from_pretrained(str(done.path))
     model = AutoModelForImageTextToText.from_pretrained(str(done.path), dtype=torch.float32)
@@ -105,9 +101,7 @@ def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp
     plan = serve_plan(run, "vllm")
     assert """--limit-mm-per-prompt '{"image": 2}'""" in plan.commands[0], plan
     assert """--mm-processor-kwargs '{"max_pixels": 589824, "min_pixels": 1024}'""" in plan.commands[0], plan
-    missing = subprocess.run([sys.executable, "-m", "scaletrain", "chat", str(run), "--image",
-                              str(tmp_path / "nope.png"), "--prompt", "Hi"], capture_output=True, text=True,
-                             timeout=300)
+    missing = run_cli("chat", run, "--image", tmp_path / "nope.png", "--prompt", "Hi")
     assert missing.returncode != 0 and "nope.png does not exist" in missing.stderr.strip().splitlines()[-1]
 
 

@@ -1,8 +1,6 @@
 """`scaletrain import llamafactory|deepspeed`: configs users already have become scaletrain configs, with a table."""
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -96,8 +94,9 @@ def test_deepspeed_stages_and_offload():
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+    from tests.cli import run_cli
+
+    return run_cli(*args, cwd=cwd)
 
 
 @pytest.mark.loop

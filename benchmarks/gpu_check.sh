@@ -18,7 +18,8 @@
 # OUT_DIR defaults to a new gpu_check_out/DATE-TIME; an OUT_DIR that holds an earlier check is refused.
 # GPU_CHECK_TRAIN_ARGS adds key=value overrides to every training run and GPU_CHECK_SMALL=1 builds the models at a
 # test's size (the suite runs this script on CPU, so that the one GPU session it gets is not spent on a broken
-# script).
+# script). GPU_CHECK_PARTS="full lora" runs only the named parts (env, topo and the models always run): the suite runs
+# one part end to end and checks the others' configs in its own process (tests/integration/test_gpu_check.py).
 set -uo pipefail
 OUT=${1:-gpu_check_out/$(date +%Y%m%d-%H%M%S)}
 if [ -e "$OUT/env.txt" ]; then
@@ -42,6 +43,13 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 st() { $PY -m scaletrain "$@"; }
 left() { local l=$((DEADLINE - SECONDS)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 failed() { printf '%s\tFAILED\t%s\n' "$1" "$2" >> "$TABLE"; echo "== $1: FAILED ($2)"; }
+# wanted PART: whether GPU_CHECK_PARTS (unset: every part) names it; a part left out is said, not silent.
+wanted() {
+  [ -z "${GPU_CHECK_PARTS:-}" ] && return 0
+  case " ${GPU_CHECK_PARTS//,/ } " in *" $1 "*) return 0 ;; esac
+  echo "== $1: skipped, not in GPU_CHECK_PARTS"
+  return 1
+}
 
 echo "== env";  st env | tee "$OUT/env.txt"
 echo "== topo"; st topo | tee "$OUT/topo.txt"
@@ -77,6 +85,7 @@ fi
 # train PART TIMEOUT key=value...: one run; its figures printed, kept in OUT/PART.txt and the table.
 train() {
   local part=$1 limit=$2; shift 2
+  wanted "$part" || return 0
   echo "== $part"
   timeout "$(left "$limit")" $PY -m scaletrain train benchmarks/gpu_check.yaml output.output_dir="$OUT/runs" \
     output.run_name="$part" --no-progress "$@" ${GPU_CHECK_TRAIN_ARGS:-} > "$OUT/$part.log" 2>&1
@@ -112,17 +121,23 @@ train grpo 120 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora 
   data.train_file="$DEMO_DATA/sums.jsonl" data.formatting=messages data.eval_ratio=0 data.max_length=64 \
   train.per_device_train_batch_size=16 train.max_steps=20 train.logging_steps=2 train.learning_rate=5e-5 \
   'rl.reward_funcs=[accuracy,length]' rl.num_generations=4 rl.max_completion_length=128
-if [ "$GPUS" -ge 1 ]; then
+if [ "$GPUS" -ge 1 ]; then  # (train says when GPU_CHECK_PARTS leaves it out)
   train fp8 80 model.name_or_path="$MODELS/llama-1b" model.finetuning_type=lora model.fp8_base=true
 else
   echo "== fp8: skipped, no GPU (FP8 matmuls need FP8 units: H100/H200, MI300X and newer)"
 fi
 
-echo "== plain-loop: the LoRA step in a plain PyTorch + PEFT loop"
 PLAIN_ARGS=${GPU_CHECK_PLAIN_ARGS:-"1024 8 20"}
-if timeout "$(left 90)" $PY benchmarks/gpu_plain_loop.py "$MODELS/llama-1b" "$DEMO_DATA/long.jsonl" $PLAIN_ARGS \
-    > "$OUT/plain-loop.txt" 2>&1; then
-  cat "$OUT/plain-loop.txt" | tail -1
+plain_loop() {
+  echo "== plain-loop: the LoRA step in a plain PyTorch + PEFT loop"
+  timeout "$(left 90)" $PY benchmarks/gpu_plain_loop.py "$MODELS/llama-1b" "$DEMO_DATA/long.jsonl" $PLAIN_ARGS \
+    > "$OUT/plain-loop.txt" 2>&1
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    failed plain-loop "exit $rc; see plain-loop.txt"
+    return
+  fi
+  tail -1 "$OUT/plain-loop.txt"
   $PY - "$OUT" "$TABLE" <<'PY'
 import re, sys
 from pathlib import Path
@@ -135,9 +150,8 @@ print(f"scaletrain lora / plain loop tokens/s: {ratio} (target >= 0.97)")
 with open(table, "a") as f:
     f.write(f"plain-loop\tok\tplain tokens/s {plain:.0f}; scaletrain/plain {ratio}\n")
 PY
-else
-  failed plain-loop "exit $?; see plain-loop.txt"
-fi
+}
+if wanted plain-loop; then plain_loop; fi
 
 if [ "$GPUS" -ge 2 ]; then
   echo "== commbench: $GPUS GPUs"

@@ -4,11 +4,10 @@ a LoRA run is evaluated unmerged (peft=) and gives the merged model's numbers; r
 never overwritten; an unknown task is one line before any model loads."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.cli import run_cli
 from tests.conftest import lora_run_dir
 
 pytestmark = pytest.mark.slow
@@ -69,7 +68,7 @@ def _direct(model_dir, task_dir):
 
     out = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(model_dir), "dtype": "auto"},
                                   tasks=["tiny_mc"], batch_size=1, device="cpu", log_samples=False,
-                                  task_manager=TaskManager(include_path=str(task_dir)))
+                                  task_manager=TaskManager(include_path=str(task_dir), include_defaults=False))
     return out["results"]["tiny_mc"]
 
 
@@ -104,8 +103,7 @@ def test_an_unknown_task_and_a_run_without_final_are_one_line_each(lora_run, tmp
     from scaletrain.cli import main
 
     base, run, _ = lora_run
-    bad = subprocess.run([sys.executable, "-m", "scaletrain", "eval", str(base), "--tasks", "arc_easyy"],
-                         capture_output=True, text=True, timeout=300)
+    bad = run_cli("eval", base, "--tasks", "arc_easyy")
     assert bad.returncode != 0
     assert "--tasks arc_easyy: not an lm-eval task" in bad.stderr and "arc_easy" in bad.stderr, bad.stderr[-2000:]
     assert "Traceback" not in bad.stderr
@@ -138,3 +136,14 @@ def test_two_processes_give_the_one_process_numbers_in_one_file(lora_run, task_d
     assert a["acc,none"] == b["acc,none"] and a["acc_norm,none"] == b["acc_norm,none"]
     assert main(["eval", str(copy), "--data", "x.jsonl", "--workers", "2"]) != 0
     assert "for --tasks" in capfd.readouterr().err
+
+
+def test_tasks_of_the_include_path_alone_skip_lm_evals_own_index(task_dir):
+    """Indexing lm-eval's ~15k built-in tasks takes seconds; tasks all in --include-path are looked up there alone,
+    and a name that is not there (a built-in task) still finds lm-eval's index."""
+    from scaletrain.after.harness import task_manager
+
+    own = task_manager(str(task_dir), ["tiny_mc"])
+    assert sorted(own.all_tasks) == ["tiny_mc"]
+    both = task_manager(str(task_dir), ["tiny_mc", "arc_easy"])
+    assert {"tiny_mc", "arc_easy"} <= set(both.all_tasks)

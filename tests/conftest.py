@@ -99,17 +99,15 @@ def resumes_bit_identical(cfg_dict: dict, root: Path, step: int, weights: str = 
 
 def cli_train(cfg: dict, root: Path, name: str, workers: int = 1) -> Path:
     """``scaletrain train`` on ``cfg`` as a user runs it (the local launcher for 1 worker, torchrun for more; no
-    Ray), into ``root``/runs/``name``; asserts it succeeded and returns the run directory."""
-    import os
-    import subprocess
-    import sys
+    Ray), into ``root``/runs/``name``; asserts it succeeded and returns the run directory. The command runs in this
+    process (tests/cli.py): one worker trains here, torchrun's agent and workers are processes of their own."""
+    from tests.cli import run_cli
 
     cfg = {**cfg, "scaling": {**cfg.get("scaling", {}), "num_workers": workers,
                               "launcher": "torchrun" if workers > 1 else "local"},
            "output": {"output_dir": str(root / "runs"), "run_name": name}}
-    out = subprocess.run([sys.executable, "-m", "scaletrain", "train", "--no-progress",
-                          write_config(root / f"{name}.yaml", cfg)], capture_output=True, text=True, timeout=600,
-                         env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = run_cli("train", "--no-progress", write_config(root / f"{name}.yaml", cfg),
+                  env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     assert out.returncode == 0, out.stderr[-3000:]
     return root / "runs" / name
 
@@ -290,3 +288,44 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torchrun_forkserver(request, tmp_path_factory):
+    """torchrun's workers in this session are forked pre-imported from one fork server (SCALETRAIN_FORKSERVER;
+    launch/warm/forkserver.py, as on a node where `scaletrain up` runs one) instead of each importing torch,
+    transformers and the loop again (~5 CPU-seconds a worker here). torchrun's agent and its restarts, exit codes and
+    signals are the same; the server imports under the environment the suite's CPU torchrun workers get (this one,
+    scaletrain's worker defaults, glibc's allocator settings for CPU workers), so theirs match it, and a worker
+    whose environment differs (a test's own variable) starts plain, the server's log says why and a warning at the
+    end counts them. Only where tests that start processes were collected; PLAIN_WORKERS=1 turns it off."""
+    from scaletrain import envvars
+
+    started = any(part in str(item.path) for item in request.session.items
+                  for part in (f"tests{os.sep}loop", f"tests{os.sep}integration"))
+    if not started or os.environ.get(PLAIN_WORKERS) == "1" or os.environ.get(envvars.SCALETRAIN_FORKSERVER):
+        yield None
+        return
+    import signal
+    import warnings
+
+    from scaletrain.launch.warm.cluster import start_forkserver
+
+    d = tmp_path_factory.mktemp("torchrun-forkserver")
+    log = d / "server.log"
+    env = {**envvars.WORKER_ENV_DEFAULTS, **envvars.snapshot(), **envvars.CPU_WORKER_ENV_DEFAULTS}
+    sock, pgid = start_forkserver(str(d / "s.sock"), log, env=env)
+    if not sock:
+        warnings.warn(f"the torchrun fork server did not come up (see {log}): workers start plain", stacklevel=2)
+        yield None
+        return
+    os.environ[envvars.SCALETRAIN_FORKSERVER] = sock
+    yield sock
+    os.environ.pop(envvars.SCALETRAIN_FORKSERVER, None)
+    os.killpg(pgid, signal.SIGKILL)
+    lines = log.read_text(errors="replace").splitlines()
+    plain = sorted({ln for ln in lines if ln.startswith("exec:")})
+    if plain:
+        warnings.warn(f"the torchrun fork server forked {sum(ln.startswith('forked ') for ln in lines)} worker(s) "
+                      f"and {sum(ln.startswith('exec:') for ln in lines)} started plain ({'; '.join(plain)[:500]})",
+                      stacklevel=2)

@@ -210,14 +210,23 @@ def applied(values: Mapping[str, str]) -> Iterator[None]:
 # The warm cluster's fork server (launch/warm/forkserver.py) hands Ray a worker forked from a process that
 # imported torch, transformers and Ray Train's dependencies once (not Ray itself). Variables these libraries, the
 # loader or the interpreter read when they load must have the server's values, or the worker is started the plain
-# way. Exceptions: Ray's own per-worker variables and Train V2's (read when used), and the thread counts, which
-# the worker applies itself (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).
+# way. Exceptions: Ray's own per-worker variables and Train V2's, torchrun's per-worker ones (TORCHELASTIC_*, and
+# TORCH_NCCL_* read when a process group starts) (all read when used), and the thread counts, which the worker
+# applies itself (apply_threads: libgomp read OMP_NUM_THREADS when the server loaded torch).
 FORK_MATCHED_PREFIXES = ("LD_", "MALLOC_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "HF_",
                          "TRANSFORMERS_", "ARROW_", "RAY_")
+# KMP_DUPLICATE_LIB_OK only stops Intel's OpenMP runtime from aborting on a second copy of itself (torch here loads
+# GNU's); scikit-learn sets it when imported, so a driver that imported it would never match.
 FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "MKL_NUM_THREADS",
-                            "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS",
-                            "RAY_USAGE_STATS_ENABLED", "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"})
-FORK_UNMATCHED_PREFIXES = ("RAY_TRAIN_",)
+                            "KMP_DUPLICATE_LIB_OK", "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE",
+                            "RAY_LD_PRELOAD_ON_WORKERS", "RAY_USAGE_STATS_ENABLED",
+                            "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"})
+FORK_UNMATCHED_PREFIXES = ("RAY_TRAIN_", "TORCHELASTIC_", "TORCH_NCCL_")
+
+# A fork server's socket (launch/warm/forkserver.py) that forks this node's torchrun workers pre-imported instead of
+# starting each a fresh interpreter (torch, transformers and the loop imported once); unset: the warm cluster's
+# server when `scaletrain up` runs one here, else none. The test suite starts one for its torchrun runs.
+SCALETRAIN_FORKSERVER = "SCALETRAIN_FORKSERVER"
 
 # Set in a driver that the fork server started (`scaletrain train` on the warm cluster): it runs the command itself.
 SCALETRAIN_FORKED_DRIVER = "SCALETRAIN_FORKED_DRIVER"

@@ -111,8 +111,8 @@ def test_the_child_dies_with_its_caller_and_a_sigterm_reaches_it(server, tmp_pat
         assert _alive(child)
         caller.send_signal(how)
         caller.wait(timeout=30)
-        if how == signal.SIGTERM:  # forwarded: the child died of it, and the caller says so
-            assert caller.returncode == 128 + signal.SIGTERM
+        if how == signal.SIGTERM:  # forwarded: the child died of it, and so does the caller (as Ray sees it)
+            assert caller.returncode == -signal.SIGTERM
         deadline = time.time() + 30
         while _alive(child):
             assert time.time() < deadline, f"the child outlived its caller ({how!r})"
@@ -211,3 +211,36 @@ def test_a_caller_of_another_python_environment_is_not_forked(server, tmp_path):
          "module='cmdmod'))"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert caller.stdout.strip() == "None", caller.stderr  # nothing forked: the command runs in its own process
     assert "exec: the caller runs another Python (interpreter or environment)" in log.read_text()
+
+
+def test_a_caller_given_a_module_runs_it_forked_and_dies_as_its_child_died(server, tmp_path):
+    """How torchrun's agent starts a worker on a node with a fork server (``--no-python python -u -m forkserver SOCK
+    -m scaletrain.launch.torchrun_entry ...``): the module runs forked as ``__main__`` with the arguments; a child
+    killed by a signal ends its caller by the same signal, so the agent reads the worker's own death (-9, not
+    137)."""
+    sock, proc, log, env = server
+    (tmp_path / "cmdmod.py").write_text(SCRIPT.replace('if sys.argv[1] == "sleep":',
+                                                        'if sys.argv[1] == "die":\n    os.kill(os.getpid(), 9)\n'
+                                                        'if sys.argv[1] == "sleep":'))
+    for arg, code in (("5", 5), ("die", -signal.SIGKILL)):
+        caller = subprocess.run([sys.executable, "-u", "-m", forkserver.MODULE, sock, "-m", "cmdmod", arg, "x"],
+                                capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+        assert caller.returncode == code, caller.stderr
+        seen = json.loads(caller.stdout)
+        assert seen["ppid"] == proc.pid and seen["main"] == "__main__" and seen["argv"] == [arg, "x"]
+
+
+def test_torchruns_workers_are_forked_where_a_fork_server_answers(server, monkeypatch, classify_cfg, tmp_path):
+    from scaletrain.config import validate
+    from scaletrain.launch.torchrun_launcher import TorchrunNode
+
+    sock, proc, log, env = server
+    cfg = validate({**classify_cfg, "scaling": {"num_workers": 2, "launcher": "torchrun"}})
+    monkeypatch.setenv(envvars.SCALETRAIN_FORKSERVER, sock)
+    node = TorchrunNode(cfg)
+    worker = ["-m", "scaletrain.launch.torchrun_entry", str(node.handoff)]
+    assert node.command()[-10:] == ["--max-restarts=0", "--no-python", sys.executable, "-u", "-m", forkserver.MODULE,
+                                    sock, *worker]
+    monkeypatch.setenv(envvars.SCALETRAIN_FORKSERVER, str(tmp_path / "nobody.sock"))  # answers nothing: plain
+    assert node.command()[-4:] == ["--max-restarts=0", *worker]
+    node.close()

@@ -14,12 +14,14 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
+    from scaletrain import envvars
     from scaletrain.comm.context import context_from_torchrun
     from scaletrain.config.schema import Config
     from scaletrain.launch.torchrun_launcher import wait_for_handoff
     from scaletrain.model.build import preload
     from scaletrain.worker.loop import train
 
+    envvars.apply_threads()  # a worker forked from a fork server loaded torch before torchrun set its threads
     preload()
     spec = wait_for_handoff(Path(argv[1]))
     timeout_s = Config.model_validate(spec.config).comm.timeout_s

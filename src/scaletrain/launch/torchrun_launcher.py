@@ -32,6 +32,8 @@ from scaletrain.errors import LaunchError
 from scaletrain.launch.failures import DEAD_PROCESS, RankFailures, failures_by_rank, format_groups
 from scaletrain.launch.plan import ClusterPlan, plan_node
 from scaletrain.launch.torchrun_agent import describe_exit, parse_exit
+from scaletrain.launch.warm import forkserver
+from scaletrain.launch.warm.cluster import node_forkserver
 from scaletrain.metrics.logs import parse_failure
 from scaletrain.redact import Redactor
 from scaletrain.rundir import RunDir
@@ -163,13 +165,15 @@ class TorchrunNode:
         max_failures = self.cfg.fault_tolerance.max_failures
         # c10d rendezvous (not the static master-addr one): after a failure the restarted workers rendezvous
         # again, which the static backend does not do reliably; the first node to bind the endpoint hosts it.
+        worker = ["-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
+        if sock := node_forkserver():  # each worker forked pre-imported, or (its environment differs) exec'd plain
+            worker = ["--no-python", sys.executable, "-u", "-m", forkserver.MODULE, sock, *worker]
         return [sys.executable, "-m", "scaletrain.launch.torchrun_agent", str(os.getpid()),
                 f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
                 f"--nproc-per-node={s.num_workers // s.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={s.master_addr}:{self.port}", f"--rdzv-id={self.rdzv_id}",
                 f"--rdzv-conf=join_timeout={self.cfg.comm.timeout_s}",
-                f"--max-restarts={10**6 if max_failures < 0 else max_failures}",
-                "-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
+                f"--max-restarts={10**6 if max_failures < 0 else max_failures}", *worker]
 
     def env(self) -> dict[str, str]:
         plan = plan_node(self.cfg, Platform.detect(), os.cpu_count() or 1)

@@ -158,17 +158,19 @@ def forkserver_log() -> Path:
     return state_file().with_suffix(".forkserver.log")
 
 
-def start_forkserver(sock: str, log_path: Path, timeout_s: float = 120.0) -> tuple[str, int]:
+def start_forkserver(sock: str, log_path: Path, timeout_s: float = 120.0,
+                     env: dict[str, str] | None = None) -> tuple[str, int]:
     """Start the fork server on socket ``sock`` in a session of its own, which `down` stops with the head: (its
     socket once it has imported what workers import, its process group), or ("", 0) when it did not come up
-    (workers then start the plain way). Its output (what it forked, and why not) goes to ``log_path``."""
+    (workers then start the plain way). Its output (what it forked, and why not) goes to ``log_path``. ``env``:
+    what it imports under (default the warm cluster's, fork_server_env); a worker must match it to be forked."""
     from scaletrain.launch.warm import forkserver
     from scaletrain.launch.warm.env import fork_server_env
 
     log = open(log_path, "wb")  # noqa: SIM115 - closed once the server holds it
     proc = subprocess.Popen([sys.executable, "-m", forkserver.MODULE, "--serve", sock], stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fork_server_env(),
-                            start_new_session=True)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=fork_server_env() if env is None else env, start_new_session=True)
     log.close()
     deadline = time.time() + timeout_s
     while not forkserver.answers(sock):
@@ -177,6 +179,18 @@ def start_forkserver(sock: str, log_path: Path, timeout_s: float = 120.0) -> tup
             return "", 0
         time.sleep(0.2)
     return sock, proc.pid
+
+
+def node_forkserver() -> str | None:
+    """The socket of a fork server that answers on this node, for torchrun's workers: SCALETRAIN_FORKSERVER's, or
+    the warm cluster's (`scaletrain up`); None when neither answers."""
+    from scaletrain.launch.warm import forkserver
+
+    named = envvars.read(envvars.SCALETRAIN_FORKSERVER)
+    if named is None:
+        cluster = current()
+        named = cluster.forkserver if cluster is not None else None
+    return named if named and forkserver.answers(named) else None
 
 
 def run_forked_driver(argv: list[str]) -> int | None:

@@ -91,9 +91,15 @@ def _readline(f) -> dict:
 
 def run_forked(sock_path: str, argv: list[str], env: dict[str, str], module: str | None = None) -> int | None:
     """Have the server fork a child running ``argv`` (a script, or ``module`` as ``__main__``) with this process's
-    stdio and directory and environment ``env``; wait for it and return its exit status, passing it the
-    signals this process gets. None (nothing started) when no server answers or it says a fork would not be
-    the same process."""
+    stdio and directory and environment ``env``; wait for it and return its exit status in the shell's convention
+    (128 + N for a child killed by signal N), passing it the signals this process gets. None (nothing started)
+    when no server answers or it says a fork would not be the same process."""
+    code = _run_forked(sock_path, argv, env, module)
+    return code if code is None or code >= 0 else 128 - code
+
+
+def _run_forked(sock_path: str, argv: list[str], env: dict[str, str], module: str | None) -> int | None:
+    """``run_forked``, the child's status as ``os.waitstatus_to_exitcode`` gives it (-N: killed by signal N)."""
     import signal
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -103,7 +109,7 @@ def run_forked(sock_path: str, argv: list[str], env: dict[str, str], module: str
         s.close()
         return None
     request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "module": module,
-                          "python": [sys.executable, sys.prefix]}).encode()
+                          "python": [sys.executable, sys.prefix], "unbuffered": _unbuffered()}).encode()
     socket.send_fds(s, [len(request).to_bytes(8, "big")], [0, 1, 2])
     s.sendall(request)
     f = s.makefile("r")
@@ -121,15 +127,31 @@ def run_forked(sock_path: str, argv: list[str], env: dict[str, str], module: str
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    code = _readline(f).get("exit", 1)  # EOF: the server died, and took the child with it
-    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+    return _readline(f).get("exit", 1)  # EOF: the server died, and took the child with it
+
+
+def _unbuffered() -> bool:
+    """Whether this interpreter's output is unbuffered (``python -u``, PYTHONUNBUFFERED), as its child's must be."""
+    import io
+
+    return not isinstance(getattr(sys.stdout, "buffer", None), io.BufferedWriter)
 
 
 def call(sock_path: str, argv: list[str]) -> int:
-    """The process Ray starts for a worker: a forked one, or (no return) the plain interpreter."""
-    code = run_forked(sock_path, argv, envvars.snapshot())
+    """The process Ray (or torchrun's agent) starts for a worker, ``argv`` as for ``python``: a script and its
+    arguments, or ``-m MODULE`` and its arguments. A forked child runs it, and this process ends as the child
+    ended (killed by the same signal: the agent sees the worker's own death); or (no return) it execs the plain
+    interpreter."""
+    import signal
+
+    module = argv[1] if argv[:1] == ["-m"] and len(argv) > 1 else None
+    code = _run_forked(sock_path, [module, *argv[2:]] if module else argv, envvars.snapshot(), module)
     if code is None:
         _exec_plain(argv)
+    if code < 0:
+        if -code != signal.SIGKILL:  # (its handler cannot be changed, nor caught)
+            signal.signal(-code, signal.SIG_DFL)  # this process forwards signals: not this one
+        os.kill(os.getpid(), -code)
     return code
 
 
@@ -179,8 +201,10 @@ def _run_child(request: dict, fds: list[int]) -> None:
         argv = request["argv"]
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
         sys.argv = list(argv)
-        # buffered as a fresh interpreter would buffer these descriptors (line by line on a terminal)
-        sys.stdout.reconfigure(line_buffering=os.isatty(1))
+        # buffered as a fresh interpreter would buffer these descriptors (line by line on a terminal; not at all
+        # for a caller run with -u, as torchrun runs its workers)
+        sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=bool(request.get("unbuffered")))
+        sys.stderr.reconfigure(write_through=bool(request.get("unbuffered")))
         if request.get("module"):
             sys.path[:0] = [os.getcwd(), *extra]
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)

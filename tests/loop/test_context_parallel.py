@@ -9,11 +9,20 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-pytestmark = pytest.mark.slow  # 7 spawns of 2-4 gloo processes (~110 s): the loop tier's budget, not test-fast's
+pytestmark = pytest.mark.slow  # 4 gloo processes for the module, 7 runs over 2-4 of them: the loop tier's budget
 
 IGNORE = -100
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """4 gloo ranks for the module's runs (tests/ranks.py), instead of a fresh spawn per test."""
+    from tests.ranks import Ranks
+
+    pool = Ranks(4)
+    yield pool
+    pool.close()
 
 
 def _tiny(heads: int = 4, kv_heads: int = 2):
@@ -93,11 +102,11 @@ def _worker(rank: int, world: int, method: str, packed: bool, heads: int, kv_hea
     (4, "ulysses", True, 4, 2),  # 2 kv heads over 4 ranks: replicated to one per query head
     (4, "ring", False, 6, 3),  # 6 heads: only the ring applies
 ])
-def test_context_parallel_equals_one_rank(tmp_path, world, method, packed, heads, kv):
+def test_context_parallel_equals_one_rank(ranks, tmp_path, world, method, packed, heads, kv):
     from tests.conftest import free_port
 
     out = str(tmp_path / "result.pt")
-    mp.spawn(_worker, args=(world, method, packed, heads, kv, free_port(), out), nprocs=world, join=True)
+    ranks.run(_worker, world, world, method, packed, heads, kv, free_port(), out)
     r = torch.load(out)
     assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
     assert r["worst_grad_rel"] < 1e-5, r
@@ -129,11 +138,11 @@ def _mesh_worker(rank: int, port: int, out: str):
     _train_shard_and_compare(model, shard, ref_loss, ref_grads, rank == 0, out)
 
 
-def test_two_data_parallel_groups_of_two_context_parallel_ranks(tmp_path):
+def test_two_data_parallel_groups_of_two_context_parallel_ranks(ranks, tmp_path):
     from tests.conftest import free_port
 
     out = str(tmp_path / "result.pt")
-    mp.spawn(_mesh_worker, args=(free_port(), out), nprocs=4, join=True)
+    ranks.run(_mesh_worker, 4, free_port(), out)
     r = torch.load(out)
     assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
     assert r["worst_grad_rel"] < 1e-5, r

@@ -180,3 +180,14 @@ def test_the_records_an_epoch_leaves_out_are_said():
     assert note.startswith("data: each epoch trains 896 of 900 examples: the last 4 do not fill a global batch of 16")
     assert left_out_note(896, train, world_size=2) is None
     assert "of 10 packed rows" in left_out_note(10, TrainConfig(per_device_train_batch_size=3), 1, "packed rows")
+
+
+def test_contradictory_image_bounds_are_one_line_at_load(classify_cfg, tmp_path):
+    """#72: image_min_pixels above image_max_pixels trained before, which bound won said nowhere."""
+    path = write_config(tmp_path / "c.yaml", classify_cfg)
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["data.image_max_pixels=100", "data.image_min_pixels=1000"])
+    msg = str(e.value)
+    assert "data.image_min_pixels=1000 is above data.image_max_pixels=100" in msg and "\n" not in msg
+    assert "set image_min_pixels <= image_max_pixels" in msg
+    assert load_config(path, ["data.image_max_pixels=1000", "data.image_min_pixels=1000"]).data.image_min_pixels == 1000

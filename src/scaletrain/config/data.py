@@ -169,6 +169,14 @@ class DataConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _image_bounds(self) -> "DataConfig":
+        if self.image_min_pixels > self.image_max_pixels:  # which bound wins would be nowhere said
+            raise ValueError(f"data.image_min_pixels={self.image_min_pixels} is above data.image_max_pixels="
+                             f"{self.image_max_pixels}: an image cannot be both; set image_min_pixels <= "
+                             f"image_max_pixels")
+        return self
+
+    @model_validator(mode="after")
     def _streaming(self) -> "DataConfig":
         if not self.streaming:
             return self

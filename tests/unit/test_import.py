@@ -217,6 +217,21 @@ def test_a_trl_grpo_yaml_imports_with_a_row_per_key(tmp_path, capsys):
     assert validate(cfg).rl.scale_rewards == "none"
 
 
+def test_a_trl_file_whose_only_reward_is_unknown_writes_nothing(tmp_path, capsys):
+    """#72: a GRPO job without a reward function cannot run (doctor: "give at least one reward function"): the
+    import says which key to fix, exits non-zero and writes no config (it wrote `rl.reward_funcs: []` before)."""
+    from scaletrain.cli import main
+
+    trl = tmp_path / "grpo.yaml"
+    trl.write_text(yaml.safe_dump({"model_name_or_path": "Qwen/Qwen3-0.6B", "reward_funcs": ["no_such_reward"],
+                                   "num_generations": 4}))
+    out = tmp_path / "job.yaml"
+    assert main(["import", "trl", str(trl), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "reward_funcs=['no_such_reward']" in err and "no config written" in err
+    assert "no_such_reward: not one of TRL's registered rewards" in err and not out.exists()
+
+
 def test_llamafactorys_qlora_example_imports_with_its_quantization_keys():
     """LLaMA-Factory's examples/train_qlora/qwen3_lora_sft_bnb_npu.yaml (#63): quantization_bit, the method and the
     double quantization land in model.*, none of them dropped as 'no equivalent'."""

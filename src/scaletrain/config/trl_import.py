@@ -64,6 +64,9 @@ def from_trl(raw: dict) -> tuple[dict, list[Row]]:
                 else:
                     notes.append(f"{name}: not one of TRL's registered rewards ({', '.join(REWARDS)}) nor a "
                                  f"module.function path")
+            if not funcs:  # GRPO without a reward learns nothing: the job cannot run as imported
+                notes.append(f"no reward function left to train with: name one of {', '.join(REWARDS)} or a "
+                             f"module.function path; {CANNOT_RUN}")
             put(key, "rl", "reward_funcs", funcs, "; ".join(notes))
         elif key == "reward_model_name_or_path" and value:
             rows.append(Row(key, value, "", f"a reward model: scaletrain's GRPO takes reward functions (rl.reward_funcs"

@@ -233,3 +233,29 @@ def test_a_built_in_whose_markers_the_tokenizer_lacks_is_said(tmp_path):
                            " -> ") and "they train as plain text" in note
     assert not [n for n in _prepared(tmp_path, tok, rows, template="chatml", overwrite_cache=True).notes
                 if "has no token for" in n]
+
+
+@pytest.mark.parametrize("name", ["qwen3_0_6b", "qwen3_4b_instruct_2507", "llama3_1_instruct", "gpt_oss_120b"])
+def test_call_arguments_given_as_a_json_string_train_as_the_models_template_writes_them(name, tmp_path):
+    """#72: Qwen3's released templates write an argument string as given (`arguments is string`), so a compact
+    '{"city":"paris"}' trains compact, as the model writes it at inference and as apply_chat_template renders the
+    same conversation (the data step re-serialised it with spaces before); a template that writes only a mapping
+    (Llama 3.1's, gpt-oss's) gets the string parsed, as before, never a quoted string."""
+    from scaletrain.data.template_input import writes_string_arguments
+
+    template, special = _source(name), MODELS[name]
+    compact = '{"city":"paris"}'
+    chat = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": "callparis", "function": {"name": "get_weather", "arguments": compact}}]},
+        {"role": "tool", "content": "21"}, {"role": "assistant", "content": "21 C."}]
+    tok = load_tokenizer("builtin:tiny-llama")
+    tok.chat_template = template
+    prepared = _prepared(tmp_path, tok, [{"messages": chat, "tools": [WEATHER]}] * 3)
+    trained = "".join(_runs(tok, prepared.train[0]))
+    assert "paris" in trained and '\\"city\\"' not in trained  # never a quoted string
+    assert writes_string_arguments(template) == name.startswith("qwen3")
+    if name.startswith("qwen3"):
+        (reference,), _ = render_jinja_template([chat], tools=[WEATHER], chat_template=template, **special)
+        assert compact in reference and compact in trained
+    else:
+        assert compact not in trained

@@ -258,11 +258,12 @@ def _call_message(turn: dict, content, i: int, tag: str, row: dict) -> tuple[dic
         if not isinstance(f, dict) or not isinstance(f.get("name"), str):
             return {}, f"turn {i} ({tag}): call {k} has no function name"
         args = f.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
+        if isinstance(args, str):  # kept as written: a template that writes a string as given (Qwen3's) trains the
+            try:                   # call the model writes; one that takes a mapping gets it parsed (template_input)
+                json.loads(args) if args.strip() else None
             except json.JSONDecodeError:
                 return {}, f"turn {i} ({tag}): the arguments of '{f['name']}' are not JSON"
+            args = args if args.strip() else {}
         call_id = call.get("id") if isinstance(call.get("id"), str) else _call_id(row, i, f"{k}:{f['name']}")
         calls.append({"type": "function", "id": call_id, "function": {"name": f["name"], "arguments": args}})
     return {"role": "assistant", "content": text, "tool_calls": calls}, ""

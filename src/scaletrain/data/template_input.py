@@ -4,6 +4,7 @@ templates take calls. Used by the encoder and by the probes of template_facts.py
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -16,11 +17,15 @@ def with_reasoning(messages: list[dict], template: str) -> list[dict]:
     keeps only what follows ``</think>`` and no field, gets the reply alone (an inline block would leave the
     ``\n\n`` after it, which the model never writes after ``<｜Assistant｜>``; that the template trains no reasoning
     is said at start) and its calls as that family writes them; any other gets the reasoning inside the reply as
-    ``<think>...</think>`` (the convention those models write), so no reasoning in the data is dropped unseen."""
-    if THINKING in template:  # gpt-oss's harmony template: the reasoning goes to its analysis channel
-        return [_thinking(m) if m.get("role") == "assistant" else m for m in messages]
+    ``<think>...</think>`` (the convention those models write), so no reasoning in the data is dropped unseen. Call
+    arguments given as a JSON string stay as written where the template writes a string as it is (Qwen3's), and
+    are parsed for one that writes only a mapping."""
     if DEEPSEEK_CALLS in template:
         messages = [_deepseek(m) if m.get("role") == "assistant" else m for m in messages]
+    elif any(_string_arguments(m) for m in messages) and not writes_string_arguments(template):
+        messages = [_parsed_arguments(m) if _string_arguments(m) else m for m in messages]
+    if THINKING in template:  # gpt-oss's harmony template: the reasoning goes to its analysis channel
+        return [_thinking(m) if m.get("role") == "assistant" else m for m in messages]
     if REASONING in template or not any(REASONING in m for m in messages):
         return messages
     if _KEEPS_AFTER_THINK in template or _KEEPS_AFTER_THINK.replace("'", '"') in template:
@@ -45,6 +50,36 @@ def _deepseek(m: dict) -> dict:
         c["function"].get("arguments"), str) else json.dumps(c["function"].get("arguments", {}), ensure_ascii=False)}}
              for c in m["tool_calls"]]
     return {**m, "tool_calls": calls, "content": m.get("content") or None}
+
+
+def _string_arguments(m: dict) -> bool:
+    return any(isinstance(c.get("function", {}).get("arguments"), str) for c in m.get("tool_calls") or ())
+
+
+def _parsed_arguments(m: dict) -> dict:
+    """A call turn whose arguments are JSON strings, for a template that writes only a mapping (its ``tojson`` would
+    write a string quoted, with its quotes escaped)."""
+    return {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(a)}}
+                                if isinstance(a := c.get("function", {}).get("arguments"), str) else c
+                                for c in m["tool_calls"]]}
+
+
+@functools.lru_cache(maxsize=16)
+def writes_string_arguments(template: str) -> bool:
+    """Whether ``template`` writes a call's arguments given as a JSON string as they are (Qwen3's released templates:
+    ``arguments is string``), found by rendering one call: the model then writes that string at inference, so
+    training keeps it as the data gives it (a compact ``{"city":"paris"}`` stays compact)."""
+    from jinja2 import TemplateError
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    probe = '{"x":"probe"}'  # compact: a mapping through tojson would read {"x": "probe"}
+    chat = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": "probe0001", "function": {"name": "probe", "arguments": probe}}]}]
+    try:
+        (text,), _ = render_jinja_template([chat], chat_template=template)
+    except (TemplateError, TypeError, ValueError, KeyError, AttributeError):
+        return False
+    return probe in text
 
 
 def _thinking(m: dict) -> dict:

@@ -259,3 +259,22 @@ def test_call_arguments_given_as_a_json_string_train_as_the_models_template_writ
         assert compact in reference and compact in trained
     else:
         assert compact not in trained
+
+
+def test_reasoning_under_a_template_without_any_is_said_with_its_count_and_can_be_dropped(tmp_path):
+    """#72: Gemma 3's released template has no reasoning: reasoning in the data trains as a <think> block the model's
+    template never writes; that is said at start with the count and the choice, and data.reasoning: drop leaves it
+    out (the replies then train alone, as the template writes them)."""
+    tok = load_tokenizer("builtin:tiny-llama")
+    tok.chat_template = _source("gemma3_it")
+    rows = [{"messages": CHATS["reasoning"]}] * 3
+    kept = _prepared(tmp_path, tok, rows)
+    said = next(n for n in kept.notes if "assistant turns carry reasoning" in n)
+    assert "6 assistant turns carry reasoning, and the chat template (tokenizer) has no reasoning of its own" in said
+    assert "data.reasoning: drop leaves it out" in said
+    assert any("<think>" in run for run in _runs(tok, kept.train[0]))
+    dropped = _prepared(tmp_path, tok, rows, reasoning="drop", overwrite_cache=True)
+    assert any("6 assistant turns carry reasoning: left out of every turn (data.reasoning: drop)" in n
+               for n in dropped.notes)
+    runs = _runs(tok, dropped.train[0])
+    assert not any("think" in run or "Add them" in run for run in runs) and any("12." in run for run in runs)

@@ -40,6 +40,10 @@ class DataConfig(_Section):
     enable_thinking: Optional[bool] = Field(None, description=(
         "LLaMA-Factory's enable_thinking: passed to a chat template that has the switch (Qwen3's); unset: its "
         "default."))
+    reasoning: Literal["keep", "drop"] = Field("keep", description=(
+        "An assistant turn's reasoning (reasoning_content, thinking, reasoning, or a <think> block in the reply): "
+        "keep trains it as the model's chat template writes it (inside the reply as <think>...</think> where the "
+        "template has no reasoning of its own, said at start with the count); drop leaves it out of every turn."))
     packing: bool = Field(False, description=(
         "causal-lm: pack examples into rows of max_length tokens (attention never crosses examples)."))
     pack_eval: bool = Field(False, description='Pack the evaluation data too.')

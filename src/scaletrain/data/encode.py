@@ -80,11 +80,13 @@ NO_TOOL_FORMAT = "declares or calls tools, and the chat template has no tool for
 
 def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
                 template_name: str, max_length: int, mask_history: bool, train_on_prompt: bool,
-                enable_thinking: bool | None = None, per_turn: bool = False) -> dict[str, list]:
+                enable_thinking: bool | None = None, per_turn: bool = False,
+                drop_reasoning: bool = False) -> dict[str, list]:
     """One example per conversation (``input_ids``, ``labels``); with ``per_turn`` one per assistant turn, each
     the render of the conversation up to that turn with the loss on that turn only, returned per conversation
     as lists (``turn_input_ids``, ``turn_labels``, ``_full`` per turn) for the caller to flatten once the
-    skipped records are counted by their own position."""
+    skipped records are counted by their own position. ``drop_reasoning`` (data.reasoning: drop): every assistant
+    turn without its reasoning (counted first, for the note that says so)."""
     from scaletrain.data.template_facts import facts
 
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
@@ -101,6 +103,10 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
         skip.append(why)
     stats = {"_turns": [_count(c, lambda m: True) for c in chats],
              "_reasoned": [_count(c, _has_reasoning) for c in chats]}
+    if drop_reasoning:
+        for c in chats:
+            if c is not None:
+                c.messages = [without_reasoning(m) if m.get("role") == "assistant" else m for m in c.messages]
     good = [i for i, c in enumerate(chats) if c is not None]
     # (record, the messages rendered): the whole conversation, or (per_turn) what the model sees up to each reply
     units = [(i, m) for i in good for m in (turn_prefixes(chats[i].messages) if per_turn else [chats[i].messages])]
@@ -149,6 +155,16 @@ def _has_reasoning(m: dict) -> bool:
     content = m.get("content")
     return bool(m.get(REASONING)) or (isinstance(content, str) and bool(
         content.split("</think>")[0].split("<think>")[-1].strip()) and "</think>" in content)
+
+
+def without_reasoning(m: dict) -> dict:
+    """An assistant turn without its reasoning: the field, and a think block at the start of the reply."""
+    out = {k: v for k, v in m.items() if k != REASONING}
+    content = out.get("content")
+    if isinstance(content, str) and "</think>" in content and not content.split("</think>")[0].split(
+            "<think>")[0].strip():
+        out["content"] = content.split("</think>", 1)[1].lstrip("\n")
+    return out
 
 
 def _most_calls(messages: list[dict]) -> int:

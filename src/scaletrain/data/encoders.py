@@ -30,6 +30,10 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
     that the records have the columns it reads (one line naming the file and the fix when they do not).
     ``image_text``: a vision-language model's (model/processor.py), for records with images."""
     d, c = cfg.data, src.columns
+    if d.reasoning == "drop" and (image_text is not None or cfg.train.stage != "sft"):
+        raise DataError(f"{src.key}={src.path}: data.reasoning: drop applies to supervised chat data without images "
+                        f"so far, not train.stage={cfg.train.stage}{' with images' if image_text else ''}; remove "
+                        f"data.reasoning (its reasoning then trains as the chat template writes it)")
     if image_text is not None:  # the job's data has images (a source without them joins them: no images each)
         return _vision_encoder(ds, src, cfg, tokenizer, template, image_text)
     if cfg.model.task == "sequence-classification":
@@ -97,7 +101,8 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
     return partial(encode.encode_chat, tokenizer=tokenizer, formatting=src.formatting, columns=c,
                    template=template[1], template_name=template[0], max_length=d.max_length,
                    mask_history=d.multi_turn == "last", train_on_prompt=d.train_on_prompt,
-                   enable_thinking=d.enable_thinking, per_turn=d.multi_turn == "per_turn")
+                   enable_thinking=d.enable_thinking, per_turn=d.multi_turn == "per_turn",
+                   drop_reasoning=d.reasoning == "drop")
 
 
 def _vision_encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, str], image_text):

@@ -10,7 +10,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from scaletrain.data.template_input import with_reasoning
+from scaletrain.data.template_input import reasoning_inline, with_reasoning
 from scaletrain.data.templates import render_records
 
 _REASONING = "Greet back first."
@@ -121,7 +121,15 @@ def conversation_notes(key: str, out, unit_of, template: tuple[str, str], specia
                         f"{unit_of(with_reasoning[0])}): the model would learn to think where the switch says not to; "
                         f"remove data.enable_thinking or the reasoning")
     f = facts(template[1], special_tokens)
-    if with_reasoning and not f.writes_reasoning:
+    if with_reasoning and d.reasoning == "drop":
+        said.append(f"data: {key}: {sum(reasoned)} assistant turns carry reasoning: left out of every turn "
+                    f"(data.reasoning: drop)")
+    elif with_reasoning and reasoning_inline(template[1]):
+        said.append(f"data: {key}: {sum(reasoned)} assistant turns carry reasoning, and the chat template "
+                    f"({template[0]}) has no reasoning of its own: it trains as <think>...</think> before each reply, "
+                    f"as the data gives it, a block the model's own template never writes; data.reasoning: drop "
+                    f"leaves it out")
+    elif with_reasoning and not f.writes_reasoning:
         said.append(f"data: {key}: {sum(reasoned)} assistant turns carry reasoning, and the chat template "
                     f"({template[0]}) writes none (it keeps only the reply): their reasoning is not trained; "
                     f"data.template=deepseek_r1 trains the last turn's (DeepSeek-R1 and its distills)")

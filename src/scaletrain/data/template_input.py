@@ -28,11 +28,21 @@ def with_reasoning(messages: list[dict], template: str) -> list[dict]:
         return [_thinking(m) if m.get("role") == "assistant" else m for m in messages]
     if REASONING in template or not any(REASONING in m for m in messages):
         return messages
-    if _KEEPS_AFTER_THINK in template or _KEEPS_AFTER_THINK.replace("'", '"') in template:
+    if _keeps_after_think(template):
         return [{k: v for k, v in m.items() if k != REASONING} for m in messages]
     return [{**{k: v for k, v in m.items() if k != REASONING},
              "content": f"<think>\n{m[REASONING].strip()}\n</think>\n\n{m.get('content') or ''}"}
             if REASONING in m else m for m in messages]
+
+
+def reasoning_inline(template: str) -> bool:
+    """Whether ``template`` has no reasoning of its own (no reasoning_content or thinking field, not DeepSeek-R1's
+    rule): reasoning in the data then trains as a <think> block inside the reply (with_reasoning)."""
+    return THINKING not in template and REASONING not in template and not _keeps_after_think(template)
+
+
+def _keeps_after_think(template: str) -> bool:
+    return _KEEPS_AFTER_THINK in template or _KEEPS_AFTER_THINK.replace("'", '"') in template
 
 
 THINKING = "message.thinking"  # how gpt-oss's template reads an assistant turn's reasoning (its `thinking` field)

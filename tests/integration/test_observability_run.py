@@ -1,4 +1,7 @@
-"""A real 2-worker run: system records for every rank, the report with every plot, and NaN stopping the run."""
+"""A real 2-worker run: system records for every rank, the report with every plot, NaN stopping the run, a slowed
+rank named. What the workers record does not depend on the launcher: these run under torchrun (its workers forked
+pre-imported, beside the shared Ray's tests under make test); Ray's own runs are test_train_ray.py's and
+test_reliability.py's."""
 
 import json
 
@@ -11,21 +14,19 @@ from scaletrain.launch.job import run_job
 from scaletrain.metrics.records import read_jsonl
 from scaletrain.report.plots import DPI, FIGSIZE
 
-# the shared Ray up from the first test on: scaling.launcher auto runs on it, as the tests mean (without it, 2
-# local workers would run under torchrun)
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
+pytestmark = pytest.mark.slow
 
 
 def _cfg(classify_cfg, tmp_path, name, **train):
     cfg = json.loads(json.dumps(classify_cfg))
-    cfg["scaling"]["num_workers"] = 2
+    cfg["scaling"].update(num_workers=2, launcher="torchrun")
     cfg["train"].update(max_steps=30, logging_steps=2, eval_steps=10, **train)
     cfg["monitor"] = {"interval_s": 0.2}
     cfg["output"] = {"output_dir": str(tmp_path / "runs"), "run_name": name}
     return validate(cfg)
 
 
-def test_report_and_system_metrics_of_a_real_run(classify_cfg, tmp_path, no_orphans):
+def test_report_and_system_metrics_of_a_real_run(classify_cfg, tmp_path):
     result = run_job(_cfg(classify_cfg, tmp_path, "obs"), tmp_path / "c.yaml", show_progress=False)
     run = result.run_dir
     records = read_jsonl(run / "metrics.jsonl")
@@ -44,7 +45,7 @@ def test_report_and_system_metrics_of_a_real_run(classify_cfg, tmp_path, no_orph
     assert "## Errors and warnings in worker logs" in report and "[driver] start" in report
 
 
-def test_nan_loss_stops_the_run_with_the_alert(classify_cfg, tmp_path, monkeypatch, no_orphans):
+def test_nan_loss_stops_the_run_with_the_alert(classify_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("SCALETRAIN_FAULTS", "nan:1:7")
     cfg = _cfg(classify_cfg, tmp_path, "nan")
     cfg.checkpoint.save_steps = 5
@@ -61,8 +62,7 @@ def test_nan_loss_stops_the_run_with_the_alert(classify_cfg, tmp_path, monkeypat
     assert max(steps) <= 6
 
 
-def test_a_slowed_rank_is_named_with_its_node_and_cause_within_20_steps(classify_cfg, tmp_path, monkeypatch,
-                                                                         no_orphans):
+def test_a_slowed_rank_is_named_with_its_node_and_cause_within_20_steps(classify_cfg, tmp_path, monkeypatch):
     """One rank's device made slow (SCALETRAIN_FAULTS slow: 250 ms more per step from step 3): in synchronous
     training every rank's step time becomes the slow one's, yet the alert names rank 1, its node, what the
     others wait and the device as the cause, by step 23."""

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from scaletrain.cli import main
 from scaletrain.config import validate
 from scaletrain.launch.job import run_job
 from scaletrain.scaling.parity import compare
@@ -57,3 +58,32 @@ def test_one_and_two_workers_optimise_the_same_token_mean(tmp_path, strategy):
     for other in (two_accum, two_half, two_chunked):
         result = compare(one, other)
         assert result["steps"] == 6 and result["max_rel_loss_diff"] < TOLERANCE, (result, train_losses(other))
+
+
+# `scaletrain parity`: 1 and 2 workers of the same config, pass or fail with the cause (the runs under torchrun: what
+# parity compares does not depend on the launcher)
+
+def _write(cfg, tmp_path):
+    import yaml
+
+    cfg = json.loads(json.dumps(cfg))
+    cfg["output"] = {"output_dir": str(tmp_path / "runs")}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_parity_passes_for_a_correct_config(classify_cfg, tmp_path, capsys, strategy):
+    classify_cfg["train"].update(strategy=strategy, per_device_train_batch_size=8)
+    classify_cfg["scaling"] = {"launcher": "torchrun"}
+    assert main(["parity", str(_write(classify_cfg, tmp_path)), "--workers", "2", "--steps", "8"]) == 0
+    assert "PASS" in capsys.readouterr().err
+
+
+def test_parity_fails_when_lr_scaling_is_wrong(classify_cfg, tmp_path, capsys):
+    classify_cfg["train"].update(lr_scaling="linear", per_device_train_batch_size=8)  # doubles the LR at 2 workers
+    classify_cfg["scaling"] = {"launcher": "torchrun"}
+    assert main(["parity", str(_write(classify_cfg, tmp_path)), "--workers", "2", "--steps", "8"]) == 1
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "FAIL" in err and "learning rate 0.001 on 1 worker but 0.002 on 2" in err

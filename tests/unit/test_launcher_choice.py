@@ -91,3 +91,14 @@ def test_local_is_one_worker(classify_cfg):
 
     with pytest.raises((ConfigError, ValueError), match="scaling.launcher=local runs 1 worker in this process"):
         _cfg(classify_cfg, scaling={"launcher": "local", "num_workers": 2})
+
+
+@pytest.mark.parametrize("scaling,ft,expected", [
+    ({"num_workers": 2, "launcher": "torchrun"}, {}, False), ({"num_workers": 2}, {}, False),  # auto: torchrun
+    ({"num_workers": 2}, {"max_failures": 1}, True), ({"num_workers": 2, "launcher": "ray"}, {}, True)])
+def test_parity_starts_ray_only_for_runs_that_would_run_on_it(classify_cfg, scaling, ft, expected):
+    """`parity` starts a Ray for its two runs only where they need one (it started one always, and its runs then
+    went to it: ~20 CPU-seconds and another launcher than `train` chooses for the same config)."""
+    from scaletrain.launch.launcher import runs_on_ray
+
+    assert runs_on_ray(_cfg(classify_cfg, scaling=scaling, fault_tolerance=ft)) is expected

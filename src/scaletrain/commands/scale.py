@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def run_parity(args: argparse.Namespace) -> int:
     from scaletrain.config import load_config
     from scaletrain.console import console
     from scaletrain.launch.job import run_job
+    from scaletrain.launch.launcher import runs_on_ray
     from scaletrain.launch.ray_launcher import ray_session
     from scaletrain.rundir import create_run_dir
     from scaletrain.scaling.parity import DEFAULT_TOLERANCE, check_pair, compare, plan_pair, verdict
@@ -88,7 +90,8 @@ def run_parity(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE
     check_pair(cfg, args.workers, args.steps, tolerance)
-    with ray_session(cfg.scaling.address):
+    many = cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update={"num_workers": args.workers})})
+    with ray_session(cfg.scaling.address) if runs_on_ray(many) else contextlib.nullcontext():
         out = create_run_dir(cfg.output.output_dir, None, f"parity-{Path(args.config).stem}")
         one, many = plan_pair(cfg, args.workers, args.steps, args.keep_dropout, out)
         r1 = run_job(one, args.config, show_progress=False)

@@ -127,6 +127,12 @@ def choose_launcher(cfg: Config) -> tuple[Config, str | None]:
     return cfg, auto_note(chosen, cfg.scaling.num_workers) if chosen != "ray" else None
 
 
+def runs_on_ray(cfg: Config) -> bool:
+    """Whether a run of ``cfg`` needs Ray (a command that runs several jobs, `parity`, starts it once for them only
+    then: a Ray start costs ~20 CPU-seconds, and its runs would otherwise go to it)."""
+    return cfg.scaling.launcher == "ray" or (cfg.scaling.launcher == "auto" and bool(ray_reasons(cfg)))
+
+
 def launcher_for(cfg: Config, redact: Redactor | None = None) -> Launcher:
     redact = redact or Redactor.from_environment(cfg.comm.env)
     cfg, _ = choose_launcher(cfg)

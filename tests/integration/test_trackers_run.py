@@ -1,5 +1,7 @@
 """A 2-worker run reported to W&B (offline) and MLflow (a file store in the test's folder): config, loss series
-with their steps, the report as a file; a resumed run continues the same tracker runs; no secret in either."""
+with their steps, the report as a file; a resumed run continues the same tracker runs; no secret in either. The
+trackers are the driver's: the run is torchrun's (its worker-group restart too, --max-restarts), beside the shared
+Ray's tests."""
 
 import glob
 import json
@@ -13,9 +15,7 @@ from scaletrain.errors import TrainingError
 from scaletrain.launch.job import run_job
 from tests.conftest import train_losses
 
-# the shared Ray up from the first test on: scaling.launcher auto runs on it, as the tests mean (without it, 2
-# local workers would run under torchrun)
-pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
+pytestmark = pytest.mark.slow
 
 SECRETS = {"HF_TOKEN": "hf_TrackerTokenAbcdefghijklmn", "COMM_KEY": "wandb-key-0123456789abcdef"}
 
@@ -60,7 +60,7 @@ def _history(run_dir: Path, key: str) -> list[tuple[int, float]]:
 def _cfg(classify_cfg, tmp_path, **train):
     cfg = json.loads(json.dumps(classify_cfg))
     cfg["train"].update(max_steps=8, logging_steps=2, **train)
-    cfg["scaling"]["num_workers"] = 2
+    cfg["scaling"].update(num_workers=2, launcher="torchrun")
     cfg["checkpoint"] = {"save_steps": 4}
     cfg["fault_tolerance"] = {"max_failures": 1}
     cfg["comm"] = {"env": {"WANDB_API_KEY": SECRETS["COMM_KEY"]}}
@@ -70,8 +70,7 @@ def _cfg(classify_cfg, tmp_path, **train):
     return validate(cfg)
 
 
-def test_wandb_and_mlflow_get_config_series_report_and_resume_continues_them(classify_cfg, tmp_path, monkeypatch,
-                                                                             ray_local, no_orphans):
+def test_wandb_and_mlflow_get_config_series_report_and_resume_continues_them(classify_cfg, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -1,9 +1,7 @@
-"""Run by test_fit_ray.py in its own process: an elastic run on a simulated 2-node Ray cluster (1 CPU each).
+"""Run by test_elastic.py in its own process: an elastic run on a simulated 2-node Ray cluster (1 CPU each).
 A node is removed mid-run (the run goes on with 1 worker), then added back (it grows to 2 again). Prints the
 losses and worker counts by step (the last record of each step: a step trained again after a resize counts as
-its newer run), the resize lines and the events' times as JSON. With a second argument ``groups`` the cluster has
-3 nodes and nothing changes while the run trains (an elastic range with context parallelism: Ray has room for 3
-workers, the run must start 2)."""
+its newer run), the resize lines and the events' times as JSON."""
 
 import json
 import sys
@@ -21,12 +19,9 @@ from scaletrain.metrics.records import read_jsonl
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
 run = Path(cfg["output"]["output_dir"]) / cfg["output"]["run_name"]
-groups = sys.argv[2:] == ["groups"]
 # no dashboard: its port (8265) stays free for the warm cluster test_cluster.py may start meanwhile
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 node = cluster.add_node(num_cpus=1)
-if groups:
-    cluster.add_node(num_cpus=1)
 ray.init(address=cluster.address, log_to_driver=False)
 events = {}
 
@@ -79,7 +74,7 @@ job = threading.Thread(target=train, daemon=True)
 job.start()
 deadline = time.time() + 400
 try:
-    if not groups and wait_for(lambda: steps_done() >= 10, deadline):
+    if wait_for(lambda: steps_done() >= 10, deadline):
         events["removed_at_step"] = steps_done()
         events["removed_t"] = time.time()
         cluster.remove_node(node)  # a lost node: its worker dies with it

@@ -96,7 +96,12 @@ def test_a_restart_asks_for_the_size_the_free_resources_allow_in_whole_groups():
     assert policy._count_possible_workers({"a": {"CPU": 1.0}, "b": {"CPU": 1.0}}) == 2  # both nodes
     assert policy._count_possible_workers({"a": {"CPU": 1.0}}) == 1  # one node lost: shrink
     grouped = WholeGroupsPolicy(ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1}), 2)
-    assert grouped._count_possible_workers({"a": {"CPU": 3.0}}) == 2
+    assert grouped._count_possible_workers({"a": {"CPU": 3.0}}) == 2  # Ray's own policy: 3, no data x CP mesh
+    # Ray's controller actor gets the policy serialized: by reference to its module, the same counting there
+    from ray import cloudpickle
+
+    there = cloudpickle.loads(cloudpickle.dumps(grouped))
+    assert type(there) is WholeGroupsPolicy and there._count_possible_workers({"a": {"CPU": 5.0}}) == 4
 
 
 def test_the_restarted_workers_resume_from_the_newest_usable_checkpoint(tmp_path):

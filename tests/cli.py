@@ -7,8 +7,8 @@ What a process of its own would give, and this must give too, so a test sees the
 - the exit code: ``main``'s return, ``SystemExit``'s code (argparse), and 1 with the traceback on stderr for an
   uncaught exception, as the interpreter does;
 - warnings printed to stderr each time (the warning registry is reset and pytest's recording is undone for the
-  call), logging handlers and levels, the environment, the working directory, signal handlers and torch's thread
-  count as they were before the call.
+  call), the console's width read from the call's COLUMNS; logging handlers and levels, the environment, the
+  working directory, signal handlers and torch's thread count as they were before the call.
 A test that checks what only a process shows (an exit on a signal, a kill -9, orphans, the warm cluster's forked
 driver: ``main`` with no argv) keeps a subprocess.
 """
@@ -61,7 +61,11 @@ def _as_a_fresh_process(cwd, env: dict | None):
     root_state = (root.level, list(root.handlers))
     environ = dict(os.environ)
     handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    from scaletrain.console import console
+
     here, threads = os.getcwd(), torch.get_num_threads()
+    width = console._width  # a fresh process's console reads COLUMNS when it starts: this one, for the call
+    console._width = None
     if env is not None:
         os.environ.clear()
         os.environ.update({k: str(v) for k, v in env.items()})
@@ -78,6 +82,7 @@ def _as_a_fresh_process(cwd, env: dict | None):
             yield
     finally:
         os.chdir(here)
+        console._width = width
         os.environ.clear()
         os.environ.update(environ)
         for sig, handler in handlers.items():

@@ -298,11 +298,12 @@ def torchrun_forkserver(request, tmp_path_factory):
     signals are the same; the server imports under the environment the suite's CPU torchrun workers get (this one,
     scaletrain's worker defaults, glibc's allocator settings for CPU workers), so theirs match it, and a worker
     whose environment differs (a test's own variable) starts plain, the server's log says why and a warning at the
-    end counts them. Only where tests that start processes were collected; PLAIN_WORKERS=1 turns it off."""
+    end counts them. Only where tests that start them were selected (integration or slow ones); PLAIN_WORKERS=1
+    turns it off."""
     from scaletrain import envvars
 
-    started = any(part in str(item.path) for item in request.session.items
-                  for part in (f"tests{os.sep}loop", f"tests{os.sep}integration"))
+    started = any(f"tests{os.sep}integration" in str(item.path) or item.get_closest_marker("slow")
+                  for item in request.session.items)  # (make test-fast starts no torchrun: no server)
     if not started or os.environ.get(PLAIN_WORKERS) == "1" or os.environ.get(envvars.SCALETRAIN_FORKSERVER):
         yield None
         return

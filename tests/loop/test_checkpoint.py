@@ -15,6 +15,7 @@ def _weights(run_dir):
     return load_file(run_dir / "final" / "model.safetensors")
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_corrupt_latest_falls_back_and_resume_is_bit_identical(classify_cfg, tmp_path):
     classify_cfg["train"].update(max_steps=12, logging_steps=4)
     classify_cfg["checkpoint"] = {"save_steps": 4, "save_total_limit": 3}
@@ -55,6 +56,7 @@ def test_partial_checkpoint_is_ignored(tmp_path):
     assert checkpoint.verify(root / "step-5") == "no manifest (partial write)"
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.parametrize("data", [{"packing": True}, {"balance_ranks": True}])
 def test_packed_and_balanced_runs_resume_bit_identical(demo_dir, tmp_path, data):
     cfg_dict = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "dropout": 0.0},

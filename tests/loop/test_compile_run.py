@@ -42,6 +42,7 @@ def _train(cfg: dict, run):
     return [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_compiled_blocks_train_to_the_eager_loss_and_compile_time_is_apart(data, tmp_path):
     eager = _train(_cfg(data, False), tmp_path / "eager")
     compiled = _train(_cfg(data, True), tmp_path / "compiled")
@@ -54,6 +55,7 @@ def test_compiled_blocks_train_to_the_eager_loss_and_compile_time_is_apart(data,
     assert "run eager" not in log  # no graph break, no graph inductor failed on: the blocks did compile
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_graph_inductor_cannot_compile_runs_eager_with_one_line(data, tmp_path, monkeypatch):
     import torch._inductor.compile_fx as inductor
 

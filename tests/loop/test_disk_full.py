@@ -57,6 +57,7 @@ def _job(classify_cfg, **checkpoint_keys):
     return cfg
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_checkpoint_that_does_not_fit_keeps_the_previous_one_and_resume_after_freeing_space(
         small_fs, classify_cfg, tmp_path):
     cfg = _job(classify_cfg)
@@ -80,6 +81,7 @@ def test_a_checkpoint_that_does_not_fit_keeps_the_previous_one_and_resume_after_
     assert checkpoint.verify(checkpoint.list_checkpoints(root)[-1]) is None
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_on_write_error_warn_goes_on_and_says_so(small_fs, classify_cfg, tmp_path):
     cfg = _job(classify_cfg, on_write_error="warn")
     one, rest = _sizes(cfg, tmp_path)
@@ -102,6 +104,7 @@ def _train_records(run_dir: Path):
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.parametrize("on_error", ["fail", "warn"])
 def test_an_io_error_midway_through_a_checkpoint_keeps_the_previous_one(classify_cfg, tmp_path, on_error):
     """Not a full disk: the device fails mid-write (SCALETRAIN_FAULTS' ioerror). The previous checkpoint stays

@@ -34,6 +34,7 @@ def test_dora_trains_and_its_adapter_holds_the_magnitudes(demo_dir, tmp_path):
     assert any(k.endswith("lora_magnitude_vector") for k in load_file(final / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_killed_dora_run_resumes_bit_identical(demo_dir, tmp_path):
     cfg = _cfg(demo_dir, steps=4)
     cfg["checkpoint"] = {"save_steps": 2}

@@ -37,6 +37,7 @@ def _lf_similarity(pred: str, label: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("pred,label", [("1 2 3", "1 2 3"), ("one two three four", "one two four five"),
                                         ("", "1 2"), ("数到三", "数到四"), ("x", "")])
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_scores_are_llamafactorys(pred, label):
     assert similarity(pred, label) == _lf_similarity(pred, label)
     if pred == label:

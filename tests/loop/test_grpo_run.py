@@ -54,6 +54,7 @@ def _records(run) -> list[dict]:
     return [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_grpo_run_records_what_a_user_watches(task, tmp_path):
     cfg = _cfg(task, beta=0.04, loss_type="grpo")
     cfg["rl"]["reward_funcs"].append("length")
@@ -115,6 +116,7 @@ def test_the_mean_reward_rises(task, tmp_path, seed):
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.05, rewards
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_killed_run_resumes_bit_identical(task, tmp_path):
     cfg = _cfg(task, steps=4, beta=0.04)
     cfg["checkpoint"] = {"save_steps": 2}
@@ -122,6 +124,7 @@ def test_a_killed_run_resumes_bit_identical(task, tmp_path):
     assert [r["reward"] for r in _records(whole)][2:] == [r["reward"] for r in _records(again)][-2:]
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_several_steps_per_generation_train_on_its_rollouts_and_resume_between_them(task, tmp_path):
     """rl.num_iterations: 2: the prompts of step 1 are answered once and trained on at steps 1 and 2 (the ratio
     against the policy that sampled them: clipped tokens at step 2 at this learning rate); a run killed after
@@ -203,6 +206,7 @@ def test_two_workers_sample_and_train_what_one_does(task, tmp_path):
     assert [r["reward"] for r in one] == pytest.approx([r["reward"] for r in two], rel=1e-12)
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_held_out_prompts_are_answered_and_rewarded(task, tmp_path):
     """eval: a quarter of the prompts held out, each answered num_generations times and rewarded at eval_steps and
     at the end; nothing of it in the train records' counts."""

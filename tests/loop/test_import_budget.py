@@ -52,6 +52,7 @@ def test_help_imports_no_heavy_package():
     assert found == {}, found  # 0.4-0.7 s here: argparse, pydantic, yaml
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_torchrun_workers_imports_hold_no_optional_package():
     """What a torchrun worker imports while it waits for the spec (torchrun_entry's preload): torch, transformers'
     model code and HF datasets, nothing of Ray, serving, evaluation, RL or the trackers."""

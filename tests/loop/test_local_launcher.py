@@ -42,6 +42,7 @@ def _weights(run_dir):
     return load_file(run_dir / "final" / "model.safetensors")
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_one_worker_runs_here_and_leaves_the_process_as_it_was(classify_cfg, tmp_path, monkeypatch):
     def no_agent(self):
         raise AssertionError("a torchrun agent was started")
@@ -74,12 +75,14 @@ def test_the_same_weights_as_torchrun(classify_cfg, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_fsdp_runs_on_its_process_group_of_one(classify_cfg, tmp_path):
     result = run_job(_cfg(classify_cfg, "fsdp", train={"strategy": "fsdp"}), tmp_path / "c.yaml",
                      show_progress=False)
     assert result.summary["steps"] == 12 and result.summary["strategy"] == "fsdp" and not dist.is_initialized()
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_failure_is_worded_as_torchrun_words_it(classify_cfg, tmp_path, monkeypatch):
     cfg = _cfg(classify_cfg, "fails", scaling={"launcher": "local"})
     monkeypatch.setenv("SCALETRAIN_FAULTS", "raise:0:3")
@@ -92,6 +95,7 @@ def test_a_failure_is_worded_as_torchrun_words_it(classify_cfg, tmp_path, monkey
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_ctrl_c_checkpoints_here_and_resume_ends_where_an_uninterrupted_run_does(classify_cfg, tmp_path):
     from scaletrain import cli
 

@@ -23,6 +23,7 @@ def _eval_loss(model, spec, task, num_labels):
     return evaluate_model(model, data, Collator(spec.pad_token_id), CTX1, 16, task, num_labels, contextlib.nullcontext)
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_same_config_same_loss_curve_and_weights(classify_cfg, tmp_path):
     _, _, a = local_spec(classify_cfg, tmp_path / "a")
     _, _, b = local_spec(classify_cfg, tmp_path / "b")
@@ -40,6 +41,7 @@ def test_same_config_same_loss_curve_and_weights(classify_cfg, tmp_path):
     assert train_losses(tmp_path / "c") != la
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_classification_learns_and_final_reloads(classify_cfg, tmp_path):
     # a random-init tiny BERT needs ~50 steps before it leaves chance level on this task
     classify_cfg["train"]["max_steps"] = 80
@@ -59,6 +61,7 @@ def test_classification_learns_and_final_reloads(classify_cfg, tmp_path):
     assert saved["final"] == summary["final"] and saved["world_size"] == 1
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_regression_head(classify_cfg, tmp_path):
     classify_cfg["model"]["num_labels"] = 1
     classify_cfg["train"]["max_steps"] = 4

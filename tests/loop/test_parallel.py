@@ -5,6 +5,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 DDP_ON_ONE_RANK = """
 import os, warnings
 import torch, torch.distributed as dist
@@ -18,6 +20,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_ddp_wrap_turns_off_the_forward_buffer_sync_without_a_warning():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

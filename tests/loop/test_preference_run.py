@@ -21,6 +21,7 @@ def _cfg(demo_dir, loss: str, finetuning: str = "lora", steps: int = 40) -> dict
             "scaling": {"num_workers": 1}}
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.parametrize("loss", ["sigmoid", "simpo", "orpo"])
 def test_a_tiny_llama_learns_a_synthetic_preference(demo_dir, tmp_path, loss):
     cfg, _, spec = local_spec(_cfg(demo_dir, loss), tmp_path / "run")
@@ -67,12 +68,14 @@ def test_lora_dpo_holds_no_second_copy_and_full_dpo_a_frozen_one(demo_dir, tmp_p
     assert _trainer(_cfg(demo_dir, "simpo", "full"), tmp_path / "simpo").reference is None  # reference-free
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_resume_mid_run_is_bit_identical(demo_dir, tmp_path):
     cfg = _cfg(demo_dir, "sigmoid", "full", steps=8)
     cfg["checkpoint"] = {"save_steps": 4}
     resumes_bit_identical(cfg, tmp_path, 4)
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_reward_model_learns_the_preference_and_final_loads_as_a_scorer(demo_dir, tmp_path):
     import torch
     from transformers import AutoModelForSequenceClassification
@@ -96,6 +99,7 @@ def test_a_reward_model_learns_the_preference_and_final_loads_as_a_scorer(demo_d
     assert (chosen > rejected).float().mean() > 0.9  # the saved model scores as the run measured
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_precomputed_reference_trains_as_the_live_one_holds_none_and_resumes_bit_identical(demo_dir, tmp_path):
     import shutil
 
@@ -126,6 +130,7 @@ def test_precomputed_reference_trains_as_the_live_one_holds_none_and_resumes_bit
         run_in_process(gone)
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_kto_learns_from_tagged_replies(demo_dir, tmp_path):
     import json
 

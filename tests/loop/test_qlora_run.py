@@ -48,6 +48,7 @@ def _cfg(model: Path, data: Path, steps: int = 10, **train) -> dict:
             "scaling": {"num_workers": 1}}
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_qlora_trains_and_exports_into_the_original_precision_base(tiny_llama, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -72,6 +73,7 @@ def test_qlora_trains_and_exports_into_the_original_precision_base(tiny_llama, t
     assert all(_within_one_ulp(tensor, reference[key]) for key, tensor in ours.items())
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_the_start_of_run_says_what_is_4_bit(tiny_llama, tmp_path):
     cfg = {**_cfg(tiny_llama, _data(tmp_path), steps=1), "scaling": {"num_workers": 1, "launcher": "local"},
            "output": {"output_dir": str(tmp_path / "runs")}}
@@ -83,6 +85,7 @@ def test_the_start_of_run_says_what_is_4_bit(tiny_llama, tmp_path):
     assert "Failed to load" not in out.stderr and "register_constant" not in out.stderr  # torchao's import noise
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_killed_qlora_run_resumes_bit_identical(tiny_llama, tmp_path):
     cfg = _cfg(tiny_llama, _data(tmp_path), steps=4)
     cfg["checkpoint"] = {"save_steps": 2}

@@ -29,6 +29,7 @@ def _cfg(model, data, **train):
                       **train}}
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.parametrize("packing", [False, True])
 def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_path, packing):
     """Padded: DDP and FSDP on 2 workers against one 1-worker run; packed: DDP."""
@@ -55,6 +56,7 @@ def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_pat
         assert len(ready) == 4 and all(max(r) - min(r) < 1.0 for r in ready), (strategy, ready)
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp_path):
     """After training: final/ and the export carry the processor's files and the trained chat template; `chat RUN
     --image FILE --prompt TEXT` answers, and the exported model reads the image through them; `eval --data` takes
@@ -107,6 +109,7 @@ def test_a_lora_run_exports_its_processor_and_chats_about_an_image(qwen2_vl, tmp
 
 @pytest.mark.parametrize("example,data", [("qwen3vl_lora_sft.yaml", "llamafactory_data"),
                                           ("qwen3vl_lora_dpo.yaml", "rlhf_v")])
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_llamafactorys_vision_language_examples_train_as_imported(tmp_path, example, data):
     """LLaMA-Factory's examples/train_lora/qwen3vl_lora_{sft,dpo}.yaml, imported as they are (a tiny Qwen3-VL in
     the model's place, LF's data shapes in its dataset_dir, two steps), train: the SFT loss falls, DPO's starts at

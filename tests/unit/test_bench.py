@@ -20,6 +20,7 @@ from scaletrain.errors import ConfigError
 from tests.conftest import reference_file
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_bus_factors_by_hand():
     assert bus_factor("all_reduce", 8) == pytest.approx(1.75)  # 2 * 7 / 8
     assert bus_factor("all_reduce", 2) == pytest.approx(1.0)

@@ -219,6 +219,7 @@ def test_placeholder_text_in_targets_is_warned_with_the_count(tmp_path):
            "first at record 1)" in notes
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.loop
 def test_string_label_classification_end_to_end_pipeline_returns_the_names(tmp_path):
     """Trains on names, and final/ loads into a transformers pipeline that prints them."""

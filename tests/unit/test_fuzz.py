@@ -177,6 +177,7 @@ def saved_checkpoint(tmp_path_factory):
                              "manifest.json"]),
        flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=4),
        cut=st.one_of(st.none(), st.floats(0, 1)))
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_corrupted_checkpoint_files_are_found_unusable(tmp_path, saved_checkpoint, name, flips, cut):
     ckpt = tmp_path / "checkpoints" / saved_checkpoint.name
     shutil.rmtree(tmp_path / "checkpoints", ignore_errors=True)

@@ -46,6 +46,7 @@ def test_grad_norm_spike_and_non_finite_alerts():
     assert nan.severity == "error" and "not finite" in nan.message
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.loop
 def test_mid_run_evals_and_checkpoints_stay_out_of_step_time_and_throughput(classify_cfg, tmp_path):
     classify_cfg["train"].update(max_steps=24, logging_steps=2, eval_steps=4, per_device_eval_batch_size=4)
@@ -78,6 +79,7 @@ def test_mid_run_evals_and_checkpoints_stay_out_of_step_time_and_throughput(clas
     assert {"eval", "checkpoint"} <= kinds and all("train/grad_norm" in r for r in records if r["kind"] == "train")
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.loop
 def test_a_training_ranks_cpu_share_is_read_over_its_records_window(classify_cfg, tmp_path):
     """The share that names a straggler's host cause: a rank that trains is busy in every record, however often the

@@ -183,6 +183,7 @@ def test_the_worker_loop_reads_in_one_screen():
     assert max(sizes.values()) < 60, sizes
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.loop
 def test_importing_a_launcher_sets_no_environment_variable():
     import os

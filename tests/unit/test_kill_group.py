@@ -60,6 +60,7 @@ def test_the_raylet_ends_on_its_own_then_what_never_does_is_killed(tmp_path):
     assert _alive(leader.pid) == []
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_process_that_may_hold_a_job_gets_the_whole_grace(tmp_path):
     leader, marker = _group(tmp_path, "worker", exit_after=-1)  # ignores SIGTERM: not a Ray control process
     t0 = time.time()

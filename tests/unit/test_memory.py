@@ -377,6 +377,7 @@ def test_plan_prices_devices_side_by_side(tmp_path, capsys):
     assert "--deadline and --steps go with --price" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.parametrize("size", ["8b", "70b"])
 def test_the_plan_counts_a_qlora_base_in_4_bits(tmp_path, size):
     """QLoRA (#63): Llama-3-8B on one 24 GB card and Llama-3.1-70B on 2 x 80 GB, from their configs alone; the

@@ -108,6 +108,7 @@ def test_a_published_row_with_a_missing_field_is_named():
         inputs_for(replace(PUBLISHED[0], param_bytes=0.0))
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_predict_check_published_and_plan_name_the_largest_loss(tmp_path, capsys):
     from transformers import LlamaConfig
 

@@ -34,6 +34,19 @@ metadata:
 """
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """`scaletrain eval` sets lm-eval's offline variables in its process (HF_DATASETS_OFFLINE, ...: a command's
+    process ends with it); here main() runs in the test's process, whose later runs' workers must not inherit them
+    (a worker whose HF_ variables differ from the fork servers' starts plain: tests/conftest.py)."""
+    import os
+
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
 @pytest.fixture(scope="module")
 def task_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tasks")

@@ -14,6 +14,7 @@ from scaletrain.config import validate
 from scaletrain.launch.job import run_job
 from scaletrain.scaling.parity import compare
 from tests.conftest import train_losses
+from tests.integration.test_scaling_ray import _write
 
 TOLERANCE = 1e-5  # relative, CPU fp32
 
@@ -62,16 +63,6 @@ def test_one_and_two_workers_optimise_the_same_token_mean(tmp_path, strategy):
 
 # `scaletrain parity`: 1 and 2 workers of the same config, pass or fail with the cause (the runs under torchrun: what
 # parity compares does not depend on the launcher)
-
-def _write(cfg, tmp_path):
-    import yaml
-
-    cfg = json.loads(json.dumps(cfg))
-    cfg["output"] = {"output_dir": str(tmp_path / "runs")}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_parity_passes_for_a_correct_config(classify_cfg, tmp_path, capsys, strategy):

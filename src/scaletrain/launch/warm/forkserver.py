@@ -130,27 +130,25 @@ def _run_forked(sock_path: str, argv: list[str], env: dict[str, str], module: st
     return _readline(f).get("exit", 1)  # EOF: the server died, and took the child with it
 
 
-def _unbuffered() -> bool:
-    """Whether this interpreter's output is unbuffered (``python -u``, PYTHONUNBUFFERED), as its child's must be."""
+def _unbuffered() -> bool:  # ``python -u`` or PYTHONUNBUFFERED: the child's output is unbuffered too
     import io
 
     return not isinstance(getattr(sys.stdout, "buffer", None), io.BufferedWriter)
 
 
 def call(sock_path: str, argv: list[str]) -> int:
-    """The process Ray (or torchrun's agent) starts for a worker, ``argv`` as for ``python``: a script and its
-    arguments, or ``-m MODULE`` and its arguments. A forked child runs it, and this process ends as the child
-    ended (killed by the same signal: the agent sees the worker's own death); or (no return) it execs the plain
-    interpreter."""
+    """The process Ray (or torchrun's agent) starts for a worker, ``argv`` as ``python`` takes it (a script or
+    ``-m MODULE``, and arguments): a forked child runs it and this process ends as the child did (by the same
+    signal), or it execs the plain interpreter (no return)."""
     import signal
 
     module = argv[1] if argv[:1] == ["-m"] and len(argv) > 1 else None
     code = _run_forked(sock_path, [module, *argv[2:]] if module else argv, envvars.snapshot(), module)
     if code is None:
         _exec_plain(argv)
-    if code < 0:
-        if -code != signal.SIGKILL:  # (its handler cannot be changed, nor caught)
-            signal.signal(-code, signal.SIG_DFL)  # this process forwards signals: not this one
+    if code < 0:  # this process forwards signals (SIGKILL's handler cannot be changed): not this one
+        if -code != signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
@@ -201,8 +199,7 @@ def _run_child(request: dict, fds: list[int]) -> None:
         argv = request["argv"]
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
         sys.argv = list(argv)
-        # buffered as a fresh interpreter would buffer these descriptors (line by line on a terminal; not at all
-        # for a caller run with -u, as torchrun runs its workers)
+        # buffered as a fresh interpreter would (by line on a terminal; not at all for a caller run with -u)
         sys.stdout.reconfigure(line_buffering=os.isatty(1), write_through=bool(request.get("unbuffered")))
         sys.stderr.reconfigure(write_through=bool(request.get("unbuffered")))
         if request.get("module"):

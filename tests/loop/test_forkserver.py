@@ -159,8 +159,9 @@ def test_fork_mismatch_names_import_time_variables_only():
     assert forkserver.fork_mismatch(worker, base) is None  # Ray's per-worker and Train's variables, threads, NCCL
     assert forkserver.fork_mismatch({**worker, "HF_HUB_OFFLINE": "0"}, base) == "HF_HUB_OFFLINE differs from the " \
         "fork server's"
-    assert forkserver.fork_mismatch({k: v for k, v in worker.items() if k != "RAY_AUTH_MODE"}, base).startswith(
-        "RAY_AUTH_MODE")
+    # Ray's token mode: read by Ray, which the server does not import; a child imports it under its own value
+    assert forkserver.fork_mismatch({k: v for k, v in worker.items() if k != "RAY_AUTH_MODE"}, base) is None
+    assert forkserver.fork_mismatch({**worker, "RAY_ADDRESS": "10.0.0.1:6379"}, base).startswith("RAY_ADDRESS")
     assert forkserver.fork_mismatch({**worker, "LD_PRELOAD": "/lib/x.so"}, base).startswith("LD_PRELOAD")
     # what the server's imports set (torch's inductor cache directory), inherited by a forked driver's workers
     imported = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_u"}

@@ -6,6 +6,7 @@ from scaletrain.launch.local import run_in_process
 from tests.conftest import local_spec, train_losses
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 @pytest.mark.parametrize("packing", [False, True])
 def test_a_chunked_run_trains_the_plain_runs_curve(tmp_path, demo_dir, packing):
     runs = {}

@@ -57,6 +57,7 @@ def chat_run(tmp_path):
     return run, data
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_generation_eval_scores_greedy_answers_and_keeps_them(chat_run, tmp_path, capsys):
     import torch
 
@@ -115,6 +116,7 @@ def test_bad_generation_eval_input_is_one_line(chat_run, tmp_path, capsys):
     assert "no record ends with an assistant reply" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_eval_data_takes_every_format_training_takes(chat_run, tmp_path, capsys):
     """A JSON array (the format LLaMA-Factory's data files have), and dataset names of a dataset_info.json with their
     own columns, give the predictions the JSON Lines file gives (#60: a JSON array was a 20-line traceback)."""

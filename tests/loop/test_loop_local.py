@@ -70,6 +70,7 @@ def test_regression_head(classify_cfg, tmp_path):
     assert "eval/accuracy" not in summary["final"] and summary["final"]["eval/loss"] > 0
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_lora_sft_learns_and_adapter_reloads(demo_dir, tmp_path):
     cfg_dict = {
         "model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "finetuning_type": "lora",

@@ -63,6 +63,7 @@ def test_a_bf16_checkpoint_trains_fp32_masters_and_comes_back_bf16(tmp_path, dem
         v.numel() * 4 for v in before.values())  # not an fp32 file twice the size
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_lora_on_a_bf16_base_holds_what_the_plan_says(tmp_path, demo_dir, bf16_llama):
     job = _job(demo_dir, bf16_llama, finetuning_type="lora", torch_dtype="bfloat16")
     job["train"]["bf16"] = True  # with model.torch_dtype=bfloat16: the GPU policy on CPU (bf16 autocast)

@@ -22,6 +22,7 @@ def _cfg(path, demo_dir, **data):
             "scaling": {"num_workers": 1}}
 
 
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
 def test_a_vision_language_model_trains_its_language_model_on_text_rows(demo_dir, tmp_path):
     path = save_tiny("qwen2_vl", tmp_path / "qwen2-vl")
     _, _, spec = local_spec(_cfg(path, demo_dir), tmp_path / "run")

@@ -245,3 +245,33 @@ def test_two_workers_under_fsdp_sample_together_and_train_what_one_does(task, tm
              for w in (1, 2)]
     assert evals[0][-1]["eval/completions"] == evals[1][-1]["eval/completions"] == 24 * 8
     assert evals[1][-1]["eval/reward"] == pytest.approx(evals[0][-1]["eval/reward"], rel=1e-9)
+
+
+def test_a_reward_that_scores_nothing_is_counted_said_and_ends_the_run(task, tmp_path):
+    """#72: TRL's None for every completion: rewards/NAME/none_ratio, the first unscored step in alerts.jsonl, and
+    monitor.alerts.unscored_steps steps of nothing end the run in one line (without it, 4 steps of loss 0)."""
+    from scaletrain.errors import TrainingError
+
+    files = tmp_path / "none_rewards.py"
+    files.write_text("def never(prompts, completions, **kw):\n    return [None] * len(completions)\n"
+                     "def odd(prompts, completions, **kw):\n"
+                     "    return [None if i % 2 else 1.0 for i in range(len(completions))]\n")
+    cfg = _cfg(task, steps=4, reward_funcs=[f"{files}:never", f"{files}:odd"])
+    cfg["monitor"] = {"alerts": {"unscored_steps": 0}}
+    _, _, spec = local_spec(cfg, tmp_path / "counted")
+    run_in_process(spec)
+    first = _records(tmp_path / "counted")[0]
+    assert first["rewards/never/none_ratio"] == 1.0 and first["rewards/odd/none_ratio"] == 0.5
+    assert "rewards/never/mean" not in first and first["rewards/odd/mean"] == 1.0
+
+    cfg = _cfg(task, steps=4, reward_funcs=[f"{files}:never"])
+    cfg["monitor"] = {"alerts": {"unscored_steps": 2}}
+    _, _, spec = local_spec(cfg, tmp_path / "nothing")
+    with pytest.raises(TrainingError) as e:
+        run_in_process(spec)
+    assert str(e.value).startswith("step 2: the reward functions scored no completion for 2 steps in a row (never "
+                                   "16/16 at this step)"), str(e.value)
+    alerts = read_jsonl(tmp_path / "nothing" / "alerts.jsonl")
+    assert [(a["rule"], a["step"], a["severity"]) for a in alerts] == \
+        [("unscored_rewards", 1, "warning"), ("unscored_rewards", 2, "error")]
+    assert "step 1: the reward functions scored no completion of the step" in alerts[0]["message"]

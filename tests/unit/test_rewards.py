@@ -44,3 +44,30 @@ def test_a_user_function_is_loaded_and_checked(tmp_path):
         rewards.call("nan", rewards.load(f"{f}:nan"), ["p", "p"], ["a", "b"], [[1], [2]], {})
     with pytest.raises(ConfigError, match="'X' in .* is a int, not a function"):
         rewards.load(f"{f}:X")
+
+
+def test_rewards_that_score_nothing_are_said_once_and_end_the_run_after_n_steps():
+    """#72: the first step with a whole unscored group is said with each function's count; N steps in a row with
+    nothing scored stop the run; a scored step resets the count."""
+    import torch
+
+    from scaletrain.rl.unscored import Unscored
+
+    nan = math.nan
+    judge = Unscored(["accuracy", "vowels"], num_generations=2, stop_after=2)
+    # group 0 scored by vowels; group 1 unscored by both
+    v = judge.observe(torch.tensor([[nan, 0.5], [nan, 0.1], [nan, nan], [nan, nan]]), step=1)
+    assert v.stop is None and "step 1: the reward functions scored 1 of 2 prompt groups" in v.notice
+    assert "accuracy 4/4, vowels 2/4" in v.notice
+    everything = torch.full((4, 2), nan)
+    v = judge.observe(everything, step=2)
+    assert v.notice is None and v.stop is None  # said once; one step of nothing so far
+    v = judge.observe(everything, step=3)
+    assert v.stop.startswith("step 3: the reward functions scored no completion for 2 steps in a row")
+    assert "monitor.alerts.unscored_steps: 0" in v.stop
+    judge.observe(torch.zeros(4, 2), step=4)
+    assert judge.observe(everything, step=5).stop is None  # the count starts again after a scored step
+    resumed = Unscored(["accuracy", "vowels"], 2, 2)
+    resumed.load_state_dict(judge.state_dict())
+    assert resumed.observe(everything, step=6).stop is not None  # a resumed run keeps the count
+    assert Unscored(["a"], 2, 0).observe(torch.full((4, 1), nan), step=1).stop is None  # 0: train on

@@ -77,6 +77,10 @@ class AlertsConfig(_Section):
         "starving (0 disables the rule)."))
     expert_starved_records: int = Field(3, ge=1, description=(
         "MoE: an expert is starving once under expert_starved_share for this many train records in a row."))
+    unscored_steps: int = Field(5, ge=0, description=(
+        "GRPO: end the run when the reward functions score no completion (every one returned None, TRL's 'not "
+        "applicable') for this many steps in a row: it learns from nothing (0: train on). The first step with an "
+        "unscored prompt group is said either way."))
 
 
 class MonitorConfig(_Section):

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
+from scaletrain.rl.unscored import Unscored
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
 from scaletrain.worker.rollout import Colocated, RolloutPool, start_engine, sync_engine
 
@@ -69,6 +70,7 @@ class GRPOObjective:
         self.sync_mb: float | None = None  # the last weight sync's payload (separate engine)
         self.buffer: dict | None = None  # rl.num_iterations > 1: the generation's batches, trained on mu steps
         self.world = 1  # the ranks whose sums the records get
+        self.unscored = Unscored(self.names, cfg.rl.num_generations, cfg.monitor.alerts.unscored_steps)
 
     def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
         return self.rl.beta > 0 and not lora
@@ -164,10 +166,11 @@ class GRPOObjective:
     def state_dict(self) -> dict:
         """This rank's batches of the current generation (rl.num_iterations > 1), for the checkpoint: a run resumed
         between two of its steps trains on them as the uninterrupted run does."""
-        return {"buffer": self.buffer}
+        return {"buffer": self.buffer, "unscored": self.unscored.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = state.get("buffer")
+        self.unscored.load_state_dict(state.get("unscored", {}))
 
     def _generate(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
         policy = unwrap(t.model)
@@ -185,6 +188,7 @@ class GRPOObjective:
         local = torch.cat(rewards) if rewards else torch.empty(0, len(self.specs), dtype=torch.float64)
         gathered = all_gather_floats(local.flatten().tolist(), t.ctx.device)
         everyone = torch.tensor([v for rank in gathered for v in rank], dtype=torch.float64).view(-1, len(self.specs))
+        self._judge(t, everyone, step)
         adv, _ = advantages(everyone, self.weights, self.rl.num_generations, self.rl.scale_rewards)
         start = t.ctx.dp_rank * local.shape[0]
         mine = adv[start:start + local.shape[0]]
@@ -296,6 +300,20 @@ class GRPOObjective:
         r["texts"], r["prompts"] = texts, prompts
         return torch.tensor(out, dtype=torch.float64).T
 
+    def _judge(self, t: Trainer, everyone: torch.Tensor, step: int) -> None:
+        """rl/unscored.py on the whole step's rewards (the same on every rank): the first unscored group said, a
+        run that learns from nothing ended (every rank raises at the same step)."""
+        from scaletrain.errors import TrainingError
+        from scaletrain.metrics.alerts import Alert, write_alert
+
+        verdict = self.unscored.observe(everyone, step)
+        for message, severity in ((verdict.notice, "warning"), (verdict.stop, "error")):
+            if message and t.ctx.is_main:
+                log.warning("%s", message)
+                write_alert(t.spec.run_dir, Alert("unscored_rewards", message, step=step, severity=severity))
+        if verdict.stop:
+            raise TrainingError(verdict.stop)
+
     def _write_samples(self, t: Trainer, r: dict, rewards: torch.Tensor, step: int) -> None:
         """The first prompt of the step and three of its completions, with their rewards (rank 0)."""
         with open(t.run_dir.samples, "a", encoding="utf-8") as f:
@@ -370,6 +388,8 @@ class GRPOObjective:
         out = {}
         for name, key in (("reward", "reward"), *((f"rewards/{n}", f"rewards/{n}") for n in self.names)):
             n = s[f"{name}_n"]
+            if s["completions"] and name != "reward":  # the completions it returned None for (not applicable)
+                out[f"{key}/none_ratio"] = 1.0 - n / s["completions"]
             if n:
                 mean = s[name] / n
                 var = max(s[f"{name}_sq"] / n - mean ** 2, 0.0)

@@ -230,6 +230,11 @@ FORK_UNMATCHED_PREFIXES = ("RAY_TRAIN_", "TORCHELASTIC_", "TORCH_NCCL_")
 # server when `scaletrain up` runs one here, else none. The test suite starts one for its torchrun runs.
 SCALETRAIN_FORKSERVER = "SCALETRAIN_FORKSERVER"
 
+# Set by a driver before it starts an embedded Ray (launch/orphans.py): "<pid>:<start time>" of the driver, inherited
+# by every process that Ray starts, so a reaper stops them when the driver dies (even by SIGKILL), and the next
+# `train` or `doctor` names any that are left.
+SCALETRAIN_RUN_DRIVER = "SCALETRAIN_RUN_DRIVER"
+
 # Set in a driver that the fork server started (`scaletrain train` on the warm cluster): it runs the command itself.
 SCALETRAIN_FORKED_DRIVER = "SCALETRAIN_FORKED_DRIVER"
 

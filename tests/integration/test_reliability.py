@@ -278,7 +278,8 @@ def test_a_run_on_object_storage_survives_a_killed_worker_without_a_shared_disk(
 
 def test_a_run_on_object_storage_outlives_its_driver(classify_cfg, tmp_path, reference, s3_server, monkeypatch,
                                                       no_orphans):
-    """The driver (and the Ray it started) is SIGKILLed after the store holds step-8; `train --resume s3://...`
+    """The driver is SIGKILLed after the store holds step-8, and every process of the Ray it started ends with it
+    (#72: its reaper, launch/orphans.py; Ray's controller once stayed 15 minutes); `train --resume s3://...`
     from another working directory, with another mirror, finishes the run with the uninterrupted run's weights
     and the run's metrics history continued, not doubled."""
     import subprocess
@@ -296,7 +297,10 @@ def test_a_run_on_object_storage_outlives_its_driver(classify_cfg, tmp_path, ref
     key = f"{bucket}/runs/lost"
     import fsspec
 
+    from scaletrain.launch import orphans
+
     fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
+    token = None
     driver = subprocess.Popen([sys.executable, "-m", "scaletrain", "train", str(config), "--no-progress"],
                               cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
@@ -308,14 +312,23 @@ def test_a_run_on_object_storage_outlives_its_driver(classify_cfg, tmp_path, ref
                 break
             time.sleep(0.2)
         assert driver.poll() is None, "the driver ended before it could be killed"
+        token = orphans.token_of(driver.pid)
+        started = [p for p, _ in orphans.marked(token)]
+        names = {" ".join(p.cmdline()[:1]) for p in started}
+        assert any("TrainController" in n for n in names) and any("raylet" in n for n in names), names
+        os.kill(driver.pid, signal.SIGKILL)  # the driver alone (an OOM kill): the Ray it started ends with it (#72)
+        driver.wait()
+        _, alive = psutil.wait_procs(started, timeout=10)  # the reaper's SIGTERM, 5 s of grace, then SIGKILL
+        assert not alive, f"still running 10 s after the driver's SIGKILL: {[p.cmdline()[:1] for p in alive]}"
+        assert not list(orphans.marked(token))
     finally:
-        ours = [p for p in psutil.Process(driver.pid).children(recursive=True)]
-        os.killpg(driver.pid, signal.SIGKILL)  # the head machine is lost: the driver and the Ray it started
+        ours = [p for p, _ in orphans.marked(token)] if token else []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
         for p in ours:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         driver.wait()
-    psutil.wait_procs(ours, timeout=30)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

@@ -25,6 +25,7 @@ def gather_facts(cfg, smoke: bool):
     from scaletrain.comm.topo import detect
     from scaletrain.envvars import MASTER_PORT, snapshot
     from scaletrain.launch.doctor import Facts
+    from scaletrain.launch.orphans import describe, leftovers
     from scaletrain.storage.mirror import local_output_dir
     from scaletrain.storage.uri import is_uri
 
@@ -44,7 +45,8 @@ def gather_facts(cfg, smoke: bool):
                   shm_bytes=shm, nofile_soft=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
                   disk_free_bytes=shutil.disk_usage(out).free,
                   port_free=port_free(int(environ.get(MASTER_PORT, 0) or 0)), kernel_cmdline=cmdline,
-                  topology_warnings=topo.warnings(), config=cfg, gpu_health=_gpu_health(platform))
+                  topology_warnings=topo.warnings(), config=cfg, gpu_health=_gpu_health(platform),
+                  leftovers=describe(left) if (left := leftovers()) else None)
     if cfg is not None and is_uri(cfg.output.output_dir):
         facts.store = _store_check(cfg)
     if cfg is not None:

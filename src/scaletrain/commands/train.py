@@ -36,9 +36,12 @@ def run(args: argparse.Namespace) -> int:
         resume, cfg, config_path, notes = None, load_config(args.config, args.overrides), Path(args.config), []
     from scaletrain.console import console, summary_table
     from scaletrain.launch.job import run_job
+    from scaletrain.launch.orphans import describe, leftovers
 
     for note in notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    if left := leftovers():  # an earlier driver's processes, killed with it gone (launch/orphans.py)
+        console.print(f"[yellow]warning:[/] {describe(left)}", soft_wrap=True)
     result = run_job(cfg, config_path, resume_dir=resume, show_progress=not args.no_progress)
     console.print(summary_table(result.summary, str(home_of(result.run_dir) or result.run_dir)))
     return 0

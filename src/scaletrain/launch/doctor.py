@@ -57,6 +57,7 @@ class Facts:
     literal_secrets: list[str] = field(default_factory=list)  # config keys holding a credential in clear
     gpu_health: list[dict] = field(default_factory=list)  # each local GPU's health() (metrics/gpu.py)
     store: tuple[bool, str] | None = None  # output.output_dir on object storage: (the write probe passed, detail)
+    leftovers: str | None = None  # processes of an earlier run whose driver is gone (launch/orphans.py describe)
     experts: str | None = None  # an MoE model: its experts and the grouped GEMM kernel here (model.grouped_gemm_kernel)
 
 
@@ -299,6 +300,13 @@ def check_literal_secrets(f: Facts) -> CheckResult | None:
     return CheckResult("secrets in the config", Status.OK, "none written in clear")
 
 
+def check_leftovers(f: Facts) -> CheckResult:
+    if f.leftovers:
+        detail, _, fix = f.leftovers.rpartition(": stop them with ")
+        return CheckResult("leftover processes", Status.WARN, detail, f"stop them: {fix}")
+    return CheckResult("leftover processes", Status.OK, "none of an earlier run")
+
+
 def check_smoke(f: Facts) -> CheckResult | None:
     if f.smoke is None:
         return None
@@ -310,7 +318,7 @@ def check_smoke(f: Facts) -> CheckResult | None:
 CHECKS: tuple[Check, ...] = (check_workers, check_cpu_headroom, check_visible_devices, check_shm, check_port,
                              check_nofile, check_disk, check_store, check_paths, check_data, check_batch_lr,
                              check_rocm_hints, check_topology, check_gpu_health, check_experts,
-                             check_literal_secrets, check_smoke)
+                             check_literal_secrets, check_leftovers, check_smoke)
 
 
 def run_checks(facts: Facts, checks: tuple[Check, ...] = CHECKS) -> list[CheckResult]:

@@ -191,12 +191,15 @@ _FORKED = [False]  # its workers are forked from the warm cluster's server (laun
 def _start_embedded() -> None:
     import ray
 
+    from scaletrain.launch.orphans import mark_and_watch
+
     kwargs = _init_kwargs()
     envvars.apply_defaults(envvars.LOCAL_RAY_DEFAULTS)  # Ray Train reads them when the trainer starts
     # A new local Ray turns on token authentication and logs a notice about it on every start; here
     # scaletrain starts that Ray for the user, so the notice is noise in every run's output. Ray's default
     # (token authentication on) is kept: setting RAY_AUTH_MODE after ray is imported breaks the driver.
     logging.getLogger(RAY_AUTH_NOTICE_LOGGER).setLevel(logging.ERROR)
+    mark_and_watch()  # every process this Ray starts ends with this driver, however it dies (launch/orphans.py)
     ray.init(include_dashboard=False, **kwargs)
     _EMBEDDED[0] = True
 

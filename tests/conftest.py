@@ -291,7 +291,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def torchrun_forkserver(request, tmp_path_factory):
+def ends_with_the_session():
+    """What the session starts (fork servers, Ray, torchrun, drivers) ends with it, even when pytest is SIGKILLed
+    (a timeout, a closed terminal): the drivers' own mark and reaper (launch/orphans.py), this process the driver."""
+    from scaletrain.launch.orphans import mark_and_watch
+
+    mark_and_watch()
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torchrun_forkserver(request, tmp_path_factory, ends_with_the_session):
     """torchrun's workers in this session are forked pre-imported from one fork server (SCALETRAIN_FORKSERVER;
     launch/warm/forkserver.py, as on a node where `scaletrain up` runs one) instead of each importing torch,
     transformers and the loop again (~5 CPU-seconds a worker here). torchrun's agent and its restarts, exit codes and

@@ -74,24 +74,27 @@ def test_published_measurements_within_the_target_and_the_ones_that_are_not_said
     rows = {(r["row"], r["gpus"]): r for r in check()}
     seed = "seed Llama-3-8B LoRA ZeRO-3 MI300X"
     assert {r for r, _ in rows} == {p.name for p in PUBLISHED} and len(PUBLISHED) >= 4
-    # within 15%: the seed at 2 and 4 GPUs, both torchtitan 8 -> 128 rows
-    for key in ((seed, 2), (seed, 4), ("torchtitan Llama-3.1-8B FSDP H100", 128),
+    # within 15%: every comparable row, the seed's 2, 4 and 8 GPUs with the slowest-rank wait sized from its data
+    # (alpaca_en_demo's lengths, per-batch padding, ZeRO-3 meeting every micro-batch: #75), both torchtitan 8 -> 128
+    for key in ((seed, 2), (seed, 4), (seed, 8), ("torchtitan Llama-3.1-8B FSDP H100", 128),
                 ("torchtitan 8B FSDP+compile H100", 128)):
         assert rows[key]["within"] and abs(rows[key]["error"]) <= TARGET, rows[key]
-    assert rows[(seed, 2)]["predicted"] == pytest.approx(1.855, abs=0.01)  # published 1.857
-    # not reached: the seed's 8 GPUs (published 81% efficiency, predicted 98%): the loss that grows with n is not
-    # in what the source states; reported, not fitted
-    assert not rows[(seed, 8)]["within"] and rows[(seed, 8)]["published_efficiency"] == pytest.approx(0.81, abs=0.01)
-    assert "slowest rank" in rows[(seed, 8)]["why"] and rows[(seed, 2)]["straggler_cv_to_match"] is None
-    # the diagnostic beside the missed point: the straggler spread that would close it, checked by predicting with it
+    assert [round(rows[(seed, n)]["predicted"], 2) for n in (2, 4, 8)] == [1.81, 3.69, 7.41]  # 1.86, 3.45, 6.48
+    assert rows[(seed, 8)]["largest_loss"] == "straggler_s"  # the wait grows with N; communication shrinks
+    # without the data's lengths the wait is not sized (the row as it was): 8 GPUs outside the target, said, with the
+    # spread that would close it (a diagnostic, never an input), checked by predicting with it
     from dataclasses import replace
 
     from scaletrain.scaling.predict import step
     from scaletrain.scaling.published import inputs_for
 
-    cv = rows[(seed, 8)]["straggler_cv_to_match"]
+    bare = replace(PUBLISHED[0], lengths="")
+    missed = {r["gpus"]: r for r in check((bare,))}
+    assert not missed[8]["within"] and missed[8]["predicted"] == pytest.approx(7.85, abs=0.01)
+    assert "slowest rank" in missed[8]["why"] and missed[2]["straggler_cv_to_match"] is None
+    cv = missed[8]["straggler_cv_to_match"]
     assert 0.1 < cv < 0.2
-    alt = replace(inputs_for(PUBLISHED[0]), straggler_cv=cv)
+    alt = replace(inputs_for(bare), straggler_cv=cv)
     assert 8 * step(alt, 1)["step_time_s"] / step(alt, 8)["step_time_s"] == pytest.approx(27.2 / 4.2, rel=1e-6)
     mlperf = rows[("MLPerf v5.0 Llama-2-70B LoRA MI300X", 32)]
     assert mlperf["predicted"] is None and "time to train" in mlperf["why"]
@@ -116,10 +119,9 @@ def test_predict_check_published_and_plan_name_the_largest_loss(tmp_path, capsys
 
     assert main(["predict", "--check-published"]) == 0
     out = capsys.readouterr().out
-    assert "seed Llama-3-8B LoRA ZeRO-3 MI300X       8   6.48x   7.85x  +21.2%   NO" in out
+    assert "seed Llama-3-8B LoRA ZeRO-3 MI300X       8   6.48x   7.41x  +14.4%  yes   stragg" in out
     assert "(none)" in out and "not compared: MLPerf publishes time to train" in " ".join(out.split())
-    assert "outside the target, seed Llama-3-8B LoRA ZeRO-3 MI300X at 8 GPUs" in " ".join(out.split())
-    assert "(--straggler-cv 0.15)" in " ".join(out.split())
+    assert "outside the target" not in out
     assert all(len(line) <= 80 for line in out.splitlines())
     assert main(["predict", "--check-published", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 6

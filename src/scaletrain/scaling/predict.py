@@ -30,9 +30,10 @@ categories a run's own breakdown uses (``LOSSES``):
 - ``contention_s``: compute slows while a collective runs beside it (communication kernels take compute units,
   caches and HBM bandwidth): ``contention`` x the hidden communication time. CONTENTION is the average compute
   slowdown measured with overlapped communication on A100, H100, MI250 and MI210 (arXiv:2507.03114).
-- ``straggler_s``: synchronous training waits for the slowest rank at every micro-batch: with a per-micro-batch
-  compute spread ``straggler_cv`` (std / mean, e.g. padding differences between ranks' batches), the expected
-  slowest of n is mean x (1 + cv x E[max of n standard normals]). No default is assumed (0): give one measured.
+- ``straggler_s``: synchronous training waits for the slowest rank: sized from the job's own data lengths under
+  its sampler (``straggler_waits``, per world size: scaling/straggler.py), or, given a per-micro-batch compute
+  spread ``straggler_cv`` (std / mean, a measured one: it overrides the data's), the expected slowest of n as
+  mean x (1 + cv x E[max of n standard normals]). Neither given: none is assumed (0).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class Inputs:
     sync_each_micro_batch: bool = False  # FSDP: gradients reduced in every micro-batch (DeepSpeed ZeRO-3)
     contention: float = CONTENTION  # compute slowdown while communication overlaps it
     straggler_cv: float = 0.0  # per-micro-batch compute spread across ranks (std / mean); 0: none assumed
+    straggler_waits: tuple[tuple[int, float], ...] = ()  # (world size, seconds per step) from the data's lengths
     small_collectives: int = 2  # per step: the loss's all-reduce (logging) and the gradient norm's (clipping)
     shard_size: int | None = None  # FSDP: shard inside groups of this many ranks, replicate across them (HSDP)
 
@@ -201,7 +203,7 @@ def step(inp: Inputs, n: int) -> dict:
     lost = {"gather_s": fixed_gather + spill * share, "reduce_s": fixed_reduce + spill * (1 - share),
             "latency_s": inp.small_collectives * allreduce_s(8, n, curve),
             "contention_s": inp.contention * hidden,
-            "straggler_s": inp.compute_s * inp.straggler_cv * expected_max_normal(n)}
+            "straggler_s": straggler_s(inp, n)}
     step_s = inp.compute_s + sum(lost.values())
     exposed = lost["gather_s"] + lost["reduce_s"] + lost["latency_s"]
     largest = max(LOSSES, key=lost.get) if n > 1 and step_s > inp.compute_s else None
@@ -209,6 +211,13 @@ def step(inp: Inputs, n: int) -> dict:
             "comm_s": gathers + reduces, "hidden_comm_s": hidden, "exposed_comm_s": exposed,
             "exposed_comm_share": exposed / step_s if step_s else 0.0, **lost,
             "lost_share": 1 - inp.compute_s / step_s if step_s else 0.0, "largest_loss": largest}
+
+
+def straggler_s(inp: Inputs, n: int) -> float:
+    """The wait for the slowest rank per step at ``n``: a given spread's (it overrides), else the data's."""
+    if inp.straggler_cv:
+        return inp.compute_s * inp.straggler_cv * expected_max_normal(n)
+    return dict(inp.straggler_waits).get(n, 0.0)
 
 
 def efficiency(inp: Inputs, n: int) -> float:
@@ -220,9 +229,13 @@ def levers(inp: Inputs, n: int) -> list[dict]:
     """What would buy efficiency at ``n`` devices, each with the setting and its predicted gain (percentage points),
     best first; only those that gain at least half a point."""
     nodes = math.ceil(n / inp.gpus_per_node)
+    # twice the micro-batches wait twice where each meets (FSDP); a DDP step's wait, the slowest of sums of twice
+    # as many draws, grows about as their spread does (sqrt 2)
+    more = 2.0 if inp.strategy == "fsdp" else math.sqrt(2.0)
     options = [("train.gradient_accumulation_steps=" + str(2 * inp.micro_batches),
                 "twice the accumulation (a global batch twice as large: retune the learning rate)",
-                replace(inp, compute_s=2 * inp.compute_s, micro_batches=2 * inp.micro_batches))]
+                replace(inp, compute_s=2 * inp.compute_s, micro_batches=2 * inp.micro_batches,
+                        straggler_waits=tuple((k, more * w) for k, w in inp.straggler_waits)))]
     if inp.strategy == "fsdp" and inp.reshard_after_forward:
         options.append(("train.fsdp_reshard_after_forward=false", "keep forward's gathered parameters for backward "
                         "(one gather per micro-batch; more memory)", replace(inp, reshard_after_forward=False)))

@@ -32,6 +32,14 @@ class Published:
     layers: int = 32
     micro_batches: int = 1
     sync_each_micro_batch: bool = False
+    # the data's lengths (a file of scaling/data/: one token count per example, with its source) and how the job
+    # drew its micro-batches: the slowest-rank wait sized from them (scaling/straggler.py)
+    lengths: str = ""
+    sampler: str = "random"
+    per_device_batch: int = 1
+    linear_flops_per_token: float = 0.0  # the model's dense training FLOPs per token (metrics/flops.py)
+    attention_flops_per_token: float = 0.0  # x the row's length: 12 x layers x hidden
+    device: str = ""  # its peak FLOPs (metrics/flops.py PEAK_TFLOPS, bf16) x the plan's ASSUMED_MFU
     assumed: str = ""  # inputs the source does not state, and what was taken
     no_prediction: str = ""  # why no honest prediction can be compared with this row
     unmatched: str = ""  # why the model misses a point of this row by more than TARGET (said, not fitted)
@@ -39,6 +47,7 @@ class Published:
 
 LLAMA3_8B = 8.03e9  # parameters of Llama-3-8B / 3.1-8B (config.json: 32 layers, d 4096, FFN 14336, vocab 128256)
 LORA_R16_ALL_LINEAR = 41.9e6  # docs/tasks/scaling.md: 32 x (131,072 + 2 x 81,920 + 131,072 + 3 x 294,912)
+LLAMA3_8B_EMBEDDING = 128256 * 4096  # the input embedding (metrics/flops.py counts the output layer as compute)
 
 PUBLISHED: tuple[Published, ...] = (
     Published(
@@ -49,10 +58,17 @@ PUBLISHED: tuple[Published, ...] = (
         profile="mi300x", gpus=(1, 2, 4, 8), speedups=(1.0, 7.8 / 4.2, 14.5 / 4.2, 27.2 / 4.2),
         step_s=16 / 4.2, param_bytes=2 * LLAMA3_8B, grad_bytes=2 * LORA_R16_ALL_LINEAR, micro_batches=4,
         sync_each_micro_batch=True,  # DeepSpeed ZeRO-3 reduces gradients in every micro-batch
+        lengths="alpaca_en_demo.json", sampler="random", per_device_batch=4,
+        # LoRA: forward and the activations' gradients of the frozen base (4P), LoRA's own (6 x its parameters),
+        # and the forward again under gradient checkpointing (2P)
+        linear_flops_per_token=6 * (LLAMA3_8B - LLAMA3_8B_EMBEDDING) + 6 * LORA_R16_ALL_LINEAR,
+        attention_flops_per_token=12 * 32 * 4096, device="MI300X",
+        assumed="the data's tokens counted with an English WordPiece vocabulary (Llama-3's tokenizer is not "
+                "available offline: scaling/data/alpaca_en_demo.json); gradient checkpointing on "
+                "(LLaMA-Factory's default)",
         unmatched="on one full-mesh MI300X node every communication term shrinks from 2 to 8 GPUs (one xGMI link "
                   "each for 2, seven for 8) while the measured loss grows (7%, 14%, 19%), as waiting for the "
-                  "slowest rank does; the source states nothing that sizes that wait (its data's length spread "
-                  "under padding, or a per-rank step time), so none is assumed"),
+                  "slowest rank does"),
     Published(
         name="torchtitan Llama-3.1-8B FSDP H100",
         source="pytorch/torchtitan docs/performance.md, Tables 1 and 3: FSDP, 5,762 TPS/GPU on 8 H100 and 5,605 on "
@@ -96,10 +112,37 @@ def inputs_for(row: Published) -> Inputs:
                  gpus_per_node=p["gpus_per_node"], topology=p["topology"], strategy=row.strategy,
                  param_bytes=row.param_bytes, n_layers=row.layers, micro_batches=row.micro_batches,
                  sync_each_micro_batch=row.sync_each_micro_batch)
+    if row.lengths:
+        inp = replace(inp, straggler_waits=data_waits(row))
     for _ in range(50):  # a fixed point: compute + lost(compute) = the measured step
         lost = step(inp, row.gpus[0])["step_time_s"] - inp.compute_s
         inp = replace(inp, compute_s=row.step_s - lost)
     return inp
+
+
+def lengths_of(name: str) -> list[int]:
+    """A lengths file of scaling/data/ (one token count per example of a published row's data)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / name
+    if not path.is_file():
+        raise ConfigError(f"published lengths file {name}: not in {path.parent}")
+    return json.loads(path.read_text())["lengths"]
+
+
+def data_waits(row: Published) -> tuple[tuple[int, float], ...]:
+    """The slowest-rank wait per step at each of the row's GPU counts, from its data's lengths (straggler.py)."""
+    from scaletrain.memory.plan import ASSUMED_MFU
+    from scaletrain.metrics.flops import PEAK_TFLOPS
+    from scaletrain.scaling.straggler import Work, waits
+
+    work = Work(row.linear_flops_per_token, row.attention_flops_per_token,
+                PEAK_TFLOPS[row.device]["bf16"] * 1e12 * ASSUMED_MFU)
+    sync = "micro" if row.strategy == "fsdp" else "step"
+    found = waits(lengths_of(row.lengths), work, list(row.gpus), row.per_device_batch, row.micro_batches,
+                  row.sampler, sync)
+    return tuple((n, w.wait_s) for n, w in found.items())
 
 
 def check(rows: tuple[Published, ...] = PUBLISHED) -> list[dict]:

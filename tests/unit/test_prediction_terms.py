@@ -255,3 +255,44 @@ def test_predict_run_refuses_what_it_cannot_compare(tmp_path, capsys):
     (run / "summary.json").unlink()
     assert main(["predict", "--run", str(run), "--profile", "mi300x"]) != 0
     assert "point it at a finished run" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # tokenizes a data set: make test, not make test-fast
+def test_plan_sizes_the_slowest_rank_from_the_jobs_data_and_names_the_samplers_that_remove_it(tmp_path, capsys):
+    """#75: an 8B LoRA job (its config.json and a tokenizer: no weights are needed to plan) on chat rows of very
+    different lengths: with shuffled, padded micro-batches the wait grows with the devices; the length-balanced
+    sampler (the default) and packing remove most of it, each said with its points of efficiency."""
+    import random
+
+    from transformers import LlamaConfig
+
+    from scaletrain.cli import main
+    from scaletrain.model.tokenizer import load_tokenizer
+
+    d = tmp_path / "llama3-8b"
+    LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8).save_pretrained(d)
+    load_tokenizer("builtin:tiny-llama").save_pretrained(d)
+    rng = random.Random(0)
+    rows = [{"instruction": "say " + " ".join("ab" for _ in range(rng.randint(1, 20))),
+             "output": " ".join("cd" for _ in range(int(rng.lognormvariate(3.5, 1.0))))} for _ in range(400)]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{name_or_path: {d}, task: causal-lm, finetuning_type: lora, lora_rank: 16}}\n"
+                   f"data: {{train_file: {tmp_path / 'rows.json'}, max_length: 2048, eval_ratio: 0}}\n"
+                   "train: {strategy: fsdp, bf16: true, per_device_train_batch_size: 4, "
+                   f"gradient_accumulation_steps: 4}}\noutput: {{output_dir: {tmp_path / 'runs'}}}\n")
+    assert main(["plan", str(cfg), "data.balance_ranks=false", "--device", "mi300x", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    timing = {r["workers"]: r for r in out["timing"]}
+    assert out["straggler_sized_from"] == "400 examples"
+    assert timing[1]["straggler_s"] == 0 < timing[2]["straggler_s"] < timing[4]["straggler_s"] < \
+        timing[8]["straggler_s"]
+    by = timing[8]["straggler_by_sampler"]
+    assert by["random"] == timing[8]["straggler_s"] and by["balanced"] < 0.3 * by["random"]
+    assert main(["plan", str(cfg), "data.balance_ranks=false", "--device", "mi300x"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "waiting for the slowest rank: " in text and "sized from the data (400 examples, shuffled" in text
+    assert "data.balance_ranks=true cuts it to" in text and "data.packing=true cuts it to" in text
+    assert main(["plan", str(cfg), "--device", "mi300x"]) == 0  # the default: balanced
+    assert "the length-balanced sampler)" in " ".join(capsys.readouterr().out.split())

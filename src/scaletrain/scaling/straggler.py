@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass
 
 SIMULATED_EPOCHS = 20  # shuffles of the data the random sampler's micro-batch costs are drawn from
+MAX_ROWS = 20_000  # a larger data set is sized from a seeded sample of its lengths (the distribution is kept)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,9 @@ def waits(lengths: list[int], work: Work, sizes: list[int], batch: int, accumula
         raise ValueError("batch and accumulation must be >= 1")
     if sampler not in ("random", "balanced", "packed"):
         raise ValueError(f"sampler {sampler}: choose random, balanced or packed")
+    if len(lengths) > MAX_ROWS:
+        lengths = random.Random(seed).sample(list(lengths), MAX_ROWS)
+    lengths = [int(n) for n in lengths]
     per_step = sync == "step"
     syncs = 1 if per_step else accumulation
     out = {}

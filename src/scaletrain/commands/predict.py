@@ -301,4 +301,23 @@ def run(args: argparse.Namespace) -> int:
     print_table(rows)
     if compared:
         print("\n".join(term_by_term(*compared)))
+    if args.straggler_from:
+        print(spread_check(args.straggler_from, args.straggler_cv))
     return 0
+
+
+def spread_check(run_dir: str, measured: float) -> str:
+    """The ranks' step spread a run measured beside the one its data gives (scaling/from_data.py)."""
+    import textwrap
+
+    from scaletrain.rundir import RunDir
+    from scaletrain.scaling.from_data import derived_rank_spread
+
+    workers = json.loads(RunDir(run_dir).summary.read_text())["world_size"]
+    derived, why = derived_rank_spread(run_dir, workers)
+    said = (f"its data gives up to {derived:.3f} ({why}: its micro-batches' FLOPs alone; the part of a step that "
+            f"does not grow with its rows lowers the measured spread)" if derived is not None else
+            f"its data's is not sized ({why})")
+    return textwrap.fill(f"ranks' step spread (std / mean): measured {measured:.3f} in {run_dir} (ranks/ready_s, "
+                         f"{workers} workers; the prediction's --straggler-cv); {said}", 80, subsequent_indent="  ",
+                         break_long_words=False)

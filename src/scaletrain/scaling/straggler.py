@@ -61,7 +61,8 @@ class Wait:
     workers: int
     wait_s: float  # per step: the slowest rank's compute less the mean rank's, summed over the step's syncs
     mean_s: float  # per step: the mean rank's length-dependent compute (its FLOPs at the achieved rate)
-    spread: float  # the per-sync compute spread across draws (std / mean), the unit ranks/ready_s measures
+    spread: float  # the per-sync compute spread across draws (std / mean)
+    rank_spread: float = 0.0  # the expected std / mean of the N ranks' step compute: what ranks/ready_s measures
 
 
 def expected_max(values: list[float], n: int) -> float:
@@ -71,6 +72,18 @@ def expected_max(values: list[float], n: int) -> float:
     if n <= 1:
         return sum(c) / m
     return sum(v * (((i + 1) / m) ** n - (i / m) ** n) for i, v in enumerate(c))
+
+
+def rank_spread(step_costs: list[float], n: int, seed: int = 0, draws: int = 4000) -> float:
+    """The expected std / mean across ``n`` ranks of their step costs, each rank drawing its own step (seeded)."""
+    if n <= 1 or not step_costs:
+        return 0.0
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(draws):
+        c = [rng.choice(step_costs) for _ in range(n)]
+        total += statistics.pstdev(c) / statistics.fmean(c)
+    return total / draws
 
 
 def _shuffled(count: int, seed: int, epoch: int) -> list[int]:
@@ -119,28 +132,29 @@ def _packed_costs(lengths: list[int], batch: int, accumulation: int, width: int,
 
 
 def _balanced_wait(lengths: list[int], batch: int, accumulation: int, n: int, work: Work, per_step: bool,
-                   seed: int) -> tuple[float, float, float]:
-    """(the mean slowest rank's cost less the mean rank's, the mean rank's, the costs' spread) per sync, from the
-    sampler's own assignment of N ranks over the simulated epochs."""
+                   seed: int) -> tuple[float, float, float, float]:
+    """(the mean slowest rank's cost less the mean rank's, the mean rank's, the costs' spread) per sync, and the
+    ranks' step spread, from the sampler's own assignment of N ranks over the simulated epochs."""
     from scaletrain.worker.sampler import ResumableSampler
 
-    waits, means, every = [], [], []
+    waits, means, every, rank_spreads = [], [], [], []
     for epoch in range(max(1, SIMULATED_EPOCHS // 4)):  # each epoch deals every example: fewer are needed
-        ranks = []
+        ranks, steps = [], []
         for r in range(n):
             s = ResumableSampler(len(lengths), n, r, seed, lengths=lengths, batch_size=batch,
                                  accumulation=accumulation)
             s.set_position(epoch, 0)
             order = s.epoch_order()
             micro = [work.padded_s([lengths[i] for i in order[m:m + batch]]) for m in range(0, len(order), batch)]
-            if per_step:
-                micro = [sum(micro[m:m + accumulation]) for m in range(0, len(micro), accumulation)]
-            ranks.append(micro)
+            steps.append([sum(micro[m:m + accumulation]) for m in range(0, len(micro), accumulation)])
+            ranks.append(steps[-1] if per_step else micro)
         for costs in zip(*ranks):
             waits.append(max(costs) - statistics.fmean(costs))
             means.append(statistics.fmean(costs))
             every += costs
-    return statistics.fmean(waits), statistics.fmean(means), statistics.pstdev(every) / statistics.fmean(every)
+        rank_spreads += [statistics.pstdev(c) / statistics.fmean(c) for c in zip(*steps)]
+    return (statistics.fmean(waits), statistics.fmean(means), statistics.pstdev(every) / statistics.fmean(every),
+            statistics.fmean(rank_spreads))
 
 
 def waits(lengths: list[int], work: Work, sizes: list[int], batch: int, accumulation: int, sampler: str = "random",
@@ -161,19 +175,22 @@ def waits(lengths: list[int], work: Work, sizes: list[int], batch: int, accumula
     out = {}
     if sampler == "balanced":
         for n in sizes:
-            wait, mean, spread = _balanced_wait(lengths, batch, accumulation, n, work, per_step, seed)
-            out[n] = Wait(n, syncs * wait if n > 1 else 0.0, syncs * mean, spread)
+            wait, mean, spread, ranks = _balanced_wait(lengths, batch, accumulation, n, work, per_step, seed)
+            out[n] = Wait(n, syncs * wait if n > 1 else 0.0, syncs * mean, spread, ranks if n > 1 else 0.0)
         return out
     if sampler == "packed":
         if not width:
             raise ValueError("packed: give the packs' width (data.max_length)")
         costs = _packed_costs(lengths, batch, accumulation, width, work, per_step, seed)
+        steps = _packed_costs(lengths, batch, accumulation, width, work, True, seed)
     else:
         costs = _random_costs(lengths, batch, accumulation, work, per_step, seed)
+        steps = _random_costs(lengths, batch, accumulation, work, True, seed)
     if not costs:
         raise ValueError(f"{len(lengths)} examples make no micro-batch of {batch}")
     mean = statistics.fmean(costs)
     spread = statistics.pstdev(costs) / mean if mean else 0.0
     for n in sizes:
-        out[n] = Wait(n, syncs * (expected_max(costs, n) - mean) if n > 1 else 0.0, syncs * mean, spread)
+        out[n] = Wait(n, syncs * (expected_max(costs, n) - mean) if n > 1 else 0.0, syncs * mean, spread,
+                      rank_spread(steps, n, seed))
     return out

@@ -1,5 +1,5 @@
 """#75: a CPU run with shuffled, padded micro-batches on 2 workers: the spread of its ranks' step work
-(ranks/ready_s) lies inside the band its data predicts (scaling/from_data.py): above nothing, and at most the
+(ranks/ready_s) lies inside the band its data predicts (commands/from_data.py): above nothing, and at most the
 spread of its micro-batches' FLOPs (the part of a step that does not grow with its rows only lowers it); `predict
 --straggler-from` prints both."""
 
@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.loop, pytest.mark.slow]
 
 
 def test_the_measured_rank_spread_lies_inside_the_band_the_data_predicts(tmp_path):
+    from scaletrain.commands.from_data import derived_rank_spread
     from scaletrain.commands.predict import measured_spread
-    from scaletrain.scaling.from_data import derived_rank_spread
 
     rng = random.Random(3)
     words = [min(250, int(rng.lognormvariate(3.6, 1.0))) for _ in range(256)]

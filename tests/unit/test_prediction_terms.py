@@ -296,3 +296,36 @@ def test_plan_sizes_the_slowest_rank_from_the_jobs_data_and_names_the_samplers_t
     assert "data.balance_ranks=true cuts it to" in text and "data.packing=true cuts it to" in text
     assert main(["plan", str(cfg), "--device", "mi300x"]) == 0  # the default: balanced
     assert "the length-balanced sampler)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_both_readings_of_a_communication_share_per_device_count():
+    """#75: the bus bandwidth the step's collectives reach over the links' theoretical peak (MI300X: 7 xGMI links,
+    448 GB/s one way; n GPUs of a full mesh use n-1 of them) and the exposed communication and waiting over the
+    step; the seed's stated 45/62/78% compared under the first reading, said with its errors."""
+    from scaletrain.scaling.published import PUBLISHED, check, inputs_for
+
+    inp = inputs_for(PUBLISHED[0])
+    for n in (2, 4, 8):
+        r = step(inp, n)
+        # 0.5 GB a block's gather: the curve's plateau (304.96 GB/s at 8 GPUs), scaled to the n-1 links in use
+        assert r["busbw_gbs"] == pytest.approx(304.96 * (n - 1) / 7, rel=0.01)
+        assert r["busbw_share"] == pytest.approx(304.96 / 448, rel=0.01)
+    shares = [step(inp, n)["comm_wait_share"] for n in (2, 4, 8)]
+    assert shares == sorted(shares) and 0.02 < shares[0] < shares[-1] < 0.1  # the wait grows, exposed comm shrinks
+    seed = {r["gpus"]: r for r in check() if r["row"] == PUBLISHED[0].name}
+    assert [seed[n]["comm_share_published"] for n in (2, 4, 8)] == [0.45, 0.62, 0.78]
+    ddp = step(_fsdp(strategy="ddp", grad_bytes=1e9), 8)  # an all-reduce moves 2(n-1)/n of the buffer
+    assert ddp["busbw_share"] is None and ddp["busbw_gbs"] > 0  # _fsdp's inputs name no link peak
+
+
+def test_predict_prints_both_communication_readings(capsys):
+    from scaletrain.cli import main
+
+    assert main(["predict", "--step-time", "1", "--grad-bytes", "1e8", "--profile", "mi300x", "--strategy", "fsdp",
+                 "--param-bytes", "16e9"]) == 0
+    out = capsys.readouterr().out
+    assert "workers busbw GB/s of links comm+wait" in out and "      8      304.9      68%" in out
+    assert main(["predict", "--check-published"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "- communication, seed Llama-3-8B LoRA ZeRO-3 MI300X: 45% / 62% / 78% at 2 / 4 / 8 GPUs" in text
+    assert "predicted 68% / 68% / 68% (+51% / +10% / -13%)" in text

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     verdicts = {n: verdict(cfg, shape, n, device) for n in sizes}
     dtype = "bf16" if cfg.train.bf16 else "fp16" if cfg.train.fp16 else "fp32"
     compute = step_time_s(cfg, shape, device, dtype)
-    from scaletrain.scaling.from_data import job_lengths
+    from scaletrain.commands.from_data import job_lengths
 
     lengths, read = job_lengths(cfg) if compute is not None and max(sizes) > 1 else (None, "")
     timing = _timing(args, cfg, shape, device, dtype, compute, sizes, lengths) if compute is not None else []
@@ -161,7 +161,7 @@ def _costs(args, cfg, shape, sizes, dtype) -> None:
 
 def _timing(args, cfg, shape, device, dtype, compute, sizes, lengths: list[int] | None = None) -> list[dict]:
     """The predicted step time per world size on ``device`` (compute only where it has no network profile)."""
-    from scaletrain.scaling.from_data import data_waits, sampler_of
+    from scaletrain.commands.from_data import data_waits, sampler_of
     from scaletrain.scaling.predict import Inputs, table
     from scaletrain.scaling.profiles import missing, profile_for
 
@@ -174,7 +174,8 @@ def _timing(args, cfg, shape, device, dtype, compute, sizes, lengths: list[int] 
                  param_bytes=shape.total * (2 if dtype != "fp32" else 4), n_layers=max(1, shape.layers),
                  micro_batches=cfg.train.gradient_accumulation_steps,
                  reshard_after_forward=cfg.train.fsdp_reshard_after_forward, shard_size=cfg.train.fsdp_shard_size,
-                 straggler_waits=tuple((n, w.wait_s) for n, w in waits.get(sampler_of(cfg), {}).items()))
+                 straggler_waits=tuple((n, w.wait_s) for n, w in waits.get(sampler_of(cfg), {}).items()),
+                 link_peak_gbs=profile.get("link_peak_gbs", 0.0))
     rows = table(inp, sizes)
     for r in rows:  # the levers that remove the wait: the other samplers' waits at the same count
         r["straggler_by_sampler"] = {k: v[r["workers"]].wait_s for k, v in waits.items()}
@@ -284,10 +285,14 @@ def _print(cfg, device, rows, verdicts, timing, compute, dtype, show_all: bool, 
 
     for line in lost_lines(timing):
         say(f"scaling: {line}")
-    from scaletrain.scaling.from_data import straggler_lines
+    from scaletrain.commands.from_data import straggler_lines
 
     for line in straggler_lines(cfg, timing, read):
         say(f"scaling: {line}")
+    from scaletrain.commands.predict import comm_lines
+
+    for line in comm_lines(timing):
+        print(line)
     notes = {r["note"] for r in timing if r.get("note") and r["note"] != "predicted"}
     for note in sorted(notes):
         say(f"step time: {note}")

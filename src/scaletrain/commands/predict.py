@@ -127,12 +127,14 @@ def inputs_from_args(args, measured: dict | None = None):
             raise ConfigError(f"--profile {args.profile}: known profiles are {', '.join(PROFILES)}")
         prof = PROFILES[args.profile]
         intra, inter, per_node = prof["intra"], prof["inter"], prof["gpus_per_node"]
+        extra_peak = {"link_peak_gbs": prof.get("link_peak_gbs", 0.0)}
         topology = args.topology or prof.get("topology", "switch")
     elif args.commbench:
         intra = _curve_from(args.commbench)
         inter = _curve_from(args.inter_commbench) if args.inter_commbench else None
         per_node = 8
         topology = args.topology or "switch"
+        extra_peak = {}
     else:
         raise ConfigError("give --profile NAME or --commbench commbench.json for the network")
     extra = {} if args.contention is None else {"contention": args.contention}
@@ -143,7 +145,8 @@ def inputs_from_args(args, measured: dict | None = None):
                   overlap=args.overlap, strategy=args.strategy, param_bytes=args.param_bytes,
                   samples_per_step_per_device=samples, topology=topology, micro_batches=args.micro_batches,
                   n_layers=args.layers, reshard_after_forward=args.reshard_after_forward,
-                  sync_each_micro_batch=args.sync_each_micro_batch, straggler_cv=args.straggler_cv, **extra)
+                  sync_each_micro_batch=args.sync_each_micro_batch, straggler_cv=args.straggler_cv, **extra,
+                  **extra_peak)
 
 
 def measured_breakdown(run_dir: str) -> dict:
@@ -221,6 +224,25 @@ def print_table(rows: list[dict]) -> None:
               + (f"  {r['samples_per_s']:9.1f}" if "samples_per_s" in r else ""))
     for line in lost_lines(rows):
         print(line)
+    for line in comm_lines(rows):
+        print(line)
+
+
+def comm_lines(rows: list[dict]) -> list[str]:
+    """Per device count, both readings of a "communication share": the bus bandwidth the step's collectives reach
+    over the links' theoretical peak, and the exposed communication and waiting over the step."""
+    import textwrap
+
+    rows = [r for r in rows if r["workers"] > 1 and "busbw_gbs" in r]
+    if not rows:
+        return []
+    out = [f"{'workers':>7} {'busbw GB/s':>10} {'of links':>8} {'comm+wait':>9}"]
+    for r in rows:
+        share = f"{r['busbw_share']:.0%}" if r["busbw_share"] is not None else "-"
+        out.append(f"{r['workers']:>7} {r['busbw_gbs']:>10.1f} {share:>8} {r['comm_wait_share']:>9.1%}")
+    return out + textwrap.wrap("(the bus bandwidth the step's collectives reach, over the theoretical peak of the "
+                               "links they use inside a node; the step's exposed communication and waiting for the "
+                               "slowest rank)", 80)
 
 
 def lost_lines(rows: list[dict]) -> list[str]:
@@ -268,6 +290,21 @@ def print_published() -> int:
                                    if cv is not None else ""),
                                 80, subsequent_indent="  ", break_long_words=False))
     for row in PUBLISHED:
+        mine = [r for r in rows if r["row"] == row.name and r.get("comm_share_published") is not None]
+        if not mine:
+            continue
+        gpus = " / ".join(str(r["gpus"]) for r in mine)
+
+        def pct(key: str, mine: list[dict] = mine) -> str:
+            return " / ".join(f"{100 * r[key]:.0f}%" if r[key] is not None else "-" for r in mine)
+
+        errors = " / ".join(f"{r['busbw_share'] / r['comm_share_published'] - 1:+.0%}" for r in mine
+                            if r["busbw_share"] is not None)
+        print(textwrap.fill(f"- communication, {row.name}: {pct('comm_share_published')} at {gpus} GPUs in "
+                            f"{row.comm_reading}; predicted {pct('busbw_share')} ({errors}); the other reading, "
+                            f"exposed communication and waiting over the step: {pct('comm_wait_share')}",
+                            80, subsequent_indent="  ", break_long_words=False))
+    for row in PUBLISHED:
         print(textwrap.fill(f"- {row.name}: {row.source}; {row.setup}"
                             + (f"; assumed: {row.assumed}" if row.assumed else "")
                             + (f"; not compared: {row.no_prediction}" if row.no_prediction else ""),
@@ -307,11 +344,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def spread_check(run_dir: str, measured: float) -> str:
-    """The ranks' step spread a run measured beside the one its data gives (scaling/from_data.py)."""
+    """The ranks' step spread a run measured beside the one its data gives (commands/from_data.py)."""
     import textwrap
 
+    from scaletrain.commands.from_data import derived_rank_spread
     from scaletrain.rundir import RunDir
-    from scaletrain.scaling.from_data import derived_rank_spread
 
     workers = json.loads(RunDir(run_dir).summary.read_text())["world_size"]
     derived, why = derived_rank_spread(run_dir, workers)

@@ -12,10 +12,8 @@ from pathlib import Path
 from scaletrain.config.schema import Config
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, Shape, estimate, model_shape
-from scaletrain.metrics.flops import DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
+from scaletrain.metrics.flops import ASSUMED_MFU, DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
 from scaletrain.model.tokenizer import Vocab
-
-ASSUMED_MFU = 0.4  # compute time = FLOPs / (peak x this): a typical dense bf16 fine-tune on one device
 
 
 @dataclass(frozen=True)

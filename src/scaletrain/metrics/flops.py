@@ -23,6 +23,10 @@ import warnings
 #   AMD-provided spec table; MI210 bf16/tf32 and MI250X tf32/fp8 are not published, so absent).
 # - NVIDIA A100/H100/H200: Lightning-AI fabric/utilities/throughput.py _CUDA_FLOPS (dense); fp8 and H100 PCIe
 #   fp32 from mosaicml/composer speed_monitor.py (sparse datasheet figures halved). B200: stas00 table.
+# compute time = FLOPs / (peak x this): a typical dense bf16 fine-tune on one device (`plan`'s step time, and the
+# rate the length-dependent part of a micro-batch runs at when the wait for the slowest rank is sized)
+ASSUMED_MFU = 0.4
+
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "MI210": {"fp32": 22.6, "fp16": 181.0},
     "MI250X": {"fp32": 47.9, "fp16": 383.0, "bf16": 383.0},

@@ -133,6 +133,7 @@ class Inputs:
     straggler_waits: tuple[tuple[int, float], ...] = ()  # (world size, seconds per step) from the data's lengths
     small_collectives: int = 2  # per step: the loss's all-reduce (logging) and the gradient norm's (clipping)
     shard_size: int | None = None  # FSDP: shard inside groups of this many ranks, replicate across them (HSDP)
+    link_peak_gbs: float = 0.0  # inside a node: a GPU's links' theoretical bandwidth one way, all peers (profiles.py)
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ def step(inp: Inputs, n: int) -> dict:
         buckets = [inp.bucket_bytes] * int(full) + ([rest] if rest else [])
         times = [allreduce_s(b, n, curve) for b in buckets]
         gathers, reduces = 0.0, sum(times)
+        bus_bytes = inp.grad_bytes * bus_factor("all_reduce", n) if n > 1 else 0.0
         fixed_gather, fixed_reduce = 0.0, (times[-1] if times else 0.0)  # the last bucket follows backward
         budget = inp.overlap * inp.compute_s * 2 / 3  # buckets overlap backward only
     elif inp.strategy == "fsdp":
@@ -191,6 +193,9 @@ def step(inp: Inputs, n: int) -> dict:
         syncs = inp.micro_batches if inp.sync_each_micro_batch else 1
         gathers = gather_pass * passes
         reduces = reduce_of(inp.grad_bytes) * syncs  # reduce-scatter moves what all-gather does
+        bus_bytes = ((inp.param_bytes * passes + inp.grad_bytes * syncs) * bus_factor("all_gather", group)
+                     if group > 1 else 0.0) + (inp.grad_bytes / group * syncs * bus_factor("all_reduce", replicas)
+                                               if replicas > 1 else 0.0)
         fixed_gather = gather_pass / layers * inp.micro_batches  # each micro-batch's first block: nothing precedes
         fixed_reduce = reduce_of(inp.grad_bytes / layers) * syncs  # the last block's: nothing follows
         budget = inp.overlap * inp.compute_s
@@ -207,10 +212,17 @@ def step(inp: Inputs, n: int) -> dict:
     step_s = inp.compute_s + sum(lost.values())
     exposed = lost["gather_s"] + lost["reduce_s"] + lost["latency_s"]
     largest = max(LOSSES, key=lost.get) if n > 1 and step_s > inp.compute_s else None
+    busbw = bus_bytes / (gathers + reduces) / GB if gathers + reduces > 0 else 0.0  # what the collectives reach
+    peak = inp.link_peak_gbs * link_factor(inp.topology, n, inp.gpus_per_node) if nodes == 1 else 0.0
     return {"workers": n, "nodes": nodes, "step_time_s": step_s, "compute_s": inp.compute_s,
             "comm_s": gathers + reduces, "hidden_comm_s": hidden, "exposed_comm_s": exposed,
             "exposed_comm_share": exposed / step_s if step_s else 0.0, **lost,
-            "lost_share": 1 - inp.compute_s / step_s if step_s else 0.0, "largest_loss": largest}
+            "lost_share": 1 - inp.compute_s / step_s if step_s else 0.0, "largest_loss": largest,
+            # the two readings of a "communication share": the bus bandwidth the step's collectives reach over the
+            # links' theoretical peak (one node: the links n GPUs use), and the step's exposed communication and
+            # waiting for the slowest rank
+            "busbw_gbs": busbw, "busbw_share": busbw / peak if peak and busbw else None,
+            "comm_wait_share": (exposed + lost["straggler_s"]) / step_s if step_s else 0.0}
 
 
 def straggler_s(inp: Inputs, n: int) -> float:

@@ -44,6 +44,12 @@ them, not derived):
   slow as its slowest hop for any GPU count ("switch"). No inter-node curve: such jobs span nodes over whatever
   network the nodes have; measure it.
 - mi250x: no citable rccl-tests all-reduce curve was found (no profile).
+
+``link_peak_gbs`` is a GPU's links to its node's peers, theoretical, one way (the datasheets give both ways):
+MI300X and MI325X 7 xGMI links of 128 GB/s both ways, "896 GB/s" peak aggregate (AMD Instinct MI300X / MI325X
+datasheets): 448; H100 SXM and H200 NVLink 4, 900 GB/s (NVIDIA H100 / H200 datasheets): 450; A100 SXM NVLink 3,
+600 GB/s (A100 datasheet): 300; PCIe Gen3 x16, 15.75 GB/s one way (PCI-SIG). A busbw over it is the "share of
+the theoretical bandwidth" people report (a ring's busbw counts one direction).
 """
 
 from __future__ import annotations
@@ -78,21 +84,24 @@ def capped(curve: BusCurve, peak: float) -> BusCurve:
 H100_INTRA = scaled(MI300X_INTRA, 370 / MI300X_INTRA_8GIB)
 
 PROFILES: dict[str, dict] = {
-    "mi300x": {"gpus_per_node": 8, "intra": MI300X_INTRA, "inter": MI300X_INTER, "topology": "full-mesh",
+    "mi300x": {"gpus_per_node": 8, "link_peak_gbs": 448.0, "intra": MI300X_INTRA, "inter": MI300X_INTER,
+               "topology": "full-mesh",
                "source": "rccl-tests all_reduce_perf on 8x and 2x8 MI300X (hisohara/ai-scripts, RCCL 2.22)"},
-    "mi325x": {"gpus_per_node": 8, "intra": scaled(MI300X_INTRA, 316.88 / MI300X_INTRA_4GIB),
+    "mi325x": {"gpus_per_node": 8, "link_peak_gbs": 448.0, "intra": scaled(MI300X_INTRA, 316.88 / MI300X_INTRA_4GIB),
                "inter": scaled(MI300X_INTER, 347.23 / MI300X_INTER_4GIB), "topology": "full-mesh",
                "source": "rccl-tests on 1x8 and 2x8 MI325X (hisohara/ai-scripts, 4 GiB rows) over MI300X's ramp"},
-    "h100-sxm": {"gpus_per_node": 8, "intra": H100_INTRA, "inter": H100_INTER, "topology": "switch",
+    "h100-sxm": {"gpus_per_node": 8, "link_peak_gbs": 450.0, "intra": H100_INTRA, "inter": H100_INTER,
+                 "topology": "switch",
                  "source": "nccl-tests on 2x8 H100 (create-a3mega-ztan-fork); one node: NVIDIA's 370 GB/s ring "
                            "busbw (nccl-tests#212)"},
-    "h200": {"gpus_per_node": 8, "intra": H100_INTRA, "inter": H100_INTER, "topology": "switch",
+    "h200": {"gpus_per_node": 8, "link_peak_gbs": 450.0, "intra": H100_INTRA, "inter": H100_INTER,
+             "topology": "switch",
              "source": "H100 SXM's (the same NVLink 4 and NVSwitch: H200 datasheet)"},
-    "a100": {"gpus_per_node": 8, "intra": scaled(MI300X_INTRA, 200 / MI300X_INTRA_8GIB),
+    "a100": {"gpus_per_node": 8, "link_peak_gbs": 300.0, "intra": scaled(MI300X_INTRA, 200 / MI300X_INTRA_8GIB),
              "inter": capped(H100_INTER, 96.0), "topology": "switch",
              "source": "8x A100-SXM4 ~200 GB/s (nccl-tests#149); 3x8 A100 with 4 HDR NICs, 96 GB/s peak "
                        "(nccl-tests#119)"},
-    "pcie": {"gpus_per_node": 8, "intra": PCIE_NO_P2P, "inter": None, "topology": "switch",
+    "pcie": {"gpus_per_node": 8, "link_peak_gbs": 15.75, "intra": PCIE_NO_P2P, "inter": None, "topology": "switch",
              "source": "nccl-tests on 2x RTX 2080 Ti, PCIe Gen3, no P2P (Anthony-Hoo.github.io, AutoDL)"},
 }
 

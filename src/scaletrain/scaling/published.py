@@ -40,6 +40,9 @@ class Published:
     linear_flops_per_token: float = 0.0  # the model's dense training FLOPs per token (metrics/flops.py)
     attention_flops_per_token: float = 0.0  # x the row's length: 12 x layers x hidden
     device: str = ""  # its peak FLOPs (metrics/flops.py PEAK_TFLOPS, bf16) x the plan's ASSUMED_MFU
+    # a "communication share" the source reports per GPU count (gpus[1:]), and the reading it is compared under
+    comm_share: tuple[float, ...] = ()
+    comm_reading: str = ""
     assumed: str = ""  # inputs the source does not state, and what was taken
     no_prediction: str = ""  # why no honest prediction can be compared with this row
     unmatched: str = ""  # why the model misses a point of this row by more than TARGET (said, not fitted)
@@ -59,6 +62,10 @@ PUBLISHED: tuple[Published, ...] = (
         step_s=16 / 4.2, param_bytes=2 * LLAMA3_8B, grad_bytes=2 * LORA_R16_ALL_LINEAR, micro_batches=4,
         sync_each_micro_batch=True,  # DeepSpeed ZeRO-3 reduces gradients in every micro-batch
         lengths="alpaca_en_demo.json", sampler="random", per_device_batch=4,
+        comm_share=(0.45, 0.62, 0.78),
+        comm_reading="its table's 通信带宽占比 (communication bandwidth share), read as the bus bandwidth reached "
+                     "over the links' theoretical peak: its text measures bandwidth that way (\"only ~40% of the "
+                     "theoretical value\" before tuning)",
         # LoRA: forward and the activations' gradients of the frozen base (4P), LoRA's own (6 x its parameters),
         # and the forward again under gradient checkpointing (2P)
         linear_flops_per_token=6 * (LLAMA3_8B - LLAMA3_8B_EMBEDDING) + 6 * LORA_R16_ALL_LINEAR,
@@ -111,7 +118,7 @@ def inputs_for(row: Published) -> Inputs:
     inp = Inputs(compute_s=row.step_s, grad_bytes=row.grad_bytes, intra=p["intra"], inter=p["inter"],
                  gpus_per_node=p["gpus_per_node"], topology=p["topology"], strategy=row.strategy,
                  param_bytes=row.param_bytes, n_layers=row.layers, micro_batches=row.micro_batches,
-                 sync_each_micro_batch=row.sync_each_micro_batch)
+                 sync_each_micro_batch=row.sync_each_micro_batch, link_peak_gbs=p.get("link_peak_gbs", 0.0))
     if row.lengths:
         inp = replace(inp, straggler_waits=data_waits(row))
     for _ in range(50):  # a fixed point: compute + lost(compute) = the measured step
@@ -133,8 +140,7 @@ def lengths_of(name: str) -> list[int]:
 
 def data_waits(row: Published) -> tuple[tuple[int, float], ...]:
     """The slowest-rank wait per step at each of the row's GPU counts, from its data's lengths (straggler.py)."""
-    from scaletrain.memory.plan import ASSUMED_MFU
-    from scaletrain.metrics.flops import PEAK_TFLOPS
+    from scaletrain.metrics.flops import ASSUMED_MFU, PEAK_TFLOPS
     from scaletrain.scaling.straggler import Work, waits
 
     work = Work(row.linear_flops_per_token, row.attention_flops_per_token,
@@ -155,6 +161,7 @@ def check(rows: tuple[Published, ...] = PUBLISHED) -> list[dict]:
             continue
         inp = inputs_for(row)
         base = step(inp, row.gpus[0])["step_time_s"]
+        shares = dict(zip(row.gpus[1:], row.comm_share))
         for n, published in zip(row.gpus[1:], row.speedups[1:]):
             r = step(inp, n)
             predicted = n / row.gpus[0] * base / r["step_time_s"]
@@ -165,7 +172,8 @@ def check(rows: tuple[Published, ...] = PUBLISHED) -> list[dict]:
                         "within": within, "efficiency": predicted * row.gpus[0] / n,
                         "published_efficiency": published * row.gpus[0] / n, "largest_loss": r["largest_loss"],
                         "why": row.assumed if within else row.unmatched or row.assumed,
-                        "straggler_cv_to_match": cv})
+                        "straggler_cv_to_match": cv, "busbw_share": r["busbw_share"],
+                        "comm_wait_share": r["comm_wait_share"], "comm_share_published": shares.get(n)})
     return out
 
 

@@ -8,15 +8,15 @@ data: with per-batch padding its compute follows its longest row, so the wait gr
 
 A micro-batch's compute is split in two: a part that does not depend on its rows (the same on every rank: it never
 makes one wait) and its FLOPs at its padded length (tokens x the model's linear FLOPs per token, plus attention's,
-which grows with the length) at the device's achieved rate (peak x the plan's ASSUMED_MFU). The wait per step is
-the expected slowest-of-N FLOPs over the mean FLOPs, at that rate, for each micro-batch (or step) of the step:
+which grows with the length) at the device's achieved rate (peak x metrics/flops.py's ASSUMED_MFU). The wait per
+step is the expected slowest-of-N FLOPs over the mean FLOPs, at that rate, for each micro-batch (or step) of the step:
 
 - ``random`` (a shuffled sampler, each micro-batch padded to its longest row: LLaMA-Factory's, TRL's, HF Trainer's):
   the micro-batches of an epoch are simulated from the lengths (seeded shuffles), and the expected maximum of N
   independent draws from their costs is exact over that distribution: E[max] = sum_i c_(i) ((i/M)^N - ((i-1)/M)^N)
   over the M sorted costs c_(1) <= ... <= c_(M);
-- ``balanced`` (scaletrain's length-balanced sampler, ``data.balance_ranks``): the sampler itself
-  (worker/sampler.py) deals N ranks their micro-batches over a simulated epoch, and the wait is measured on that
+- ``balanced`` (scaletrain's length-balanced sampler, ``data.balance_ranks``): the sampler's own dealing
+  (data/balance.py) deals N ranks their micro-batches over a simulated epoch, and the wait is measured on that
   assignment (mean over the epoch of the slowest rank's cost less the mean rank's);
 - ``packed`` (``data.packing``: rows concatenated up to the sequence length): every micro-batch holds about the
   same tokens; the packs are simulated (rows in shuffled order, a pack closed when the next row does not fit) and
@@ -134,17 +134,15 @@ def _packed_costs(lengths: list[int], batch: int, accumulation: int, width: int,
 def _balanced_wait(lengths: list[int], batch: int, accumulation: int, n: int, work: Work, per_step: bool,
                    seed: int) -> tuple[float, float, float, float]:
     """(the mean slowest rank's cost less the mean rank's, the mean rank's, the costs' spread) per sync, and the
-    ranks' step spread, from the sampler's own assignment of N ranks over the simulated epochs."""
-    from scaletrain.worker.sampler import ResumableSampler
+    ranks' step spread, from the sampler's own assignment (data/balance.py) of N ranks over simulated epochs."""
+    from scaletrain.data.balance import deal
 
+    per_rank = len(lengths) // (batch * accumulation * n) * batch * accumulation
     waits, means, every, rank_spreads = [], [], [], []
     for epoch in range(max(1, SIMULATED_EPOCHS // 4)):  # each epoch deals every example: fewer are needed
         ranks, steps = [], []
-        for r in range(n):
-            s = ResumableSampler(len(lengths), n, r, seed, lengths=lengths, batch_size=batch,
-                                 accumulation=accumulation)
-            s.set_position(epoch, 0)
-            order = s.epoch_order()
+        for order in deal(_shuffled(len(lengths), seed, epoch)[:per_rank * n], lengths, batch, accumulation, n,
+                          seed, epoch):
             micro = [work.padded_s([lengths[i] for i in order[m:m + batch]]) for m in range(0, len(order), batch)]
             steps.append([sum(micro[m:m + accumulation]) for m in range(0, len(micro), accumulation)])
             ranks.append(steps[-1] if per_step else micro)
@@ -153,6 +151,8 @@ def _balanced_wait(lengths: list[int], batch: int, accumulation: int, n: int, wo
             means.append(statistics.fmean(costs))
             every += costs
         rank_spreads += [statistics.pstdev(c) / statistics.fmean(c) for c in zip(*steps)]
+    if not means:
+        raise ValueError(f"{len(lengths)} examples make no step of {batch} x {accumulation} x {n}")
     return (statistics.fmean(waits), statistics.fmean(means), statistics.pstdev(every) / statistics.fmean(every),
             statistics.fmean(rank_spreads))
 

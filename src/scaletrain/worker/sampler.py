@@ -1,21 +1,15 @@
 """A distributed sampler that can start mid-epoch, so a resumed run sees the same sample order.
 
 With the examples' lengths it also balances ranks: a rank with longer sequences makes every other rank wait at
-the gradient sync. The seeded epoch order is cut into windows of ``BALANCE_WINDOW`` optimizer steps; inside a
-window the examples are sorted by length and cut into steps of one global batch (the steps then shuffled), so
-a step's examples have similar lengths (less padding); a step's micro-batches go to the ranks longest first,
-each to the rank with the fewest tokens so far. Which examples form a step depends on the global batch only,
-not on the number of ranks: 1 and N workers still train on the same steps (parity), and every rank computes
-the same assignment from the seed alone (resume).
+the gradient sync (data/balance.py deals the seeded epoch order: the same assignment on every rank, 1 and N
+workers training on the same steps).
 """
 
 from __future__ import annotations
 
-import random
-
 import torch
 
-BALANCE_WINDOW = 8  # optimizer steps sorted together
+from scaletrain.data.balance import deal
 
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
@@ -71,26 +65,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return [i for s in range(0, len(mine) - len(mine) % w, w) for _ in range(self.repeat) for i in mine[s:s + w]]
 
     def _balanced(self, order: list[int]) -> list[int]:
-        b, per_step = self.batch_size, self.batch_size * self.accumulation * self.num_replicas
-        rng = random.Random(self.seed * 1_000_003 + self.epoch)
-        steps = []
-        for w in range(0, len(order), per_step * BALANCE_WINDOW):
-            window = sorted(order[w:w + per_step * BALANCE_WINDOW], key=lambda i: self.lengths[i], reverse=True)
-            chunk = [window[s:s + per_step] for s in range(0, len(window), per_step)]
-            rng.shuffle(chunk)
-            steps += chunk
-        mine = []
-        for step in steps:
-            micro = [step[m:m + b] for m in range(0, len(step), b)]
-            micro.sort(key=lambda mb: -sum(self.lengths[i] for i in mb))
-            load, given = [0] * self.num_replicas, [[] for _ in range(self.num_replicas)]
-            for mb in micro:  # longest first to the least loaded rank that has room
-                r = min((r for r in range(self.num_replicas) if len(given[r]) < self.accumulation),
-                        key=lambda r: (load[r], r))
-                given[r].append(mb)
-                load[r] += sum(self.lengths[i] for i in mb)
-            mine += [i for mb in given[self.rank] for i in mb]
-        return mine
+        return deal(order, self.lengths, self.batch_size, self.accumulation, self.num_replicas, self.seed,
+                    self.epoch)[self.rank]
 
     def __iter__(self):
         return iter(self.epoch_order()[self.start:])

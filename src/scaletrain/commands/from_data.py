@@ -59,8 +59,7 @@ def data_waits(cfg, shape, device, dtype, sizes, lengths: list[int]) -> dict[str
     """The slowest-rank wait per step from the data's lengths under the job's sampler and the samplers that could
     replace it (scaling/straggler.py), per world size: {sampler: {n: Wait}}."""
     from scaletrain.config.batch import sequences_per_micro_batch
-    from scaletrain.memory.plan import ASSUMED_MFU
-    from scaletrain.metrics.flops import PEAK_TFLOPS, flops_per_token
+    from scaletrain.metrics.flops import ASSUMED_MFU, PEAK_TFLOPS, flops_per_token
     from scaletrain.scaling.straggler import Work, waits
 
     peak = PEAK_TFLOPS.get(device.key, {}).get(dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from scaletrain.data.formats import REASONING, Columns, to_conversation
+from scaletrain.data.formats import NOT_TRAINED, REASONING, Columns, to_conversation
 from scaletrain.data.template_input import template_variables, with_reasoning
 from scaletrain.data.templates import render_records, supports_tools
 
@@ -120,7 +120,10 @@ def encode_chat(batch: dict[str, list], tokenizer, formatting: str, columns: Col
     examples: dict[int, list[tuple[list[int], list[int], int]]] = {i: [] for i in range(len(chats))}
     for k in keep:
         i, encoding = units[k][0], encodings[k]
-        ids, mask = fit(encoding.ids, assistant_mask(encoding.offsets, rendered[k][1]), max_length,
+        spans, why = trained_spans(units[k][1], rendered[k][1])
+        if why and not skip[i]:
+            skip[i] = why
+        ids, mask = fit(encoding.ids, assistant_mask(encoding.offsets, spans), max_length,
                         keep_last=mask_history or per_turn)
         if mask_history or per_turn:  # the loss on the last assistant turn only
             runs = [r for r in _runs(mask) if r[0]]
@@ -194,6 +197,18 @@ def encode_texts(tokenizer, texts: list[str]):
 class _Encoding:
     def __init__(self, ids, offsets):
         self.ids, self.offsets = ids, offsets
+
+
+def trained_spans(messages: list[dict], spans: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], str]:
+    """The assistant spans the loss is on: every one but those of turns the data leaves out (``NOT_TRAINED``,
+    LLaMA-Factory v1's loss_weight 0), matched to the assistant turns in order; or why they cannot be matched."""
+    replies = [m for m in messages if m.get("role") == "assistant"]
+    if not any(m.get(NOT_TRAINED) for m in replies):
+        return spans, ""
+    if len(spans) != len(replies):
+        return spans, (f"loss_weight 0 on an assistant turn: the template marks {len(spans)} reply span(s) for "
+                       f"{len(replies)} assistant turn(s), so the turn cannot be left out alone")
+    return [s for s, m in zip(spans, replies) if not m.get(NOT_TRAINED)], ""
 
 
 def assistant_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:

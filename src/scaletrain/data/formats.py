@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaletrain.config.schema import DataConfig
+from scaletrain.data.parts import from_parts, is_parts, loss_weight
 
 FORMATTINGS = ("alpaca", "sharegpt", "messages", "text")
 REASONING = "reasoning_content"  # an assistant turn's reasoning as its own field (OpenAI/DeepSeek, Qwen3's templates)
@@ -31,6 +32,7 @@ REASONING = "reasoning_content"  # an assistant turn's reasoning as its own fiel
 # transformers' apply_chat_template and gpt-oss's template thinking, OpenRouter and vLLM's parsers reasoning. Read
 # into REASONING, whichever it is (a think block in the reply is read where the template is applied).
 REASONING_FIELDS = (REASONING, "thinking", "reasoning")
+NOT_TRAINED = "_not_trained"  # an assistant turn the data leaves out of the loss (LLaMA-Factory v1's loss_weight 0)
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,14 @@ def _turns(row: dict, formatting: str, c: Columns) -> tuple[list[dict] | None, s
         kind = side.get(tag)
         if kind is None:
             return None, f"turn {i} has unknown role {tag!r}"
+        if is_parts(content):  # typed parts (LLaMA-Factory v1, OpenAI): text, reasoning, tool calls (data/parts.py)
+            turn, why = from_parts(turn, c.content_tag, i, tag)
+            if why:
+                return None, why
+            content = turn[c.content_tag]
+        weight, why = loss_weight(turn, i, tag)
+        if why:
+            return None, why
         if kind == "assistant" and turn.get("tool_calls"):  # OpenAI-style: the calls in the assistant message
             kind = "call"
         if kind == "system":
@@ -213,6 +223,8 @@ def _turns(row: dict, formatting: str, c: Columns) -> tuple[list[dict] | None, s
                 return None, why
             if reasoning:
                 message[REASONING] = reasoning  # beside the reply, under the name the templates read
+            if weight == 0:
+                message[NOT_TRAINED] = True  # v1's loss_weight 0: in the prompt, out of the loss (encode.py)
         messages.append(message)
         last = kind
     if last not in ("assistant", "call"):

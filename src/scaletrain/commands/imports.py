@@ -38,6 +38,31 @@ def _read(path: str, kind: str):
     return data
 
 
+def _spec_rows(cfg: dict, path: str) -> list:
+    """A v1 job's dataset spec file, read where it can be (from here, else beside the YAML's folder): a dataset
+    whose rows are not read here stops the import (nothing written); one not found yet is said."""
+    from scaletrain.config.importers import CANNOT_RUN, Row
+    from scaletrain.data.spec import is_spec, read_spec
+    from scaletrain.errors import DataError
+
+    spec = (cfg.get("data") or {}).get("train_file")
+    if not spec or not is_spec(spec):
+        return []
+    found = next((p for p in (Path(spec), Path(path).parent / spec, Path(path).parents[2] / spec
+                              if len(Path(path).parents) > 2 else Path(spec)) if p.is_file()), None)
+    if found is None:
+        return [Row("train_dataset", spec, "data.train_file", "not found from here: read when the job trains (run "
+                                                              "it where v1 runs it)")]
+    try:
+        entries = read_spec(str(found), "data.train_file")
+    except DataError as e:
+        if "converter" in str(e):
+            return [Row("train_dataset", spec, "", f"{e}; {CANNOT_RUN}")]
+        return [Row("train_dataset", spec, "data.train_file", f"{e} (said again when the job trains)")]
+    return [Row("train_dataset", spec, "data.train_file", f"{len(entries)} dataset(s): " + ", ".join(
+        f"{e.name} ({e.formatting}{f', {e.size} rows' if e.size else ''})" for e in entries))]
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
     from rich.console import Console
@@ -50,19 +75,27 @@ def run(args: argparse.Namespace) -> int:
     if out is not None and out.exists():
         raise ConfigError(f"-o {out}: the file exists and is never overwritten; choose another name")
     if args.kind == "llamafactory":
+        from scaletrain.config.lf_v1 import from_v1, looks_like_v1
+
         lf = _read(args.path, "LLaMA-Factory YAML")
-        if not looks_like_llamafactory(lf):
+        v1 = looks_like_v1(lf)
+        if not v1 and not looks_like_llamafactory(lf):
             what = ("a scaletrain config already (it has sections: model, data, ...)" if "model" in lf and
                     isinstance(lf.get("model"), dict) else "not a LLaMA-Factory training YAML (it has none of "
-                    "model_name_or_path, stage, dataset, finetuning_type, template, or fewer than two)")
+                    "model_name_or_path, stage, dataset, finetuning_type, template, or fewer than two; nor v1's "
+                    "model, model_class, train_dataset, micro_batch_size, dist_config)")
             raise ConfigError(f"{args.path} is {what}; pass the YAML you give `llamafactory-cli train`")
         ds = ds_path = None
-        if lf.get("deepspeed"):
+        if v1:
+            cfg, rows = from_v1(lf, args.path)
+            rows += _spec_rows(cfg, args.path)
+        elif lf.get("deepspeed"):
             ds_path = Path(str(lf["deepspeed"]))
             if not ds_path.is_absolute() and not ds_path.is_file():
                 ds_path = Path(args.path).parent / ds_path
             ds = _read(str(ds_path), "DeepSpeed JSON")
-        cfg, rows = from_llamafactory(lf, ds, str(ds_path or ""))
+        if not v1:
+            cfg, rows = from_llamafactory(lf, ds, str(ds_path or ""))
     elif args.kind == "trl":
         from scaletrain.config.trl_import import from_trl, looks_like_trl
 

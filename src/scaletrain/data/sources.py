@@ -14,6 +14,7 @@ from pathlib import Path
 from scaletrain.config.schema import DataConfig
 from scaletrain.config.stages import PAIR_STAGES
 from scaletrain.data.formats import FORMATTINGS, Columns
+from scaletrain.data.spec import is_spec, read_spec
 from scaletrain.errors import DataError
 from scaletrain.storage.uri import local_input
 from scaletrain.textfile import guess_encoding, not_utf8
@@ -41,6 +42,10 @@ class Source:
 
 def sources(d: DataConfig, task: str, stage: str = "sft") -> list[Source]:
     """The training sources of the config (dataset_info.json entries, or train_file)."""
+    if d.train_file and is_spec(d.train_file):  # LLaMA-Factory v1's dataset spec file (data/spec.py)
+        spec = read_spec(local_input(d.train_file, "data.train_file"), "data.train_file")
+        return [Source(e.name, e.path, f"data.train_file ({e.name})", e.formatting,
+                       Columns.from_config(d, e.formatting), num_samples=e.size) for e in spec]
     if d.train_file:
         columns = Columns.from_config(d, d.formatting)
         return [Source("train_file", local_input(d.train_file, "data.train_file"), "data.train_file", d.formatting,

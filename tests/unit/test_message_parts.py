@@ -30,7 +30,9 @@ def qwen3(tmp_path_factory):
 def _prepare(tmp_path, rows: list[dict], tok, name: str = "rows", **data):
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = any("chosen" in r or "chosen_messages" in r for r in rows)
     cfg = validate({"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm"},
+                    "train": {"stage": "dpo" if pairs else "sft"},
                     "data": {"train_file": str(path), "formatting": "messages", "eval_ratio": 0.0,
                              "max_length": 8192, "max_bad_ratio": 1.0, **data},
                     "output": {"output_dir": str(tmp_path / f"runs-{name}")}})
@@ -98,8 +100,7 @@ def test_loss_weight_zero_keeps_a_reply_out_of_the_loss(tmp_path, qwen3):
 @pytest.mark.parametrize("part,said", [
     ({"type": "sound", "value": "x"}, "turn 1 (assistant): part 0 has unknown type 'sound'"),
     ({"type": "text"}, "turn 1 (assistant): part 0 ('text') has no value"),
-    ({"type": "image_url", "image_url": {"url": "a.png"}}, "part 0 is 'image_url': media in message parts are not "
-                                                             "read yet"),
+    ({"type": "video_url", "value": "a.mp4"}, "part 0 is 'video_url': videos and audio are not supported"),
     ({"type": "tool_call", "value": "{not json"}, "part 0 (tool_call) is not JSON"),
 ])
 def test_a_part_that_cannot_be_read_names_the_record_the_turn_and_the_type(tmp_path, qwen3, part, said):
@@ -118,3 +119,41 @@ def test_a_weighted_loss_is_one_line_until_it_is_read(tmp_path, qwen3):
     prepared = _prepare(tmp_path, [row, {"messages": row["messages"][:1] + [{"role": "assistant", "content": "x"}]}],
                         tok)
     assert any("loss_weight 0.5: 0 (not trained) and 1 (trained) are read" in n for n in prepared.notes)
+
+
+def test_v1_preference_rows_train_as_the_same_pairs_written_the_old_way(tmp_path, qwen3):
+    """LLaMA-Factory's v1_dpo_demo rows (chosen_messages / rejected_messages, two whole conversations of parts):
+    the same tokens and labels as the pair written as prompt turns with chosen and rejected replies."""
+    tok, _ = qwen3
+    rows = [json.loads(line) for line in (V1 / "v1_dpo_demo.jsonl").read_text().splitlines()]
+
+    def text(m):
+        return "".join(p["value"] for p in m["content"] if p["type"] == "text")
+
+    old = [{"messages": [{"role": m["role"], "content": text(m)} for m in r["chosen_messages"][:-1]],
+            "chosen": text(r["chosen_messages"][-1]), "rejected": text(r["rejected_messages"][-1])} for r in rows]
+    v1 = _prepare(tmp_path, rows, tok, "v1", max_length=4096)
+    ours = _prepare(tmp_path, old, tok, "old", max_length=4096)
+    assert len(v1.train) == len(rows)
+    for col in ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"):
+        assert v1.train[col] == ours.train[col], col
+    bad = dict(rows[0], rejected_messages=[*rows[0]["rejected_messages"][:1], rows[1]["chosen_messages"][1],
+                                           rows[0]["rejected_messages"][-1]])
+    notes = _prepare(tmp_path, [bad, *rows], tok, "bad", max_length=4096).notes
+    assert any("line 1" in n and "differ before their last reply" in n for n in notes), notes
+
+
+def test_preview_shows_a_parts_made_row_as_it_trains(tmp_path):
+    from tests.cli import run_cli
+
+    row = {"messages": [{"role": "user", "content": [{"type": "text", "value": "2+2?"}]},
+                        {"role": "assistant", "content": [{"type": "reasoning", "value": "add them"},
+                                                          {"type": "text", "value": "4."}]}]}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "c.yaml").write_text(
+        "model: {name_or_path: 'builtin:tiny-llama', task: causal-lm}\n"
+        f"data: {{train_file: {tmp_path / 'rows.jsonl'}, formatting: messages, template: qwen3, eval_ratio: 0}}\n"
+        f"output: {{output_dir: {tmp_path / 'runs'}}}\n")
+    out = run_cli("preview", tmp_path / "c.yaml")
+    assert out.returncode == 0, out.stderr[-800:]
+    assert "[[add them\n</think>\n\n4.<|im_end|>]]" in out.stdout, out.stdout

@@ -430,3 +430,46 @@ def test_a_resumed_text_runs_resolved_config_with_every_default_is_not_an_image_
     with pytest.raises(ScaletrainError) as e:  # it gets as far as the data: the file is missing
         preflight(cfg)
     assert "image" not in str(e.value) and "none.json" in str(e.value)
+
+
+def test_image_parts_of_v1_messages_train_as_llamafactorys_rows_and_a_text_model_refuses_them(tmp_path):
+    """#76: LLaMA-Factory v1's image parts ({"type": "image_url", "value": PATH}, and OpenAI's {"image_url":
+    {"url"}}) train as the same rows written with <image> placeholders and an images column; on a text model the
+    file is one line."""
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=4)
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    v1 = []
+    for k, row in enumerate(rows):
+        images = iter(str(demo / name) for name in row["images"])
+        messages = []
+        for m in row["messages"]:
+            pieces, parts = m["content"].split("<image>"), []
+            for j, piece in enumerate(pieces):
+                if j:
+                    src = next(images)
+                    parts.append({"type": "image_url", "value": src} if k % 2 else
+                                 {"type": "image_url", "image_url": {"url": src}})
+                if piece:
+                    parts.append({"type": "text", "value": piece})
+            messages.append({"role": m["role"], "content": parts})
+        v1.append({"messages": messages})
+    (tmp_path / "v1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in v1))
+
+    def prepared(model, out):
+        cfg = validate({"model": {"name_or_path": str(model), "task": "causal-lm"},
+                        "data": {"train_file": str(tmp_path / "v1.jsonl"), "formatting": "messages",
+                                 "eval_ratio": 0, "max_length": 256},
+                        "output": {"output_dir": str(tmp_path / out)}})
+        return prepare_data(cfg, load_tokenizer(str(model)), image_text_factory(str(model), load_tokenizer(
+            str(model))))
+
+    ours, theirs = prepared(path, "v1runs").train, _prepare(path, tok, demo, tmp_path).train
+    assert sorted(ours["input_ids"]) == sorted(theirs["input_ids"])
+    by_ids = {tuple(r["input_ids"]): r for r in theirs}
+    for r in ours:  # every column: labels, the images' references or pixels, their grids
+        same = by_ids[tuple(r["input_ids"])]
+        assert set(r) == set(same) and all(r[k] == same[k] for k in r if k != "images"), sorted(r)
+    with pytest.raises(DataError, match="its rows have an 'images' column, and model.name_or_path is a text model"):
+        prepared("builtin:tiny-llama", "text")

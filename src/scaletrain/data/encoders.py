@@ -11,7 +11,7 @@ from scaletrain.config.stages import PAIR_STAGES, RL_STAGES
 from scaletrain.data import encode
 from scaletrain.data.images import media_base
 from scaletrain.data.labels import Labels
-from scaletrain.data.pairs import encode_kto, encode_pairs
+from scaletrain.data.pairs import V1_SIDES, encode_kto, encode_pairs
 from scaletrain.data.sources import Source, require_columns
 from scaletrain.errors import DataError
 
@@ -88,6 +88,8 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
                             f"give a preference dataset (alpaca, sharegpt or messages with chosen/rejected)")
         required = {k: v for k, v in required.items() if k != "output_column"}
         required.update({"chosen_column": c.chosen, "rejected_column": c.rejected})
+        if src.formatting == "messages" and set(V1_SIDES) <= set(ds.column_names):  # v1's: two whole conversations
+            required = dict(zip(("chosen_column", "rejected_column"), V1_SIDES))
     elif {c.chosen, c.rejected} <= set(ds.column_names) and c.response not in ds.column_names:
         raise DataError(f"{src.key}={src.path}: the records are preference pairs ('{c.chosen}'/'{c.rejected}' "
                         f"columns); set train.stage=dpo to train on them (or give SFT data)")

@@ -38,8 +38,13 @@ def _reply(value, c: Columns, formatting: str) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
+V1_SIDES = ("chosen_messages", "rejected_messages")  # LLaMA-Factory v1's pairs: two whole conversations
+
+
 def to_pair(row: dict[str, Any], formatting: str, c: Columns) -> tuple[tuple[Chat, Chat] | None, str]:
     """The chosen and the rejected conversation of a record (the same prompt), or why it is skipped."""
+    if formatting == "messages" and all(k in row for k in V1_SIDES):
+        return _v1_pair(row, c)
     chosen, rejected = _reply(row.get(c.chosen), c, formatting), _reply(row.get(c.rejected), c, formatting)
     if chosen is None or rejected is None:
         return None, f"empty or missing '{c.chosen if chosen is None else c.rejected}'"
@@ -58,6 +63,24 @@ def to_pair(row: dict[str, Any], formatting: str, c: Columns) -> tuple[tuple[Cha
             return None, why
         sides.append(chat)
     return (sides[0], sides[1]), ""
+
+
+def _v1_pair(row: dict[str, Any], c: Columns) -> tuple[tuple[Chat, Chat] | None, str]:
+    """LLaMA-Factory v1's ``chosen_messages`` / ``rejected_messages`` (messages of typed parts, data/parts.py): two
+    conversations that share every turn but the last reply."""
+    rest = {k: v for k, v in row.items() if k not in V1_SIDES}
+    sides = []
+    for key in V1_SIDES:
+        chat, why = to_conversation({**rest, c.messages: row[key]}, "messages", c)
+        if chat is None:
+            return None, f"'{key}': {why}"
+        sides.append(chat)
+    chosen, rejected = sides
+    if chosen.messages[:-1] != rejected.messages[:-1]:
+        return None, "chosen_messages and rejected_messages differ before their last reply; a pair shares its prompt"
+    if chosen.messages[-1] == rejected.messages[-1]:
+        return None, "chosen and rejected are the same reply"
+    return (chosen, rejected), ""
 
 
 def encode_pairs(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,

@@ -30,6 +30,7 @@ from scaletrain.data.encoders import encoder_for
 from scaletrain.data.images import sources_digest
 from scaletrain.data.labels import Labels, resolve_labels
 from scaletrain.data.lengths import example_lengths, list_lengths
+from scaletrain.data.parts import has_image_parts, images_from_parts
 from scaletrain.data.sources import (
     Loaded,
     Source,
@@ -239,6 +240,11 @@ def _loaded(src: Source, cfg: Config, hf_cache: str) -> Loaded:
     cap = min(n for n in (d.max_samples, src.num_samples, len(raw.ds)) if n)
     if cap < len(raw.ds):
         raw.ds = raw.ds.select(range(cap))
+    c = src.columns
+    if src.formatting == "messages" and c.messages in raw.ds.column_names and has_image_parts(
+            raw.ds.select(range(min(len(raw.ds), 1000))), c.messages, c.content_tag):  # image parts: LF's rows
+        raw.ds = raw.ds.map(images_from_parts, fn_kwargs={"messages": c.messages, "content": c.content_tag,
+                                                          "images": c.images}, desc=None)
     return raw
 
 

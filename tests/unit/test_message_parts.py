@@ -157,3 +157,29 @@ def test_preview_shows_a_parts_made_row_as_it_trains(tmp_path):
     out = run_cli("preview", tmp_path / "c.yaml")
     assert out.returncode == 0, out.stderr[-800:]
     assert "[[add them\n</think>\n\n4.<|im_end|>]]" in out.stdout, out.stdout
+
+
+@pytest.mark.loop
+@pytest.mark.slow  # two tiny runs: make test, not make test-fast
+def test_v1_sft_and_dpo_rows_train_on_a_tiny_model_from_a_spec_file(tmp_path):
+    """LLaMA-Factory's v1_sft_demo and v1_dpo_demo rows, named by a v1 dataset spec file (as train and as eval
+    data), train two steps each on a tiny Llama in this process."""
+    import shutil
+
+    from scaletrain.launch.local import run_in_process
+    from scaletrain.metrics.records import read_jsonl
+    from tests.conftest import local_spec
+
+    for name in ("v1_sft_demo", "v1_dpo_demo"):
+        shutil.copy(V1 / f"{name}.jsonl", tmp_path / f"{name}.jsonl")
+        (tmp_path / f"{name}.spec.yaml").write_text(f"{name}:\n  path: {name}.jsonl\n  source: local\n")
+    for name, stage in (("v1_sft_demo", "sft"), ("v1_dpo_demo", "dpo")):
+        cfg = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "finetuning_type": "lora"},
+               "data": {"train_file": str(tmp_path / f"{name}.spec.yaml"), "eval_file": str(
+                   tmp_path / f"{name}.spec.yaml"), "template": "qwen3", "max_length": 512, "max_truncated_ratio": 1.0},
+               "train": {"stage": stage, "per_device_train_batch_size": 2, "max_steps": 2, "logging_steps": 1}}
+        _, _, spec = local_spec(cfg, tmp_path / name)
+        run_in_process(spec)
+        records = read_jsonl(tmp_path / name / "metrics.jsonl")
+        assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2]
+        assert any(r["kind"] == "eval" for r in records)

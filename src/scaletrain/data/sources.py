@@ -56,6 +56,10 @@ def sources(d: DataConfig, task: str, stage: str = "sft") -> list[Source]:
 def eval_sources(d: DataConfig, stage: str = "sft") -> list[Source]:
     """The evaluation sources the config names (eval_file, or LLaMA-Factory's eval_dataset entries); none: the
     evaluation set is held out of the training data (data.eval_ratio)."""
+    if d.eval_file and is_spec(d.eval_file):  # LLaMA-Factory v1's dataset spec file (data/spec.py)
+        spec = read_spec(local_input(d.eval_file, "data.eval_file"), "data.eval_file")
+        return [Source(e.name, e.path, f"data.eval_file ({e.name})", e.formatting,
+                       Columns.from_config(d, e.formatting), num_samples=e.size) for e in spec]
     if d.eval_file:
         return [Source("eval_file", local_input(d.eval_file, "data.eval_file"), "data.eval_file", d.formatting,
                        Columns.from_config(d, d.formatting), d.format)]

@@ -196,3 +196,23 @@ def test_plan_times_an_nvidia_job_with_its_profile_and_names_the_missing_ones(tm
     assert h100[16]["nodes"] == 2 and h100[16]["exposed_comm_s"] > 0
     assert all(r["note"].startswith("compute only: no network profile for MI250X") and "commbench" in r["note"]
                for r in timing["mi250x"])
+
+
+def test_scale_measures_both_the_exposed_communication_and_the_wait_for_the_slowest_rank(tmp_path):
+    """#75: a 2-worker run's records: the breakdown's exposed communication, the slowest rank's lead at the
+    gradient sync (ranks/ready_s) over the step, and their sum, the step's share in communication and waiting."""
+    from scaletrain.scaling.sweep import COLUMNS, measure
+
+    run = tmp_path / "two"
+    run.mkdir()
+    train = [{"kind": "train", "step": s, "time/step_s": 1.0, "ranks/ready_s": [0.5, 0.7],
+              "throughput/samples_per_s": 8.0, "throughput/tokens_per_s": 800.0, "ranks/rss_gib": [1.0, 1.0]}
+             for s in range(1, 6)]
+    breakdown = [{"kind": "breakdown", "step": s, "share/exposed_comm": 0.2, "share/data_wait": 0.01}
+                 for s in (3, 5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train + breakdown))
+    (run / "summary.json").write_text(json.dumps({"eval_time_s": 0.0}))
+    row = measure(run, warmup=1, world=2)
+    assert row["wait_share"] == pytest.approx(0.1) and row["exposed_comm_share"] == pytest.approx(0.2)
+    assert row["comm_wait_share"] == pytest.approx(0.3)
+    assert COLUMNS.index("exposed_comm_share") < COLUMNS.index("comm_wait_share")

@@ -18,8 +18,8 @@ from scaletrain.metrics.records import read_jsonl
 from scaletrain.rundir import RunDir
 
 COLUMNS = ["workers", "samples_per_s", "tokens_per_s", "speedup", "efficiency", "step_time_s", "train_time_s",
-           "eval_time_s", "peak_memory_gib", "memory_pct", "exposed_comm_share", "data_wait_share", "padding_pct",
-           "tokens_per_rank_spread", "mfu", "note"]
+           "eval_time_s", "peak_memory_gib", "memory_pct", "exposed_comm_share", "wait_share", "comm_wait_share",
+           "data_wait_share", "padding_pct", "tokens_per_rank_spread", "mfu", "note"]
 
 
 def check_sweep(cfg: Config, sizes: list[int], warmup: int, measured: int, fixed_global_batch: bool,
@@ -76,6 +76,11 @@ def measure(run_dir: Path, warmup: int, world: int) -> dict:
     if peak is None:  # CPU workers: the largest resident set of any rank
         peak = max((r["memory/rss_gib"] for r in system), default=max(max(r["ranks/rss_gib"]) for r in train))
     mfus = [r["perf/mfu"] for r in train if "perf/mfu" in r]
+    exposed = statistics.mean(r["share/exposed_comm"] for r in breakdown) if breakdown else None
+    # waiting for the slowest rank: its lead over the mean rank at the gradient sync, over the step (ranks/ready_s)
+    waits = [(max(r["ranks/ready_s"]) - statistics.fmean(r["ranks/ready_s"])) / r["time/step_s"] for r in train
+             if len(r.get("ranks/ready_s") or []) > 1 and r["time/step_s"] > 0]
+    wait = statistics.median(waits) if waits else (0.0 if world == 1 else None)
     return {
         "workers": world,
         "samples_per_s": statistics.median(r["throughput/samples_per_s"] for r in train),
@@ -85,7 +90,10 @@ def measure(run_dir: Path, warmup: int, world: int) -> dict:
         "eval_time_s": summary["eval_time_s"],
         "peak_memory_gib": peak,
         "memory_pct": peak / total * 100 if total else None,
-        "exposed_comm_share": statistics.mean(r["share/exposed_comm"] for r in breakdown) if breakdown else None,
+        "exposed_comm_share": exposed,
+        "wait_share": wait,
+        # the other reading of a "communication share" (the bus bandwidth over the links' peak is commbench's)
+        "comm_wait_share": exposed + wait if exposed is not None and wait is not None else None,
         "data_wait_share": (statistics.mean(r["share/data_wait"] for r in breakdown) if breakdown
                             else statistics.median(r["time/data_wait_s"] / r["time/step_s"] for r in train)),
         "padding_pct": _median(train, "data/padding_pct"),
@@ -132,7 +140,10 @@ def write_outputs(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in rows]
     lines += ["", "speedup: samples/s relative to the smallest world size measured (x its workers); efficiency = "
               "speedup / workers. Shares come from sampled breakdown steps (exposed_comm = forward+backward with "
-              "gradient sync minus the same without it). n/a: not measured or unknown (MFU needs a known GPU).",
+              "gradient sync minus the same without it); wait: the slowest rank's lead over the mean rank at the gradient "
+              "sync (ranks/ready_s); comm_wait = exposed_comm + wait, the step's share in communication and waiting "
+              "(the bus bandwidth reached over the links' peak is commbench's). n/a: not measured or unknown (MFU "
+              "needs a known GPU).",
               "", "![speedup](scaling.png)"]
     (out_dir / "scaling.md").write_text("\n".join(lines) + "\n")
     return [out_dir / "scaling.md", out_dir / "scaling.csv", out_dir / "scaling.json", plot_speedup(rows, out_dir)]

@@ -140,10 +140,10 @@ def write_outputs(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in rows]
     lines += ["", "speedup: samples/s relative to the smallest world size measured (x its workers); efficiency = "
               "speedup / workers. Shares come from sampled breakdown steps (exposed_comm = forward+backward with "
-              "gradient sync minus the same without it); wait: the slowest rank's lead over the mean rank at the gradient "
-              "sync (ranks/ready_s); comm_wait = exposed_comm + wait, the step's share in communication and waiting "
-              "(the bus bandwidth reached over the links' peak is commbench's). n/a: not measured or unknown (MFU "
-              "needs a known GPU).",
+              "gradient sync minus the same without it); wait: the slowest rank's lead over the mean rank at the "
+              "gradient sync (ranks/ready_s); comm_wait = exposed_comm + wait, the step's share in communication "
+              "and waiting (the bus bandwidth reached over the links' peak is commbench's). n/a: not measured or "
+              "unknown (MFU needs a known GPU).",
               "", "![speedup](scaling.png)"]
     (out_dir / "scaling.md").write_text("\n".join(lines) + "\n")
     return [out_dir / "scaling.md", out_dir / "scaling.csv", out_dir / "scaling.json", plot_speedup(rows, out_dir)]

@@ -216,12 +216,13 @@ def applied(values: Mapping[str, str]) -> Iterator[None]:
 FORK_MATCHED_PREFIXES = ("LD_", "MALLOC_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "HF_",
                          "TRANSFORMERS_", "ARROW_", "RAY_")
 # KMP_DUPLICATE_LIB_OK only stops Intel's OpenMP runtime from aborting on a second copy of itself (torch here loads
-# GNU's); scikit-learn sets it when imported, so a driver that imported it would never match. RAY_AUTH_MODE is read
-# by Ray, which the server never imports (a child imports it under its own value); a driver's local Ray sets it in
-# the driver's process, so its later torchrun workers would never match.
+# GNU's); scikit-learn sets it when imported, so a driver that imported it would never match; KMP_INIT_AT_FORK
+# (Intel's runtime again) joblib sets when imported (28 plain torchrun workers in a measured make test).
+# RAY_AUTH_MODE is read by Ray, which the server never imports (a child imports it under its own value); a driver's
+# local Ray sets it in the driver's process, so its later torchrun workers would never match.
 FORK_UNMATCHED = frozenset({"PYTHONPATH", "PYTHONBREAKPOINT", OMP_NUM_THREADS, "MKL_NUM_THREADS",
-                            "KMP_DUPLICATE_LIB_OK", RAY_AUTH_MODE, "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE",
-                            "RAY_LD_PRELOAD_ON_WORKERS", "RAY_USAGE_STATS_ENABLED",
+                            "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", RAY_AUTH_MODE, "RAY_JOB_ID", "RAY_RAYLET_PID",
+                            "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS", "RAY_USAGE_STATS_ENABLED",
                             "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"})
 FORK_UNMATCHED_PREFIXES = ("RAY_TRAIN_", "TORCHELASTIC_", "TORCH_NCCL_")
 

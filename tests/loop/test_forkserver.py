@@ -163,6 +163,11 @@ def test_fork_mismatch_names_import_time_variables_only():
     assert forkserver.fork_mismatch({k: v for k, v in worker.items() if k != "RAY_AUTH_MODE"}, base) is None
     assert forkserver.fork_mismatch({**worker, "RAY_ADDRESS": "10.0.0.1:6379"}, base).startswith("RAY_ADDRESS")
     assert forkserver.fork_mismatch({**worker, "LD_PRELOAD": "/lib/x.so"}, base).startswith("LD_PRELOAD")
+    # Intel OpenMP's switches that scikit-learn and joblib set when imported (torch here runs GNU's OpenMP): a
+    # driver that imported them still forks its workers (KMP_INIT_AT_FORK: 28 plain workers in one make test)
+    assert forkserver.fork_mismatch({**worker, "KMP_INIT_AT_FORK": "FALSE", "KMP_DUPLICATE_LIB_OK": "True"},
+                                    base) is None
+    assert forkserver.fork_mismatch({**worker, "KMP_AFFINITY": "compact"}, base).startswith("KMP_AFFINITY")
     # what the server's imports set (torch's inductor cache directory), inherited by a forked driver's workers
     imported = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_u"}
     assert forkserver.fork_mismatch({**worker, **imported}, base, imported) is None

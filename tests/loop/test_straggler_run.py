@@ -37,3 +37,23 @@ def test_the_measured_rank_spread_lies_inside_the_band_the_data_predicts(tmp_pat
     said = " ".join(out.stdout.split())
     assert f"ranks' step spread (std / mean): measured {measured:.3f}" in said and \
         f"its data gives up to {derived:.3f}" in said
+
+
+def test_predict_from_a_run_sizes_the_wait_from_its_data(tmp_path):
+    """#75: `predict --from-run RUN --profile mi300x`: the run's compute and its own data's slowest-rank wait on the
+    profile's device (peak x ASSUMED_MFU, as plan), growing with the device count; said on stderr."""
+    rng = random.Random(4)
+    rows = [{"instruction": "say", "output": " ".join("word" for _ in range(min(250, int(rng.lognormvariate(3.6,
+                                                                                                          1.0)))))}
+            for _ in range(128)]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    cfg = {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "finetuning_type": "full"},
+           "data": {"train_file": str(tmp_path / "rows.json"), "max_length": 256, "eval_ratio": 0,
+                    "balance_ranks": False},
+           "train": {"per_device_train_batch_size": 2, "max_steps": 4, "logging_steps": 1}}
+    run = cli_train(cfg, tmp_path, "one")
+    out = run_cli("predict", "--from-run", run, "--profile", "mi300x", "--gpus", "1,2,8", "--json")
+    assert out.returncode == 0, out.stderr
+    waits = {r["workers"]: r["straggler_s"] for r in json.loads(out.stdout)}
+    assert waits[1] == 0 < waits[2] < waits[8], out.stderr
+    assert "waiting for the slowest rank sized from" in out.stderr and "(128 examples) on MI300X" in out.stderr

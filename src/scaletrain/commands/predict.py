@@ -140,6 +140,8 @@ def inputs_from_args(args, measured: dict | None = None):
     extra = {} if args.contention is None else {"contention": args.contention}
     if args.straggler_from:
         args.straggler_cv = measured_spread(args.straggler_from)
+    elif args.from_run and args.profile and not args.straggler_cv:  # the wait sized from the run's own data
+        extra["straggler_waits"] = run_waits(args, args.from_run, args.profile)
     return Inputs(compute_s=compute, grad_bytes=grad_bytes, intra=intra, inter=inter,
                   gpus_per_node=args.gpus_per_node or per_node, bucket_bytes=args.bucket_mb * 1024**2,
                   overlap=args.overlap, strategy=args.strategy, param_bytes=args.param_bytes,
@@ -147,6 +149,43 @@ def inputs_from_args(args, measured: dict | None = None):
                   n_layers=args.layers, reshard_after_forward=args.reshard_after_forward,
                   sync_each_micro_batch=args.sync_each_micro_batch, straggler_cv=args.straggler_cv, **extra,
                   **extra_peak)
+
+
+def run_waits(args, run_dir: str, profile: str) -> tuple[tuple[int, float], ...]:
+    """The slowest-rank wait per device count from a run's own data under its sampler, on the profile's device
+    (its peak x ASSUMED_MFU: plan's rate; commands/from_data.py); none where it cannot be sized, said on stderr."""
+    import sys
+    from types import SimpleNamespace
+
+    from scaletrain.commands.from_data import data_waits, job_lengths, sampler_of
+    from scaletrain.commands.scale import parse_workers
+    from scaletrain.config import load_config
+    from scaletrain.errors import ScaletrainError
+    from scaletrain.memory.plan import shape_for
+    from scaletrain.model.tokenizer import plan_vocab
+    from scaletrain.rundir import RunDir
+    from scaletrain.scaling.profiles import BY_DEVICE
+
+    device = next((key for key, name in BY_DEVICE.items() if name == profile), None)
+    try:
+        cfg = load_config(str(RunDir(run_dir).resolved_config), [])
+        shape = shape_for(cfg, plan_vocab(cfg.model.name_or_path))
+    except (ScaletrainError, OSError) as e:
+        why = f"its config cannot be read: {str(e).splitlines()[0]}"
+        cfg = None
+    if cfg is not None:
+        lengths, why = job_lengths(cfg)
+        dtype = "bf16" if cfg.train.bf16 else "fp16" if cfg.train.fp16 else "fp32"
+        waits = data_waits(cfg, shape, SimpleNamespace(key=device), dtype, parse_workers(args.gpus, flag="--gpus"),
+                           lengths) if lengths and device else {}
+        if mine := waits.get(sampler_of(cfg)):
+            print(f"note: waiting for the slowest rank sized from {run_dir}'s data ({why}) on {device}",
+                  file=sys.stderr)
+            return tuple((n, w.wait_s) for n, w in mine.items())
+        why = why if not lengths else f"no peak FLOPs known for --profile {profile}'s device"
+    print(f"note: the wait for the slowest rank is not sized from {run_dir}'s data ({why}); none assumed",
+          file=sys.stderr)
+    return ()
 
 
 def measured_breakdown(run_dir: str) -> dict:

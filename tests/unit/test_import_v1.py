@@ -43,6 +43,7 @@ def lf_repo(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow  # 17 imports through the CLI (~10 CPU-seconds): make test, not make test-fast
 @pytest.mark.parametrize("name", sorted(p.name for p in (V1 / "examples").glob("*.yaml")))
 def test_every_v1_example_imports_or_refuses_in_one_line(name, lf_repo, monkeypatch):
     monkeypatch.chdir(lf_repo)

@@ -432,6 +432,7 @@ def test_a_resumed_text_runs_resolved_config_with_every_default_is_not_an_image_
     assert "image" not in str(e.value) and "none.json" in str(e.value)
 
 
+@pytest.mark.slow  # three data steps of a tiny VLM: make test, not make test-fast
 def test_image_parts_of_v1_messages_train_as_llamafactorys_rows_and_a_text_model_refuses_them(tmp_path):
     """#76: LLaMA-Factory v1's image parts ({"type": "image_url", "value": PATH}, and OpenAI's {"image_url":
     {"url"}}) train as the same rows written with <image> placeholders and an images column; on a text model the

@@ -20,7 +20,6 @@ REFUSED = {  # the files whose job cannot run here, and the key the one line nam
     "train_freeze_sft.yaml": "peft_config=freeze: freeze fine-tuning (the last 2 layers) is not in scaletrain",
     "train_full_muon.yaml": "optim_config=muon: the muon optimizer is not in scaletrain",
     "export_lora.yaml": "peft_config=lora: an export file",
-    "train_lora_dpo.yaml": "dataset dpo_zh_demo: converter pair",
 }
 
 
@@ -65,6 +64,8 @@ def test_every_v1_example_imports_or_refuses_in_one_line(name, lf_repo, monkeypa
         assert (cfg.model.finetuning_type, cfg.model.lora_rank, cfg.model.lora_target) == ("lora", 16, "all-linear")
     if raw.get("quant_config"):
         assert cfg.model.quantization_bit == 4
+    if name == "train_lora_dpo.yaml":  # its spec's pair converter: preference tuning (its hub path said on training)
+        assert cfg.train.stage == "dpo"
     if name == "train_full_ulysses_cp.yaml":
         assert (cfg.scaling.context_parallel, cfg.scaling.context_parallel_method, cfg.train.bf16) == (2, "ulysses",
                                                                                                     False)

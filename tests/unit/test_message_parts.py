@@ -137,6 +137,12 @@ def test_v1_preference_rows_train_as_the_same_pairs_written_the_old_way(tmp_path
     assert len(v1.train) == len(rows)
     for col in ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"):
         assert v1.train[col] == ours.train[col], col
+    # v1's pair converter: orca_dpo_pairs' rows, chosen and rejected as two whole conversations of plain messages
+    pair = [{"chosen": [{"role": m["role"], "content": text(m)} for m in r["chosen_messages"]],
+             "rejected": [{"role": m["role"], "content": text(m)} for m in r["rejected_messages"]]} for r in rows]
+    converted = _prepare(tmp_path, pair, tok, "pair", max_length=4096)
+    for col in ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"):
+        assert converted.train[col] == ours.train[col], col
     bad = dict(rows[0], rejected_messages=[*rows[0]["rejected_messages"][:1], rows[1]["chosen_messages"][1],
                                            rows[0]["rejected_messages"][-1]])
     notes = _prepare(tmp_path, [bad, *rows], tok, "bad", max_length=4096).notes

@@ -53,13 +53,22 @@ def _spec_rows(cfg: dict, path: str) -> list:
     if found is None:
         return [Row("train_dataset", spec, "data.train_file", "not found from here: read when the job trains (run "
                                                               "it where v1 runs it)")]
+    import yaml
+
+    raw = yaml.safe_load(found.read_text(encoding="utf-8"))
+    pairs = [name for name, e in (raw or {}).items() if isinstance(e, dict) and e.get("converter") == "pair"]
+    said = []
+    if pairs:  # v1 trains DPO on what its pair converter gives; here the stage is named
+        cfg.setdefault("train", {})["stage"] = "dpo"
+        said.append(Row("train_dataset", spec, "train.stage", f"dpo: {', '.join(pairs)} converted by v1's pair "
+                                                               f"converter (chosen / rejected conversations)"))
     try:
         entries = read_spec(str(found), "data.train_file")
     except DataError as e:
         if "converter" in str(e):
             return [Row("train_dataset", spec, "", f"{e}; {CANNOT_RUN}")]
-        return [Row("train_dataset", spec, "data.train_file", f"{e} (said again when the job trains)")]
-    return [Row("train_dataset", spec, "data.train_file", f"{len(entries)} dataset(s): " + ", ".join(
+        return said + [Row("train_dataset", spec, "data.train_file", f"{e} (said again when the job trains)")]
+    return said + [Row("train_dataset", spec, "data.train_file", f"{len(entries)} dataset(s): " + ", ".join(
         f"{e.name} ({e.formatting}{f', {e.size} rows' if e.size else ''})" for e in entries))]
 
 

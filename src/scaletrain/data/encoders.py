@@ -90,6 +90,8 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
         required.update({"chosen_column": c.chosen, "rejected_column": c.rejected})
         if src.formatting == "messages" and set(V1_SIDES) <= set(ds.column_names):  # v1's: two whole conversations
             required = dict(zip(("chosen_column", "rejected_column"), V1_SIDES))
+        elif src.formatting == "messages" and c.messages not in ds.column_names:  # orca_dpo_pairs: whole sides
+            required.pop("messages_column", None)
     elif {c.chosen, c.rejected} <= set(ds.column_names) and c.response not in ds.column_names:
         raise DataError(f"{src.key}={src.path}: the records are preference pairs ('{c.chosen}'/'{c.rejected}' "
                         f"columns); set train.stage=dpo to train on them (or give SFT data)")

@@ -45,6 +45,9 @@ def to_pair(row: dict[str, Any], formatting: str, c: Columns) -> tuple[tuple[Cha
     """The chosen and the rejected conversation of a record (the same prompt), or why it is skipped."""
     if formatting == "messages" and all(k in row for k in V1_SIDES):
         return _v1_pair(row, c)
+    if formatting == "messages" and all(_whole(row.get(k)) for k in (c.chosen, c.rejected)):  # v1's pair converter
+        return _v1_pair({**{k: v for k, v in row.items() if k not in (c.chosen, c.rejected)},
+                         V1_SIDES[0]: row[c.chosen], V1_SIDES[1]: row[c.rejected]}, c)
     chosen, rejected = _reply(row.get(c.chosen), c, formatting), _reply(row.get(c.rejected), c, formatting)
     if chosen is None or rejected is None:
         return None, f"empty or missing '{c.chosen if chosen is None else c.rejected}'"
@@ -63,6 +66,11 @@ def to_pair(row: dict[str, Any], formatting: str, c: Columns) -> tuple[tuple[Cha
             return None, why
         sides.append(chat)
     return (sides[0], sides[1]), ""
+
+
+def _whole(side) -> bool:
+    """A side that is a whole conversation (orca_dpo_pairs' rows, LLaMA-Factory v1's pair converter), not a reply."""
+    return isinstance(side, list) and len(side) > 1 and all(isinstance(m, dict) and "role" in m for m in side)
 
 
 def _v1_pair(row: dict[str, Any], c: Columns) -> tuple[tuple[Chat, Chat] | None, str]:

@@ -14,9 +14,10 @@ from pathlib import Path
 from scaletrain.errors import DataError
 
 SUFFIXES = (".yaml", ".yml")
-# v1's converter -> the record format here; none: v1's own rows (messages of typed parts, data/parts.py)
-CONVERTERS = {"alpaca": "alpaca", "sharegpt": "sharegpt", None: "messages"}
-NOT_READ = {"pair": "preference pairs in the orca_dpo_pairs form (system/question/chosen/rejected)"}
+# v1's converter -> the record format here; none: v1's own rows (messages of typed parts, data/parts.py); pair:
+# orca_dpo_pairs' rows, ``chosen`` and ``rejected`` two whole conversations (data/pairs.py reads them as v1's pairs)
+CONVERTERS = {"alpaca": "alpaca", "sharegpt": "sharegpt", "pair": "messages", None: "messages"}
+NOT_READ: dict[str, str] = {}
 LOCAL = ("local", None)
 
 
@@ -56,8 +57,8 @@ def read_spec(path: str, key: str) -> list[Entry]:
             raise DataError(f"{where}: converter {converter} ({NOT_READ[converter]}) is not read yet; write the "
                             f"rows as chosen/rejected pairs and train with train.stage=dpo")
         if converter not in CONVERTERS:
-            raise DataError(f"{where}: converter {converter!r} is not one LLaMA-Factory v1 has here (alpaca, "
-                            f"sharegpt, or none for its own rows)")
+            raise DataError(f"{where}: converter {converter!r} is not one LLaMA-Factory v1 has (alpaca, sharegpt, "
+                            f"pair, or none for its own rows)")
         file = Path(str(entry["path"])).expanduser()
         found = next((f for f in (file, p.parent / file) if f.is_file()), None) if not file.is_absolute() else (
             file if file.is_file() else None)

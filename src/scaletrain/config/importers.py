@@ -189,11 +189,7 @@ def from_llamafactory(lf: dict, deepspeed: dict | None = None, deepspeed_path: s
         elif key in SPECIAL:
             SPECIAL[key](key, value, lf, put, rows)
         elif key == "output_dir":
-            out = Path(str(value))
-            cfg.setdefault("output", {}).update(output_dir=str(out.parent) if str(out.parent) != "." else ".",
-                                                run_name=out.name)
-            rows.append(Row(key, value, "output.output_dir + output.run_name",
-                            "scaletrain's output_dir holds run directories; the run is <output_dir>/<run_name>"))
+            output_dir(key, value, cfg, rows)
         elif key == "deepspeed":
             rows.append(Row(key, value, "(below)", f"DeepSpeed config {value}: its rows follow"))
         elif key in VIDEO_KEYS:
@@ -210,6 +206,15 @@ def from_llamafactory(lf: dict, deepspeed: dict | None = None, deepspeed_path: s
         cfg.setdefault("train", {}).update(ds_train)
         rows += ds_rows
     return cfg, rows
+
+
+def output_dir(key: str, value, cfg: dict, rows: list[Row]) -> None:
+    """LLaMA-Factory's output_dir (the run's own folder) as scaletrain's output_dir (its parent) and run_name."""
+    out = Path(str(value))
+    cfg.setdefault("output", {}).update(output_dir=str(out.parent) if str(out.parent) != "." else ".",
+                                        run_name=out.name)
+    rows.append(Row(key, value, "output.output_dir + output.run_name",
+                    "scaletrain's output_dir holds run directories; the run is <output_dir>/<run_name>"))
 
 
 def _defaults(lf: dict, cfg: dict, rows: list[Row]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scaletrain.config.importers import CANNOT_RUN, NOT_MAPPED, Row, from_deepspeed
+from scaletrain.config.importers import CANNOT_RUN, NOT_MAPPED, Row, from_deepspeed, output_dir
 
 MARKERS = ("model_class", "train_dataset", "micro_batch_size", "dist_config", "peft_config", "cutoff_len",
            "sample_backend", "batching_strategy")
@@ -86,11 +86,7 @@ def from_v1(lf: dict, path: str = "") -> tuple[dict, list[Row]]:
         elif key in ("cp_mode", "cp_size"):
             _context_parallel(key, value, lf, put, rows)
         elif key == "output_dir":
-            out = Path(str(value))
-            cfg.setdefault("output", {}).update(output_dir=str(out.parent) if str(out.parent) != "." else ".",
-                                                run_name=out.name)
-            rows.append(Row(key, value, "output.output_dir + output.run_name",
-                            "scaletrain's output_dir holds run directories; the run is <output_dir>/<run_name>"))
+            output_dir(key, value, cfg, rows)
         elif key in SAID:
             rows.append(Row(key, value, "", SAID[key]))
         else:

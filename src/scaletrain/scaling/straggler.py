@@ -182,10 +182,10 @@ def waits(lengths: list[int], work: Work, sizes: list[int], batch: int, accumula
         if not width:
             raise ValueError("packed: give the packs' width (data.max_length)")
         costs = _packed_costs(lengths, batch, accumulation, width, work, per_step, seed)
-        steps = _packed_costs(lengths, batch, accumulation, width, work, True, seed)
+        steps = costs if per_step else _packed_costs(lengths, batch, accumulation, width, work, True, seed)
     else:
         costs = _random_costs(lengths, batch, accumulation, work, per_step, seed)
-        steps = _random_costs(lengths, batch, accumulation, work, True, seed)
+        steps = costs if per_step else _random_costs(lengths, batch, accumulation, work, True, seed)
     if not costs:
         raise ValueError(f"{len(lengths)} examples make no micro-batch of {batch}")
     mean = statistics.fmean(costs)

@@ -121,6 +121,18 @@ def save_tiny(kind: str, out: Path) -> Path:
     return out
 
 
+def collator(path: Path, tok, stand_in=None, max_pixels: int = 768 * 768, min_pixels: int = 32 * 32):
+    """The collator a run of the model in ``path`` builds: its images read and processed per batch (data/pixels.py)
+    with the data step's bounds (data.image_max_pixels / image_min_pixels, defaults here)."""
+    from transformers import AutoConfig
+
+    from scaletrain.data import Collator
+    from scaletrain.model.processor import loader_pixels
+
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    return Collator(tok.pad_token_id or 0, stand_in, loader_pixels(str(path), config, max_pixels, min_pixels))
+
+
 def image(width: int, height: int, seed: int = 0):
     """A small RGB image of random pixels."""
     import numpy as np

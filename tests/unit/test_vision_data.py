@@ -13,14 +13,14 @@ import torch
 from PIL import Image
 
 from scaletrain.config import validate
-from scaletrain.data import Collator, prepare_data
+from scaletrain.data import prepare_data
 from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.data.images import bounded
 from scaletrain.data.vision import fit_whole, image_runs
 from scaletrain.errors import DataError
 from scaletrain.model.processor import image_text_factory
 from scaletrain.model.tokenizer import load_tokenizer
-from tests.vlm import image, mllm_demo, reference_processor, save_tiny
+from tests.vlm import collator, image, mllm_demo, reference_processor, save_tiny
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "llamafactory"
 
@@ -60,14 +60,14 @@ def test_token_ids_and_image_tokens_equal_the_processors_and_labels_are_the_repl
     demo = mllm_demo(tmp_path / "data", n=6)
     rows = json.loads((demo / "mllm_demo.json").read_text())
     data = _prepare(path, tok, demo, tmp_path)
+    collate = collator(path, tok)
     assert len(data.train) == len(rows)
     for row in rows:
         ref = _reference(kind, tok, row, demo)
         same = [ex for ex in data.train if ex["input_ids"] == list(ref["input_ids"][0])]  # token for token
         if row["images"]:  # Gemma's rows of one question and one image each have the same ids: their pixels differ
-            pixels = torch.as_tensor(np.asarray(ref["pixel_values"])).reshape(-1)
-            same = [ex for ex in same if torch.equal(torch.from_numpy(np.frombuffer(ex["pixel_values"], np.float32)),
-                                                      pixels)]
+            pixels = torch.as_tensor(np.asarray(ref["pixel_values"]))  # the loaders' pixels: the processor's
+            same = [ex for ex in same if torch.equal(collate([ex])["pixel_values"], pixels)]
         assert len(same) >= 1
         ex = same[0]
         image_id = tok.convert_tokens_to_ids("<image_soft_token>" if kind == "gemma3" else "<|image_pad|>")
@@ -82,13 +82,13 @@ def test_the_collator_concatenates_the_rows_images_and_masks_image_tokens(model,
     kind, path, tok = model
     data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=6), tmp_path)
     rows = [data.train[i] for i in range(len(data.train))]
-    batch = Collator(tok.pad_token_id or 0)(rows)
+    batch = collator(path, tok)(rows)
     n_images = sum(len(r["image_tokens"]) for r in rows)
     assert batch["pixel_values"].shape[0] == (n_images if kind == "gemma3" else sum(
         int(torch.tensor(r["image_grid_thw"]).view(-1, 3).prod(-1).sum()) for r in rows))
     types = batch["token_type_ids" if kind == "gemma3" else "mm_token_type_ids"]
     assert int(types.sum()) == sum(sum(r["image_tokens"]) for r in rows)
-    text_only = Collator(0)([r for r in rows if not r["image_tokens"]])
+    text_only = collator(path, tok)([r for r in rows if not r["image_tokens"]])
     assert "pixel_values" not in text_only
 
 
@@ -235,8 +235,8 @@ def test_a_batch_without_an_image_runs_the_tower_on_a_stand_in_that_changes_noth
     data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=8), tmp_path)
     rows = [ex for ex in data.train if not ex["image_tokens"]]
     net = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
-    plain = Collator(tok.pad_token_id or 0)(rows)
-    stood = Collator(tok.pad_token_id or 0, stand_in_image(net.config))(rows)
+    plain = collator(path, tok)(rows)
+    stood = collator(path, tok, stand_in_image(net.config))(rows)
     assert "pixel_values" not in plain and "pixel_values" in stood
     tower = net.model.visual if kind != "gemma3" else net.model.vision_tower
     calls = []
@@ -285,7 +285,7 @@ def test_llamafactorys_qwen3vl_example_reads_its_mix_of_image_and_text_sets(tmp_
     data = prepare_data(validate(cfg), tok, image_text_factory(str(path), tok))
     assert len(data.train) == 8 + 4 + 4
     with_images = [ex for ex in data.train if ex["image_tokens"]]
-    assert len(with_images) == 6 and all(ex["pixel_shape"] for ex in with_images)  # rows 3, 7 of mllm_demo: none
+    assert len(with_images) == 6 and all(ex["image_refs"] for ex in with_images)  # rows 3, 7 of mllm_demo: none
 
 
 QWEN_KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -313,9 +313,9 @@ def test_packed_image_rows_give_the_unpacked_loss(tmp_path, kind, attention):
     twin = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32).eval()
     if attention == "by-example":
         assert by_example.isolate_examples(twin) == by_example.NAME
-    padded = Collator(tok.pad_token_id or 0)(examples)
+    padded = collator(path, tok)(examples)
     rows = pack(datasets.Dataset.from_list(examples), 256, seed=1, workdir=tmp_path)
-    packed = Collator(tok.pad_token_id or 0)([rows[i] for i in range(len(rows))])
+    packed = collator(path, tok)([rows[i] for i in range(len(rows))])
     assert packed["input_ids"].shape[0] < len(examples) and "attention_mask" not in packed
     assert torch.equal(packed["image_grid_thw"].prod(-1).sort().values, padded["image_grid_thw"].prod(-1).sort().values)
     packed["position_ids"] = packed_positions(rope_owner(twin, twin.config), packed)
@@ -368,7 +368,7 @@ def test_preference_pairs_with_images_encode_each_side_as_sft_does(tmp_path):
         assert ex["chosen_input_ids"] == list(ref["input_ids"][0])
         rejected = tok.decode([t for t in ex["rejected_labels"] if t != IGNORE_INDEX])
         assert rejected.startswith(row["rejected"]["value"])
-    batch = Collator(tok.pad_token_id or 0)([data.train[i] for i in range(2)])
+    batch = collator(path, tok)([data.train[i] for i in range(2)])
     grids = batch["image_grid_thw"]
     assert batch["input_ids"].shape[0] == 4 and torch.equal(grids[:2], grids[2:])
     assert int(batch["mm_token_type_ids"].sum()) == 2 * sum(sum(data.train[i]["image_tokens"]) for i in range(2))
@@ -403,7 +403,7 @@ def test_frozen_parts_get_no_gradient_from_a_batch_with_images(tmp_path):
     tok = load_tokenizer(str(path))
     data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=4), tmp_path)
     model = build_model(ModelConfig(name_or_path=str(path), task="causal-lm", finetuning_type="full"), Vocab.of(tok))
-    batch = Collator(tok.pad_token_id or 0)([data.train[i] for i in range(len(data.train))])
+    batch = collator(path, tok)([data.train[i] for i in range(len(data.train))])
     assert "pixel_values" in batch
     from scaletrain.data import model_inputs
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from scaletrain.data.encode import IGNORE_INDEX
+from scaletrain.data.pixels import TYPE_COLUMNS, Pixels, batch_images
 
 
 def load_split(path: str):
@@ -18,7 +19,7 @@ def load_split(path: str):
 
 # What a batch says about itself besides the model's inputs: real (non-padding) tokens and examples in it, and
 # (preference pairs) the reference model's precomputed log-probabilities.
-STATS = ("num_tokens", "num_examples", "ref_logps", "kto_tag", "extra", "prompt_index")
+STATS = ("num_tokens", "num_examples", "ref_logps", "kto_tag", "extra", "prompt_index", "images_skipped")
 # What a context-parallel shard carries besides (context_parallel.shard_batch): targets already shifted, and the
 # whole row's position ids for the attention.
 SHARD_KEYS = ("shift_labels", "cp_positions")
@@ -71,9 +72,10 @@ class Collator:
     (``attention.py``, or transformers' block-diagonal mask), and the padding's own positions (0, 1, ...) make it
     an example of its own, with no targets."""
 
-    def __init__(self, pad_token_id: int, stand_in: StandIn | None = None):
+    def __init__(self, pad_token_id: int, stand_in: StandIn | None = None, pixels: Pixels | None = None):
         self.pad_token_id = pad_token_id
         self.stand_in = stand_in
+        self.pixels = pixels  # a vision-language job: its images read and processed here (data/pixels.py)
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         if "kto_tag" in batch[0]:
@@ -108,8 +110,11 @@ class Collator:
         out.update({"position_ids": positions} if packed else {"attention_mask": mask})
         out["num_tokens"] = mask.sum()
         out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
-        if "pixel_values" in batch[0]:  # a vision-language model's images (data/vision.py)
-            out.update(image_inputs(batch, width))
+        if "image_refs" in batch[0]:  # a vision-language model's images (data/vision.py, data/pixels.py)
+            out.update(image_masks(batch, width))
+            if self.pixels is None:
+                raise ValueError("rows with images need the collator's Pixels (the model's image processor)")
+            out = batch_images(out, batch, self.pixels, self.pad_token_id)
             if "pixel_values" not in out and self.stand_in is not None:
                 out = self.stand_in.added(out, self.pad_token_id)
         if "extra" in batch[0]:  # GRPO prompts: what the rewards read and the index that seeds the sampling
@@ -133,27 +138,17 @@ class Collator:
 
 def _images_of_side(ex: dict, side: str) -> dict:
     """A preference pair's images and one side's image-token mask, as an SFT row carries them (data/vision.py)."""
-    if "pixel_values" not in ex:
+    if "image_refs" not in ex:
         return {}
-    masks = {name: ex[f"{side}_{name}"] for name in ("token_type_ids", "mm_token_type_ids") if f"{side}_{name}" in ex}
-    return {k: ex[k] for k in ("pixel_values", "pixel_shape", "image_grid_thw")} | masks
+    masks = {name: ex[f"{side}_{name}"] for name in TYPE_COLUMNS if f"{side}_{name}" in ex}
+    return {k: ex[k] for k in ("image_refs", "image_grid_thw", "image_tokens")} | masks
 
 
-def image_inputs(batch: list[dict], width: int) -> dict[str, torch.Tensor]:
-    """The images of a batch's rows as the model takes them: their pixels concatenated in row order (Qwen-VL: the
-    patches of every image, with ``image_grid_thw``; Gemma 3: one tensor per image), and the image-token mask
-    (Gemma's ``token_type_ids``, Qwen-VL's ``mm_token_type_ids``) padded to ``width``. A batch without an image
-    gets no pixels."""
-    import numpy as np
-
+def image_masks(batch: list[dict], width: int) -> dict[str, torch.Tensor]:
+    """The image-token mask of a batch's rows (Gemma's ``token_type_ids``, Qwen-VL's ``mm_token_type_ids``) padded
+    to ``width``; their pixels are batch_images' (data/pixels.py)."""
     out: dict[str, torch.Tensor] = {}
-    shaped = [(ex["pixel_values"], ex["pixel_shape"], ex["image_grid_thw"]) for ex in batch if ex["pixel_shape"]]
-    if shaped:
-        out["pixel_values"] = torch.cat([torch.from_numpy(np.frombuffer(p, dtype=np.float32).copy()).view(*shape)
-                                         for p, shape, _ in shaped])  # float32 bytes (data/vision.py)
-        if any(len(g) for _, _, g in shaped):
-            out["image_grid_thw"] = torch.cat([torch.tensor(g, dtype=torch.long).view(-1, 3) for _, _, g in shaped])
-    for name in ("token_type_ids", "mm_token_type_ids"):  # the image-token mask (data/vision.py: type_column)
+    for name in TYPE_COLUMNS:
         if name in batch[0]:
             types = torch.zeros((len(batch), width), dtype=torch.long)
             for i, ex in enumerate(batch):

@@ -133,24 +133,14 @@ def _vision_encoder(ds, src: Source, cfg: Config, tokenizer, template: tuple[str
         required = {k: v for k, v in c.required(src.formatting).items() if k != "output_column"}
         required.update({"chosen_column": c.chosen, "rejected_column": c.rejected})
         require_columns(ds, required, src.key, src.path, info=info, images=c.images)
-        return _few_rows(partial(encode_vision_pairs, tokenizer=tokenizer, image_text=image_text,
-                                 formatting=src.formatting, columns=c, template=template[1], max_length=d.max_length,
-                                 media_dir=media, max_pixels=d.image_max_pixels, min_pixels=d.image_min_pixels))
+        return partial(encode_vision_pairs, tokenizer=tokenizer, image_text=image_text, formatting=src.formatting,
+                       columns=c, template=template[1], max_length=d.max_length, media_dir=media,
+                       max_pixels=d.image_max_pixels, min_pixels=d.image_min_pixels)
     require_columns(ds, c.required(src.formatting), src.key, src.path, info=info, images=c.images)
-    return _few_rows(partial(encode_vision_chat, tokenizer=tokenizer, image_text=image_text,
-                             formatting=src.formatting, columns=c, template=template[1], max_length=d.max_length,
-                             mask_history=d.multi_turn == "last", train_on_prompt=d.train_on_prompt, media_dir=media,
-                             max_pixels=d.image_max_pixels, min_pixels=d.image_min_pixels,
-                             enable_thinking=d.enable_thinking))
-
-
-def _few_rows(fn):
-    """An encoder of records with images runs on data/vision.py's BATCH_ROWS records at a time (spread.py reads
-    ``batch_rows``): their pixels are megabytes each."""
-    from scaletrain.data.vision import BATCH_ROWS
-
-    fn.batch_rows = BATCH_ROWS
-    return fn
+    return partial(encode_vision_chat, tokenizer=tokenizer, image_text=image_text, formatting=src.formatting,
+                   columns=c, template=template[1], max_length=d.max_length, mask_history=d.multi_turn == "last",
+                   train_on_prompt=d.train_on_prompt, media_dir=media, max_pixels=d.image_max_pixels,
+                   min_pixels=d.image_min_pixels, enable_thinking=d.enable_thinking)
 
 
 def _check_label_range(ds, num_labels: int, column: str, src: Source) -> None:

@@ -70,25 +70,61 @@ def open_image(data: bytes, where: str, max_pixels: int, min_pixels: int):
 
 def bounded(image, max_pixels: int, min_pixels: int):
     """``image`` scaled to at most ``max_pixels`` and at least ``min_pixels`` pixels (aspect kept), in RGB."""
-    width, height = image.size
+    size = bounded_size(*image.size, max_pixels, min_pixels)
+    if size != image.size:
+        image = image.resize(size)
+    return image.convert("RGB") if image.mode != "RGB" else image
+
+
+def bounded_size(width: int, height: int, max_pixels: int, min_pixels: int) -> tuple[int, int]:
+    """The (width, height) ``bounded`` gives an image of ``width`` x ``height`` pixels: the data step sizes an image's
+    tokens from this and the file's header alone (#73), the loader's workers decode it at that size."""
     if width * height > max_pixels:
         factor = math.sqrt(max_pixels / (width * height))
-        image = image.resize((max(1, int(width * factor)), max(1, int(height * factor))))
-    elif width * height < min_pixels:
+        return max(1, int(width * factor)), max(1, int(height * factor))
+    if width * height < min_pixels:
         factor = math.sqrt(min_pixels / (width * height))
-        image = image.resize((int(width * factor), int(height * factor)))
-    return image.convert("RGB") if image.mode != "RGB" else image
+        return int(width * factor), int(height * factor)
+    return width, height
+
+
+def image_size(data: bytes, where: str) -> tuple[int, int]:
+    """(width, height) from an image's header, without decoding its pixels (Pillow reads the header on open)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except UnidentifiedImageError:
+        raise ImageProblem(f"image {where} is not an image Pillow can read") from None
+    except (OSError, SyntaxError) as e:
+        raise ImageProblem(f"image {where} is damaged or truncated ({e})") from None
 
 
 def load_images(refs: list[str], base: str, max_pixels: int, min_pixels: int) -> list:
     """A record's images, decoded and bounded, in order."""
     images = []
     for ref in refs:
-        if not isinstance(ref, str) or not ref.strip():
-            raise ImageProblem(f"image reference {ref!r} is not a path or URI")
-        where = resolve(ref, base)
+        where = _where(ref, base)
         images.append(open_image(read_bytes(where), where, max_pixels, min_pixels))
     return images
+
+
+def sized_images(refs: list[str], base: str, max_pixels: int, min_pixels: int) -> list[tuple[str, tuple[int, int]]]:
+    """Where each of a record's images is and its size once bounded, from the headers (the data step, #73)."""
+    out = []
+    for ref in refs:
+        where = _where(ref, base)
+        out.append((where, bounded_size(*image_size(read_bytes(where), where), max_pixels, min_pixels)))
+    return out
+
+
+def _where(ref, base: str) -> str:
+    """The reference resolved; a local path made absolute (the cache keeps it for workers with other directories)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise ImageProblem(f"image reference {ref!r} is not a path or URI")
+    where = resolve(ref, base)
+    return where if URI_SEP in where else str(Path(where).absolute())
 
 
 def images_digest(columns: list[list], base: str) -> str:

@@ -101,7 +101,7 @@ def _encode(table, fn):
     envvars.apply({envvars.TOKENIZERS_PARALLELISM: "false"})  # one CPU a task: its threads would oversubscribe
     datasets.disable_progress_bars()
     ds = datasets.Dataset(table)
-    rows = getattr(fn, "batch_rows", 1000)  # records with images: a few at a time (encoders.py)
+    rows = 1000
     out = ds.map(fn, batched=True, batch_size=rows, writer_batch_size=rows, remove_columns=ds.column_names,
                  keep_in_memory=True, desc=None)
     return out.data.table, ray.get_runtime_context().get_node_id()

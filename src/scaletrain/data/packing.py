@@ -85,7 +85,7 @@ def pack(split, max_length: int, seed: int, workdir: str | Path | None = None):
     os.close(fd)
     with pa.OSFile(path, "wb") as sink:
         writer = None
-        step = max(1, TOKENS_PER_BATCH // max_length // (IMAGE_ROWS_SHARE if joined else 1))
+        step = max(1, TOKENS_PER_BATCH // max_length)
         for first in range(0, len(counts), step):
             last = min(first + step, len(counts))
             lo, hi = (int(row_ends[first - 1]) if first else 0), int(row_ends[last - 1])
@@ -133,29 +133,18 @@ def _rows(source, members, counts, spans, ceiling, joined=()):
 
 
 # What a packed row of image examples carries besides its tokens (data/vision.py), each its members' lists end to
-# end; pixel_shape is summed over its first dimension (Qwen-VL's patches, Gemma's images).
-JOINED = ("pixel_values", "pixel_shape", "image_grid_thw", "image_tokens", "mm_token_type_ids", "token_type_ids")
-IMAGE_ROWS_SHARE = 64  # image rows are built this many times fewer at a time: their pixels are ~20 KB a token
+# end: where its images are, their grids and token counts, and the image-token mask.
+JOINED = ("image_refs", "image_grid_thw", "image_tokens", "mm_token_type_ids", "token_type_ids")
 
 
 def _joined(columns: dict, member_ends):
-    """Each column's members' lists concatenated per packed row (int64 offsets: a row's pixels can pass 2 GB)."""
+    """Each column's members' lists concatenated per packed row."""
     import numpy as np
     import pyarrow as pa
 
     out = {}
     ends = np.concatenate([[0], member_ends]).astype(np.int64)
     for name, values in columns.items():
-        if name == "pixel_shape":  # the members' shapes: [sum of first dims, *the rest] (none: [])
-            shapes = values.to_pylist()
-            rows = [[s for s in shapes[a:b] if s] for a, b in zip(ends[:-1], ends[1:])]
-            out[name] = pa.array([[sum(s[0] for s in r), *r[0][1:]] if r else [] for r in rows],
-                                 pa.list_(pa.int64()))
-            continue
-        if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):  # pixels: float32 bytes
-            pieces = values.to_pylist()
-            out[name] = pa.array([b"".join(pieces[a:b]) for a, b in zip(ends[:-1], ends[1:])], pa.large_binary())
-            continue
         lengths = np.asarray(values.value_lengths(), dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])[ends]
         out[name] = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values.flatten())

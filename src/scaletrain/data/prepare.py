@@ -53,7 +53,7 @@ log = logging.getLogger("scaletrain.data")
 
 # bump when the tokenization of the same inputs changes (3: packed rows name their examples; 4: labels end at the
 # end-of-turn token and begin after the generation prompt in every mode)
-CACHE_VERSION = 4
+CACHE_VERSION = 5  # 5: images as references and token counts, never pixels (#73)
 META = "meta.json"
 SHOW_BAD = 5  # record numbers listed per skip reason
 

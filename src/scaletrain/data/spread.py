@@ -61,7 +61,7 @@ def _mapped(ds, fn, d, workdir: str):
 
         # The fast tokenizer's own thread pool must not be live across the fork of datasets' worker processes.
         envvars.apply_defaults({envvars.TOKENIZERS_PARALLELISM: "false"})
-    rows = getattr(fn, "batch_rows", 1000)  # records with images: a few at a time (encoders.py)
+    rows = 1000
     return ds.map(fn, batched=True, batch_size=rows, writer_batch_size=rows, num_proc=workers,
                   remove_columns=ds.column_names,
                   cache_file_name=os.path.join(workdir, f"tokenized-{uuid.uuid4().hex}.arrow"), desc=None)

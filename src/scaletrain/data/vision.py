@@ -1,8 +1,13 @@
 """Conversations with images (#62), encoded for a vision-language model in the data step's processes (a batched
 ``datasets.map`` function, as ``encode.encode_chat`` for text): LLaMA-Factory's rows (``<image>`` placeholders in
-the turns, an ``images`` column) become the model's chat template's image parts, each image is read, bounded and
-run through the model's image processor, its placeholder replaced by the text the processor would write
-(model/processor.py), and the whole tokenized once, with the labels on the replies as for text.
+the turns, an ``images`` column) become the model's chat template's image parts, each image's size is read from its
+header and bounded, its token count taken from the image processor's resize rule, its placeholder replaced by the
+text the processor would write (model/processor.py), and the whole tokenized once, with the labels on the replies
+as for text.
+
+The cache holds tokens, never pixels (#73): per record its images' references (where each one's bytes are) and
+token counts, a few bytes an image where the processed float32 patches were ~11 MB a photo. The pixels are made
+while training, in the data-loading workers of the rank that trains on them (data/pixels.py).
 
 Image spans are never cut: truncation (``encode.fit``, LLaMA-Factory's budget) sees each image with its marks as
 one token it keeps or drops whole; a record whose images alone do not fit ``data.max_length``, or whose cut would
@@ -15,31 +20,25 @@ from __future__ import annotations
 
 from scaletrain.data.encode import IGNORE_INDEX, STATS, _count, _has_reasoning, assistant_mask, encode_texts, fit
 from scaletrain.data.formats import Columns, to_conversation
-from scaletrain.data.images import ImageProblem, load_images
+from scaletrain.data.images import ImageProblem, sized_images
 from scaletrain.data.template_input import template_variables, with_reasoning
 from scaletrain.data.templates import render_records
 
-# Records a data-step batch holds (datasets.map's batch and writer size): a record's pixels are MBs (a 1024x768
-# photo is ~11 MB of float32 patches), and a batch's bytes must stay under Arrow's 2 GB per binary chunk.
-BATCH_ROWS = 32
 PLACEHOLDER = "<image>"  # LLaMA-Factory's image placeholder in a turn's text
 IMAGE_PROBLEM = "image: "  # the skip reason's prefix of an unreadable image (prepare.py stops on it)
-# The columns a record with images adds to input_ids/labels (collate.py reads them), besides the image-token mask
-# (type_column). pixel_values are the processor's float32 values as bytes (with pixel_shape): Arrow takes
-# bytes as one copy, where a list of floats is converted value by value (the data step 18% faster, measured).
-PIXEL_COLUMNS = ("pixel_values", "pixel_shape", "image_grid_thw", "image_tokens")
+# The columns a record with images adds to input_ids/labels (data/pixels.py reads them), besides the image-token
+# mask (type_column): where each image is (its resolved path or URI), Qwen-VL's grids and each image's tokens.
+IMAGE_COLUMNS = ("image_refs", "image_grid_thw", "image_tokens")
 
 
 def encode_vision_chat(batch: dict[str, list], tokenizer, image_text, formatting: str, columns: Columns,
                        template: str, max_length: int, mask_history: bool, train_on_prompt: bool, media_dir: str,
                        max_pixels: int, min_pixels: int, enable_thinking: bool | None = None) -> dict[str, list]:
-    """One example per record: ``input_ids``, ``labels``, the images' pixels (float32 bytes, with their shape) and,
-    for Qwen-VL, their grids; ``image_tokens``: each image's token count."""
-    import numpy as np
-
+    """One example per record: ``input_ids``, ``labels``, where its images are (``image_refs``) and, for Qwen-VL,
+    their grids; ``image_tokens``: each image's token count."""
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     variables = template_variables(tokenizer, enable_thinking)
-    out = {k: [] for k in ("input_ids", "labels", "_skip", "_full", *PIXEL_COLUMNS, *STATS)}
+    out = {k: [] for k in ("input_ids", "labels", "_skip", "_full", *IMAGE_COLUMNS, *STATS)}
     types = type_column(image_text.model_type)
     out[types] = []
     for row in rows:
@@ -49,15 +48,13 @@ def encode_vision_chat(batch: dict[str, list], tokenizer, image_text, formatting
         if chat is not None and not why:
             example, why = _encode_one(chat.messages, refs, tokenizer, image_text, template, variables, max_length,
                                        mask_history, train_on_prompt, media_dir, max_pixels, min_pixels)
-        ids, labels, full, pixels, grid, tokens = example or ([], [], 0, np.zeros((0,), np.float32),
-                                                             np.zeros((0, 3), np.int64), [])
+        ids, labels, full, refs, grid, tokens = example or ([], [], 0, [], [], [])
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["_skip"].append(why)
         out["_full"].append(full)
-        out["pixel_values"].append(np.ascontiguousarray(pixels, dtype=np.float32).tobytes())
-        out["pixel_shape"].append(list(pixels.shape) if len(pixels) else [])
-        out["image_grid_thw"].append(np.asarray(grid, dtype=np.int64).reshape(-1))
+        out["image_refs"].append(refs)
+        out["image_grid_thw"].append(grid)
         out["image_tokens"].append(tokens)
         out[types].append([int(t == image_text.image_token_id) for t in ids])
         out["_turns"].append(_count(chat, lambda m: True))
@@ -93,13 +90,13 @@ def with_image_parts(messages: list[dict]) -> tuple[list[dict], int]:
 
 def _encode_one(messages, refs, tokenizer, image_text, template, variables, max_length, mask_history,
                 train_on_prompt, media_dir, max_pixels, min_pixels):
-    """(ids, labels, full length, pixel_values, grid, tokens per image), "" or None and why not."""
+    """(ids, labels, full length, image refs, flat grids, tokens per image), "" or None and why not."""
     loaded, why = _images_of(messages, refs, media_dir, max_pixels, min_pixels)
     if why:
         return None, why
     messages, images = loaded
-    processed = image_text.preprocess(images) if images else {"tokens": []}
-    tokens, why = _tokens(messages, len(images), processed, tokenizer, image_text, template, variables)
+    counts, grids = _sized(images, image_text)
+    tokens, why = _tokens(messages, len(images), counts, tokenizer, image_text, template, variables)
     if why:
         return None, why
     ids, mask, full = tokens
@@ -114,11 +111,17 @@ def _encode_one(messages, refs, tokenizer, image_text, template, variables, max_
         labels = [IGNORE_INDEX if t == image_text.image_token_id else t for t in labels]
     if not any(lab != IGNORE_INDEX for lab in labels):
         return None, f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
-    return (ids, labels, full, *_pixels(processed, images)), ""
+    return (ids, labels, full, [where for where, _ in images], grids, counts), ""
+
+
+def _sized(images: list[tuple[str, tuple[int, int]]], image_text) -> tuple[list[int], list[int]]:
+    """(tokens per image, Qwen-VL's grids end to end) of a record's bounded image sizes."""
+    sized = [image_text.sized(*size) for _, size in images]
+    return [tokens for tokens, _ in sized], [n for _, grid in sized for n in grid]
 
 
 def _images_of(messages, refs, media_dir, max_pixels, min_pixels):
-    """((the messages with image parts, the images decoded), "") or (None, why)."""
+    """((the messages with image parts, each image's (where, bounded size)), "") or (None, why)."""
     if not isinstance(refs, (list, tuple)):
         refs = [refs]
     messages, n_placeholders = with_image_parts(messages)
@@ -126,12 +129,12 @@ def _images_of(messages, refs, media_dir, max_pixels, min_pixels):
         return None, (f"its turns have {n_placeholders} {PLACEHOLDER} placeholder(s) and its images column "
                       f"{len(refs)} image(s); they must agree (one {PLACEHOLDER} per image, in order)")
     try:
-        return (messages, load_images(list(refs), media_dir, max_pixels, min_pixels)), ""
+        return (messages, sized_images(list(refs), media_dir, max_pixels, min_pixels)), ""
     except ImageProblem as e:
         return None, f"{IMAGE_PROBLEM}{e}"
 
 
-def _tokens(messages, n_images, processed, tokenizer, image_text, template, variables):
+def _tokens(messages, n_images, counts, tokenizer, image_text, template, variables):
     """((ids, assistant mask with image tokens off, length), "") of a conversation with its images expanded, or
     (None, why)."""
     rendered = render_records([with_reasoning(messages, template)], template, variables)[0]
@@ -139,7 +142,7 @@ def _tokens(messages, n_images, processed, tokenizer, image_text, template, vari
         return None, rendered
     text, spans = rendered
     text, spans, written = _expanded(text, spans, image_text.placeholder,
-                                     [image_text.replacement(t) for t in processed["tokens"]])
+                                     [image_text.replacement(t) for t in counts])
     if written != n_images:
         return None, (f"the chat template wrote {written} image placeholder(s) for its {n_images} image(s); use "
                       f"the model's own chat template (data.template: auto)")
@@ -156,29 +159,18 @@ def _last_reply(mask: list[int]) -> list[int]:
     return [1 if replies and replies[-1][1] <= t < replies[-1][2] else 0 for t in range(len(mask))]
 
 
-def _pixels(processed: dict, images: list):
-    """(pixel_values, grid, tokens per image) of a record's processed images (empty when it has none)."""
-    import numpy as np
-
-    pixels = np.asarray(processed["pixel_values"], dtype=np.float32) if images else np.zeros((0,), np.float32)
-    grid = np.asarray(processed.get("image_grid_thw", np.zeros((0, 3))), dtype=np.int64)
-    return pixels, grid, processed["tokens"]
-
-
 def encode_vision_pairs(batch: dict[str, list], tokenizer, image_text, formatting: str, columns: Columns,
                         template: str, max_length: int, media_dir: str, max_pixels: int,
                         min_pixels: int) -> dict[str, list]:
     """Preference pairs with images (train.stage: dpo; LLaMA-Factory's rlhf_v shape): the prompt's images once per
     record, each side (the prompt with its chosen or rejected reply) rendered and expanded as for SFT, its labels
     the last reply only; image spans never cut (each side fitted as ``fit_whole``)."""
-    import numpy as np
-
     from scaletrain.data.pairs import PAIR_COLUMNS, to_pair
 
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     variables = template_variables(tokenizer, None)
     types = type_column(image_text.model_type)
-    out = {k: [] for k in (*PAIR_COLUMNS, "_skip", "_full", *PIXEL_COLUMNS, f"chosen_{types}", f"rejected_{types}")}
+    out = {k: [] for k in (*PAIR_COLUMNS, "_skip", "_full", *IMAGE_COLUMNS, f"chosen_{types}", f"rejected_{types}")}
     for row in rows:
         pair, why = to_pair(row, formatting, columns)
         sides, example = [], None
@@ -187,10 +179,10 @@ def encode_vision_pairs(batch: dict[str, list], tokenizer, image_text, formattin
                                      min_pixels)
         if pair is not None and not why:
             _, images = loaded
-            processed = image_text.preprocess(images) if images else {"tokens": []}
+            counts, grids = _sized(images, image_text)
             for chat in pair:
                 messages, _ = with_image_parts(chat.messages)
-                tokens, why = _tokens(messages, len(images), processed, tokenizer, image_text, template, variables)
+                tokens, why = _tokens(messages, len(images), counts, tokenizer, image_text, template, variables)
                 if why:
                     break
                 ids, mask, _ = tokens
@@ -202,14 +194,12 @@ def encode_vision_pairs(batch: dict[str, list], tokenizer, image_text, formattin
                     why = f"no trainable token left within data.max_length={max_length} (the prompt fills it)"
                     break
                 sides.append((ids, [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]))
-            example = _pixels(processed, images) if not why else None
+            example = ([where for where, _ in images], grids, counts) if not why else None
         (c_ids, c_labels), (r_ids, r_labels) = sides if example else (([], []), ([], []))
-        pixels, grid, tokens = example or (np.zeros((0,), np.float32), np.zeros((0, 3), np.int64), [])
+        refs, grid, tokens = example or ([], [], [])
         for key, value in (("chosen_input_ids", c_ids), ("chosen_labels", c_labels), ("rejected_input_ids", r_ids),
                            ("rejected_labels", r_labels), ("_skip", why), ("_full", max(len(c_ids), len(r_ids))),
-                           ("pixel_values", np.ascontiguousarray(pixels, dtype=np.float32).tobytes()),
-                           ("pixel_shape", list(pixels.shape) if len(pixels) else []),
-                           ("image_grid_thw", grid.reshape(-1)), ("image_tokens", tokens),
+                           ("image_refs", refs), ("image_grid_thw", grid), ("image_tokens", tokens),
                            (f"chosen_{types}", [int(t == image_text.image_token_id) for t in c_ids]),
                            (f"rejected_{types}", [int(t == image_text.image_token_id) for t in r_ids])):
             out[key].append(value)

@@ -30,17 +30,13 @@ GEMMA_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_tok
 
 
 @dataclass(frozen=True)
-class ImageText:
-    """How a model's images enter its text: ``placeholder`` is what the chat template writes for an image part,
-    ``image_token_id`` the id the model fills with image features, ``marks`` the ids written around each image's
-    run (never cut from it)."""
+class ImageProcessing:
+    """What makes a model's image into its pixels and how many tokens that gives: the image processor (resize,
+    normalise, patches) and its family's token rule. The data step sizes images with it (``sized``), the loaders'
+    workers process them (``preprocess``, data/pixels.py)."""
 
     model_type: str
     image_processor: object
-    placeholder: str
-    image_token: str
-    image_token_id: int
-    marks: tuple[int, ...]
     tokens_per_image: int = 0  # Gemma 3: fixed; Qwen-VL: from each image's grid
     merge_size: int = 1
 
@@ -61,6 +57,50 @@ class ImageText:
             out["tokens"] = [self.tokens_per_image] * len(images)
         return out
 
+    def sized(self, width: int, height: int) -> tuple[int, tuple[int, ...]]:
+        """(tokens, Qwen-VL's (t, h, w) grid, else ()) of an image already bounded to ``width`` x ``height``, from
+        its size alone (#73: the data step never decodes pixels): the image processor's own resize rule
+        (``smart_resize`` beside Qwen-VL's processor; Gemma 3's fixed count). The loaders' workers check the count
+        again on the processed image."""
+        if not self.qwen:
+            return self.tokens_per_image, ()
+        import sys
+
+        p = self.image_processor
+        size = p.size
+        resize = sys.modules[type(p).__module__].smart_resize  # the module of every Qwen-VL image processor has it
+        h, w = resize(height, width, p.patch_size * p.merge_size, min_pixels=size["shortest_edge"],
+                      max_pixels=size["longest_edge"])
+        grid = (1, h // p.patch_size, w // p.patch_size)
+        return grid[1] * grid[2] // self.merge_size ** 2, grid
+
+
+@dataclass(frozen=True)
+class ImageText:
+    """How a model's images enter its text: ``placeholder`` is what the chat template writes for an image part,
+    ``image_token_id`` the id the model fills with image features, ``marks`` the ids written around each image's
+    run (never cut from it); ``processing`` what its images become."""
+
+    processing: ImageProcessing
+    placeholder: str
+    image_token: str
+    image_token_id: int
+    marks: tuple[int, ...]
+
+    @property
+    def model_type(self) -> str:
+        return self.processing.model_type
+
+    @property
+    def qwen(self) -> bool:
+        return self.processing.qwen
+
+    def preprocess(self, images: list) -> dict:
+        return self.processing.preprocess(images)
+
+    def sized(self, width: int, height: int) -> tuple[int, tuple[int, ...]]:
+        return self.processing.sized(width, height)
+
     def replacement(self, tokens: int) -> str:
         """The text an image of ``tokens`` tokens becomes in place of its placeholder (the processor's rule)."""
         if self.qwen:
@@ -71,7 +111,6 @@ class ImageText:
 def image_text(name_or_path: str, config, tokenizer) -> ImageText:
     """The ImageText of the vision-language model in ``name_or_path`` (its image processor read from the
     directory's preprocessor_config.json, never downloaded); a family scaletrain has no rule for is one line."""
-    from transformers import AutoImageProcessor
 
     path = Path(name_or_path).expanduser()
     model_type = getattr(config, "model_type", "?")
@@ -81,23 +120,40 @@ def image_text(name_or_path: str, config, tokenizer) -> ImageText:
     if not (path / "preprocessor_config.json").is_file():
         raise ConfigError(f"model.name_or_path={name_or_path}: no preprocessor_config.json (the image processor's "
                           f"settings); copy it from the model's release beside config.json")
-    processor = AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
+    processing = image_processing(str(path), config)
     vocab = tokenizer.get_vocab()
     if model_type in QWEN_TYPES:
         image_token = "<|image_pad|>"
         marks = tuple(vocab[m] for m in QWEN_MARKS if m in vocab)
-        return ImageText(model_type, processor, image_token, image_token, _id(config, "image_token_id", vocab,
-                                                                               image_token, name_or_path),
-                         marks, merge_size=int(getattr(processor, "merge_size", 2)))
-    per_image = int(getattr(config, "mm_tokens_per_image", 256))
-    saved = _processor_config(path).get("image_seq_length")
-    if saved is not None and int(saved) != per_image:
-        raise ConfigError(f"model.name_or_path={name_or_path}: processor_config.json has image_seq_length={saved} and "
-                          f"config.json mm_tokens_per_image={per_image}; they must agree (download the model again)")
+        return ImageText(processing, image_token, image_token,
+                         _id(config, "image_token_id", vocab, image_token, name_or_path), marks)
     marks = tuple(vocab[GEMMA_TOKENS[k]] for k in ("boi_token", "eoi_token") if GEMMA_TOKENS[k] in vocab)
-    return ImageText(model_type, processor, GEMMA_TOKENS["boi_token"], GEMMA_TOKENS["image_token"],
-                     _id(config, "image_token_index", vocab, GEMMA_TOKENS["image_token"], name_or_path), marks,
-                     tokens_per_image=per_image)
+    return ImageText(processing, GEMMA_TOKENS["boi_token"], GEMMA_TOKENS["image_token"],
+                     _id(config, "image_token_index", vocab, GEMMA_TOKENS["image_token"], name_or_path), marks)
+
+
+def image_processing(path: str, config) -> ImageProcessing:
+    """The ImageProcessing of the vision-language model in ``path`` (its image processor read from the directory's
+    preprocessor_config.json, never downloaded)."""
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+    if config.model_type in QWEN_TYPES:
+        return ImageProcessing(config.model_type, processor, merge_size=int(getattr(processor, "merge_size", 2)))
+    per_image = int(getattr(config, "mm_tokens_per_image", 256))
+    saved = _processor_config(Path(path)).get("image_seq_length")
+    if saved is not None and int(saved) != per_image:
+        raise ConfigError(f"model.name_or_path={path}: processor_config.json has image_seq_length={saved} and "
+                          f"config.json mm_tokens_per_image={per_image}; they must agree (download the model again)")
+    return ImageProcessing(config.model_type, processor, tokens_per_image=per_image)
+
+
+def loader_pixels(name_or_path: str, config, max_pixels: int, min_pixels: int):
+    """What the collator of a vision-language job reads and processes its images with (data/pixels.py Pixels)."""
+    from scaletrain.data.pixels import Pixels
+    from scaletrain.model.files import model_dir
+
+    return Pixels(image_processing(str(model_dir(name_or_path)), config).preprocess, max_pixels, min_pixels)
 
 
 def _processor_config(path: Path) -> dict:

@@ -118,7 +118,7 @@ class Data:
     def __init__(self, t: Trainer):
         self.t = t
         self.train, self.eval = load_split(t.spec.train_path), load_split(t.spec.eval_path)
-        self.collate = Collator(t.spec.pad_token_id, t.stand_in)
+        self.collate = Collator(t.spec.pad_token_id, t.stand_in, t.pixels)
         if t.objective is not None:  # e.g. reference log-probabilities, once, cached with the data
             splits = t.objective.prepare(t, {"train": self.train, "eval": self.eval}, self.collate)
             self.train, self.eval = splits["train"], splits["eval"]

@@ -56,7 +56,7 @@ class Meter:
     def _reset(self):
         self.t0 = time.perf_counter()
         self.cpu.start()
-        self.loss = self.samples = self.tokens = self.positions = self.wait = self.ready = 0.0
+        self.loss = self.samples = self.tokens = self.positions = self.wait = self.ready = self.skipped = 0.0
         self.steps = 0
 
     def exclude(self, seconds: float) -> None:
@@ -94,6 +94,7 @@ class Meter:
         self.samples += sum(int(b["num_examples"]) for b in window) / cp
         self.tokens += sum(int(b["num_tokens"]) for b in window) / cp
         self.positions += sum(b["input_ids"].numel() for b in window) / cp  # with padding
+        self.skipped += sum(int(b.get("images_skipped", 0)) for b in window) / cp  # data/pixels.py
         if self.record_due(step):
             self._flush()
 
@@ -104,8 +105,9 @@ class Meter:
         elapsed = time.perf_counter() - self.t0 - compiled
         self.t.beat.enter("metrics", progress.step)
         router = [*self.t.router.sums, *self.t.router.health_values()] if self.t.router is not None else []
-        loss, samples, tokens, positions, *pref = all_reduce_sum(
-            [self.loss, self.samples, self.tokens, self.positions, *self.t.objective_sums, *router], self.ctx.device)
+        loss, samples, tokens, positions, skipped, *pref = all_reduce_sum(
+            [self.loss, self.samples, self.tokens, self.positions, self.skipped, *self.t.objective_sums, *router],
+            self.ctx.device)
         pref, router_totals = pref[:len(pref) - len(router)], pref[len(pref) - len(router):]
         system = {**self.sampler.sample(cpu=False), "system/cpu_pct": self.cpu.pct()}
         per_rank = all_gather_floats([elapsed / self.steps, self.wait / self.steps, system["memory/rss_gib"],
@@ -137,6 +139,8 @@ class Meter:
             "data/padding_pct": 100.0 * (1 - tokens / positions) if positions else 0.0,
             "data/tokens_per_rank_spread": (max(rank_tokens) - min(rank_tokens)) / mean_tokens if mean_tokens else 0.0,
         }
+        if self.t.pixels is not None:  # images that could not be used when a loader read them: their records skipped
+            record["data/images_skipped"] = int(round(skipped))
         if self.compiling:  # the slowest rank's, as the step time
             record["time/compile_s"] = max(r[6] for r in per_rank)
         if router_totals and router_totals[1]:  # the steps' auxiliary values summed over ranks / the steps

@@ -28,7 +28,7 @@ class StreamData:
 
         self.t = t
         self.eval = load_split(t.spec.eval_path)
-        self.collate = Collator(t.spec.pad_token_id, t.stand_in)
+        self.collate = Collator(t.spec.pad_token_id, t.stand_in, t.pixels)
         d = t.cfg.data
         self.src = StreamSource.from_spec(t.spec.stream)
         self.stream = ShardStream(self.src, t.cfg.train.seed, d.buffer_size, t.progress.stream)

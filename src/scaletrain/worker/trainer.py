@@ -20,6 +20,7 @@ from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import chunk_tokens_for, global_batch
 from scaletrain.config.schema import Config
 from scaletrain.data.collate import StandIn
+from scaletrain.data.pixels import Pixels
 from scaletrain.memory.measure import PeakMemory
 from scaletrain.metrics.flops import model_flops_facts
 from scaletrain.model import context_parallel
@@ -116,6 +117,7 @@ class Trainer:
     router: RouterLoss | None = None  # an MoE's load-balancing loss over the global batch (worker/router.py)
     compiled: Compiled | None = None  # train.compile: the blocks compiled, and what fell back to eager
     stand_in: StandIn | None = None  # a vision-language model: the image of a batch without one (data/collate.py)
+    pixels: Pixels | None = None  # and what makes its batches' pixels from the images' references (data/pixels.py)
     rope: torch.nn.Module | None = None  # a Qwen-VL model's M-RoPE (get_rope_index), for packed rows' positions
 
     @property
@@ -209,7 +211,19 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
                    objective_sums=[0.0] * (len(objective.stats) + 1) if objective else [],
                    router=router_loss_for(cfg, model_config, ctx), compiled=compiled,
                    stand_in=stand_in_image(model_config) if is_vision_language(model_config) else None,
+                   pixels=_pixels(cfg, model_config),
                    rope=rope_owner(model, model_config))
+
+
+def _pixels(cfg: Config, model_config) -> Pixels | None:
+    """A vision-language model's image reader for the collator (the model's image processor), when it has one."""
+    from scaletrain.model.files import model_dir
+    from scaletrain.model.processor import loader_pixels
+
+    where = model_dir(cfg.model.name_or_path) if is_vision_language(model_config) else None
+    if where is None or not (where / "preprocessor_config.json").is_file():
+        return None  # text-only data on a vision-language model: no image to read
+    return loader_pixels(str(where), model_config, cfg.data.image_max_pixels, cfg.data.image_min_pixels)
 
 
 def install_context_parallel(model, ctx: DistContext, cfg: Config) -> str:

@@ -1,0 +1,136 @@
+"""#73: the data step's cache holds each image's reference and token count, never its pixels; the collator (in the
+data-loading workers of the rank that trains) reads, bounds and processes the images, bit for bit what the data
+step used to cache; an image that breaks after the data step is skipped with its record, counted and named."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from scaletrain.config import validate
+from scaletrain.data import prepare_data
+from scaletrain.data.encode import IGNORE_INDEX
+from scaletrain.data.images import load_images
+from scaletrain.model.processor import image_text_factory
+from scaletrain.model.tokenizer import load_tokenizer
+from tests.vlm import MLLM_INFO, collator, image, mllm_demo, save_tiny
+
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3")
+BOUNDS = {"image_max_pixels": 90 * 70, "image_min_pixels": 24 * 24}  # the demo's images are bounded both ways
+
+
+def _prepare(path, tok, data_dir, tmp_path, **data):
+    cfg = validate({"model": {"name_or_path": str(path), "task": "causal-lm"},
+                    "data": {"dataset_dir": str(data_dir), "dataset": ["mllm_demo"], "eval_ratio": 0,
+                             "max_length": 256, **data},
+                    "output": {"output_dir": str(tmp_path / "runs")}})
+    return prepare_data(cfg, tok, image_text_factory(str(path), tok))
+
+
+def _sizes(demo, sizes):
+    """mllm_demo's images replaced by images of ``sizes`` (cycled): some above the max bound, some below the min."""
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    k = 0
+    for row in rows:
+        for name in row["images"]:
+            image(*sizes[k % len(sizes)], seed=k).save(demo / name)
+            k += 1
+    return rows
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_loaders_pixels_are_the_old_cached_paths_bit_for_bit_and_the_cache_has_none(kind, tmp_path):
+    """For Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3: each record's pixels from the collator equal what the data
+    step cached before #73 (the record's images decoded, bounded and run through the image processor together),
+    its grids and token counts equal the ones the data step sized from the headers, and no column holds pixels."""
+    path = save_tiny(kind, tmp_path / kind)
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=9)
+    _sizes(demo, [(150, 40), (17, 20), (64, 48), (200, 200), (33, 90)])
+    data = _prepare(path, tok, demo, tmp_path, **BOUNDS)
+    assert set(data.train.column_names) >= {"image_refs", "image_tokens"}
+    assert not {"pixel_values", "pixel_shape"} & set(data.train.column_names)
+    text = image_text_factory(str(path), tok)()
+    collate = collator(path, tok, max_pixels=BOUNDS["image_max_pixels"], min_pixels=BOUNDS["image_min_pixels"])
+    checked = 0
+    for ex in data.train:
+        if not ex["image_refs"]:
+            continue
+        before = text.preprocess(load_images(ex["image_refs"], "", BOUNDS["image_max_pixels"],
+                                             BOUNDS["image_min_pixels"]))  # the data step's processing until #73
+        batch = collate([ex])
+        assert torch.equal(batch["pixel_values"], torch.from_numpy(np.asarray(before["pixel_values"])))
+        assert before["tokens"] == ex["image_tokens"] and int(batch["images_skipped"]) == 0
+        if kind != "gemma3":
+            assert torch.equal(batch["image_grid_thw"], torch.as_tensor(before["image_grid_thw"]))
+            assert ex["image_grid_thw"] == list(np.asarray(before["image_grid_thw"]).reshape(-1))
+        checked += 1
+    assert checked == 7  # n=9: rows 3 and 7 have no image
+
+
+def test_a_photo_costs_the_cache_its_reference_and_counts_not_its_pixels(tmp_path):
+    """1024x768 JPEGs (the issue's photo): the cache's image columns are at most 1 KB an image (the processed
+    float32 patches were ~11 MB), and the image-token mask is one byte a token at most."""
+    import pyarrow as pa
+
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = tmp_path / "data"
+    (demo / "photos").mkdir(parents=True)
+    rows = []
+    for k in range(6):
+        name = f"photos/{k:05d}.jpg"
+        image(128, 96, seed=k).resize((1024, 768)).save(demo / name, quality=90)
+        rows.append({"messages": [{"role": "user", "content": "<image>What is it?"},
+                                  {"role": "assistant", "content": "A photo."}], "images": [name]})
+    (demo / "mllm_demo.json").write_text(json.dumps(rows))
+    (demo / "dataset_info.json").write_text(json.dumps(MLLM_INFO))
+    data = _prepare(path, tok, demo, tmp_path, max_length=2048)
+    table = data.train.with_format("arrow")[:]
+    image_bytes = sum(table.column(c).nbytes for c in ("image_refs", "image_tokens", "image_grid_thw"))
+    assert image_bytes / 6 <= 1024
+    assert all(not pa.types.is_binary(f.type) and not pa.types.is_large_binary(f.type) for f in table.schema)
+    assert all(ex["image_tokens"] == [ex["image_grid_thw"][1] * ex["image_grid_thw"][2] // 4] for ex in data.train)
+
+
+def test_an_image_broken_after_the_data_step_skips_its_record_counted_and_named(tmp_path, capfd):
+    """An image truncated (or gone) after the data step: its record's tokens leave the batch (padding, no target),
+    the batch counts it, stderr names the image; the other records keep their images; a batch left with no image
+    runs the tower on the stand-in; packed rows blank the one member."""
+    import datasets
+    from transformers import AutoConfig
+
+    from scaletrain.data.packing import pack
+    from scaletrain.model.vision import stand_in_image
+
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=6)
+    data = _prepare(path, tok, demo, tmp_path)
+    rows = [data.train[i] for i in range(len(data.train))]
+    with_images = [r for r in rows if r["image_refs"]]
+    broken = with_images[0]["image_refs"][0]
+    good = collator(path, tok)(with_images)
+    with open(broken, "r+b") as f:
+        f.truncate(200)
+    collate = collator(path, tok, stand_in_image(AutoConfig.from_pretrained(str(path))))
+    batch = collate(with_images)
+    assert int(batch["images_skipped"]) == 1 and broken in capfd.readouterr().err
+    assert (batch["labels"][0] == IGNORE_INDEX).all() and int(batch["mm_token_type_ids"][0].sum()) == 0
+    assert int(batch["attention_mask"][0].sum()) == 0
+    first = int(good["image_grid_thw"][:len(with_images[0]["image_refs"])].prod(-1).sum())
+    assert torch.equal(batch["pixel_values"], good["pixel_values"][first:])  # the others' images, in order
+    assert torch.equal(batch["labels"][1:], good["labels"][1:])
+
+    alone = collate([with_images[0]])  # its only image gone: the stand-in keeps the tower running
+    assert int(alone["images_skipped"]) == 1 and "pixel_values" in alone
+    assert (alone["labels"] == IGNORE_INDEX).all()
+
+    packed_rows = pack(datasets.Dataset.from_list(rows), 256, seed=1, workdir=tmp_path)
+    packed = [packed_rows[i] for i in range(len(packed_rows))]
+    holder = next(r for r in packed if broken in r["image_refs"])
+    out = collate([holder])
+    assert int(out["images_skipped"]) == 1
+    kept = int((out["labels"] != IGNORE_INDEX).sum())
+    assert 0 < kept < int((torch.tensor(holder["labels"]) != IGNORE_INDEX).sum())  # one member blanked, not the row

@@ -134,3 +134,81 @@ def test_an_image_broken_after_the_data_step_skips_its_record_counted_and_named(
     assert int(out["images_skipped"]) == 1
     kept = int((out["labels"] != IGNORE_INDEX).sum())
     assert 0 < kept < int((torch.tensor(holder["labels"]) != IGNORE_INDEX).sum())  # one member blanked, not the row
+
+
+def _as_parquet(demo, rows, out):
+    """The rows with their images' bytes inside a Parquet file (datasets' Image feature, as the hub keeps them)."""
+    import datasets
+
+    features = datasets.Features({"messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+                                  "images": datasets.Sequence(datasets.Image())})
+    table = datasets.Dataset.from_dict(
+        {"messages": [r["messages"] for r in rows],
+         "images": [[{"bytes": (demo / n).read_bytes(), "path": None} for n in r["images"]] for r in rows]},
+        features=features)
+    table.to_parquet(str(out), batch_size=3)  # row groups of 3: images read from more than one group
+    return out
+
+
+def _as_webdataset(demo, rows, out):
+    """The rows as WebDataset shards of 4 samples: KEY.json the record, KEY.K.jpg its images."""
+    import io
+    import tarfile
+
+    out.mkdir(parents=True)
+    for shard in range(0, len(rows), 4):
+        with tarfile.open(out / f"shard-{shard // 4:05d}.tar", "w") as tar:
+            for k in range(shard, min(shard + 4, len(rows))):
+                members = [(f"{k:06d}.json", json.dumps({"messages": rows[k]["messages"]}).encode())]
+                members += [(f"{k:06d}.{j}.jpg", (demo / n).read_bytes()) for j, n in enumerate(rows[k]["images"])]
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+def test_parquet_with_image_bytes_and_webdataset_shards_train_the_jsons_tokens_and_pixels(tmp_path):
+    """The same records from JSON with image paths, from Parquet with the images' bytes inside (datasets' Image
+    feature), and from WebDataset tar shards: the same tokens, the same pixels from the loaders, and the Parquet's
+    and the shards' caches hold references (tens of bytes), not the images."""
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=9)
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    _as_parquet(demo, rows, demo / "mllm.parquet")
+    _as_webdataset(demo, rows, demo / "shards")
+    info = json.loads((demo / "dataset_info.json").read_text())
+    info["mllm_parquet"] = {**info["mllm_demo"], "file_name": "mllm.parquet"}
+    info["mllm_shards"] = {**info["mllm_demo"], "file_name": "shards"}
+    (demo / "dataset_info.json").write_text(json.dumps(info))
+    collate = collator(path, tok)
+
+    def prepared(name):
+        data = _prepare(path, tok, demo, tmp_path / name, dataset=[name], packing=False)
+        return sorted((data.train[i] for i in range(len(data.train))), key=lambda ex: ex["input_ids"])
+
+    plain = prepared("mllm_demo")
+    for name, scheme in (("mllm_parquet", "row://"), ("mllm_shards", "tar://")):
+        other = prepared(name)
+        assert [ex["input_ids"] for ex in other] == [ex["input_ids"] for ex in plain], name
+        refs = [r for ex in other for r in ex["image_refs"]]
+        assert len(refs) == 10 and all(r.startswith(scheme) and len(r) < 300 for r in refs), refs[:2]
+        for a, b in zip(plain, other):
+            if a["image_refs"]:
+                assert torch.equal(collate([a])["pixel_values"], collate([b])["pixel_values"]), name
+
+
+def test_a_shard_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    from scaletrain.data.sources import load
+    from scaletrain.errors import DataError
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "shard-00000.tar").write_bytes(b"not a tar file at all" * 50)
+    with pytest.raises(DataError) as e:
+        load(str(shards), "auto", "data.train_file", str(tmp_path / "hf"))
+    said = str(e.value)
+    assert said.startswith(f"data.train_file={shards}: WebDataset shard {shards / 'shard-00000.tar'} cannot be "
+                           f"read (not a tar file)")
+    assert len(said.splitlines()) == 1

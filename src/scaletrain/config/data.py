@@ -25,8 +25,9 @@ class DataConfig(_Section):
     mix_probs: Optional[list[float]] = Field(None, description='interleave: the probability of each dataset (seeded).')
     eval_ratio: float = Field(0.1, ge=0, lt=1, description=(
         "Held out from the training data (after max_samples) when eval_file is not given."))
-    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow", "txt"] = Field("auto", description=(
-        "File format; auto: from the suffix (a directory is a datasets save_to_disk directory)."))
+    format: Literal["auto", "json", "jsonl", "csv", "parquet", "arrow", "txt", "webdataset"] = Field(
+        "auto", description=("File format; auto: from the suffix (.tar: WebDataset shards); a directory of .tar "
+                             "shards is WebDataset, another a datasets save_to_disk directory."))
     formatting: Literal["alpaca", "sharegpt", "messages", "text"] = Field("alpaca", description=(
         "causal-lm: the records' format (LLaMA-Factory's names)."))
     template: str = Field("auto", description=(

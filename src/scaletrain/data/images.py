@@ -15,6 +15,8 @@ import io
 import math
 from pathlib import Path
 
+from scaletrain.data.containers import ROW, in_container, row_bytes
+
 URI_SEP = "://"
 
 
@@ -31,7 +33,13 @@ def resolve(ref: str, base: str) -> str:
 
 
 def read_bytes(where: str) -> bytes:
-    """The file's bytes (a local path, or an fsspec URI: s3://, gs://, memory://...)."""
+    """The file's bytes (a local path, or an fsspec URI: s3://, gs://, memory://, tar://MEMBER::SHARD...), or an
+    image's bytes inside a Parquet/Arrow file (``row://``, data/containers.py)."""
+    if where.startswith(ROW):
+        try:
+            return row_bytes(where)
+        except (OSError, IndexError, KeyError, ValueError) as e:
+            raise ImageProblem(f"image {where} cannot be read from its file ({type(e).__name__}: {e})") from None
     if URI_SEP not in where:
         try:
             return Path(where).read_bytes()
@@ -135,6 +143,8 @@ def images_digest(columns: list[list], base: str) -> str:
     for refs in columns:
         for ref in refs or []:
             h.update(str(ref).encode())
+            if in_container(str(ref)):  # inside a data file: its content hash is in the cache key already
+                continue
             try:
                 h.update(hashlib.sha256(read_bytes(resolve(str(ref), base))).digest())
             except ImageProblem:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from scaletrain.config.schema import DataConfig
 from scaletrain.config.stages import PAIR_STAGES
+from scaletrain.data.containers import ShardError, image_columns, webdataset_records, with_references
 from scaletrain.data.formats import FORMATTINGS, Columns
 from scaletrain.data.spec import is_spec, read_spec
 from scaletrain.errors import DataError
@@ -20,7 +21,7 @@ from scaletrain.storage.uri import local_input
 from scaletrain.textfile import guess_encoding, not_utf8
 
 _SUFFIX_FORMAT = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
-                  ".arrow": "arrow", ".txt": "txt"}
+                  ".arrow": "arrow", ".txt": "txt", ".tar": "webdataset"}
 # "txt": a record per line (LLaMA-Factory's pre-training files, such as wiki_demo.txt), in a "text" column.
 _BUILDER = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow", "txt": "text"}
 INFO_FILE = "dataset_info.json"
@@ -117,12 +118,12 @@ def file_format(path: str, fmt: str, key: str) -> str:
     p = Path(path)
     if fmt != "auto":
         return fmt
-    if p.is_dir():
-        return "disk"
+    if p.is_dir():  # WebDataset shards, or a saved datasets.Dataset
+        return "webdataset" if any(p.glob("*.tar")) else "disk"
     found = _SUFFIX_FORMAT.get(p.suffix.lower())
     if not found:
         raise DataError(f"{key}={path}: cannot tell the format from '{p.suffix}'; set data.format to json, jsonl, "
-                        f"csv, parquet, arrow or txt")
+                        f"csv, parquet, arrow, txt or webdataset")
     return found
 
 
@@ -172,11 +173,15 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
             ds = datasets.load_from_disk(str(p))
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        elif fmt == "webdataset":
+            ds = _webdataset(p, key, path, hf_cache)
         else:
             kwargs = {"field": "data"} if fmt == "json" and _has_data_field(parse) else {}
             with _quiet_datasets():  # its parser's failures are reported here, in one line naming the file's line
                 ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(parse), split="train", cache_dir=hf_cache,
                                            keep_in_memory=False, **kwargs)  # memory-mapped: any size
+    except DataError:
+        raise
     except Exception as e:  # noqa: BLE001 - datasets wraps the parser's error several levels deep
         if fmt not in ("json", "jsonl"):
             raise DataError(f"{key}={path}: cannot parse as {fmt}: {_root_message(e)}") from None
@@ -186,7 +191,28 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
         ds = ds.filter(lambda r: bool(r["text"].strip()))
     if len(ds) == 0:
         raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
+    if fmt in ("parquet", "arrow", "disk") and image_columns(ds):  # images' bytes in the file: referenced (#73)
+        ds = with_references(ds, p if fmt != "disk" else Path(ds.cache_files[0]["filename"]))
     return loaded or Loaded(ds, parse, fmt)
+
+
+def _webdataset(p: Path, key: str, path: str, hf_cache: str):
+    """WebDataset shards' samples as records (data/containers.py), written to an Arrow cache as they are read (the
+    driver's memory bounded by a writer batch, not the set)."""
+    import datasets
+
+    def records():
+        yield from webdataset_records(p)
+
+    try:
+        return datasets.Dataset.from_generator(records, cache_dir=hf_cache, keep_in_memory=False)
+    except Exception as e:  # noqa: BLE001 - datasets wraps the generator's error (tarfile's, json's)
+        cause = e
+        while not isinstance(cause, ShardError) and (cause.__cause__ or cause.__context__) is not None:
+            cause = cause.__cause__ or cause.__context__
+        shard, _, why = str(cause).partition(": ") if isinstance(cause, ShardError) else ("", "", str(cause))
+        raise DataError(f"{key}={path}: WebDataset shard {shard or '?'} cannot be read ({why}); check the shards "
+                        f"(tar files of samples: KEY.json and its images KEY.jpg / KEY.0.png ...)") from None
 
 
 @contextlib.contextmanager

@@ -1,12 +1,13 @@
-"""Vision-language fine-tuning (#62): the data step's images per second per core, and training tokens/s padded vs
-packed, 1 and 2 processes, with LLaMA-Factory 0.9.5 side by side where its environment can run the job.
+"""Vision-language fine-tuning (#62, #73): the data step's images per second per core, the cache's bytes an image,
+the loaders' images per second per core, and training tokens/s padded vs packed, 1 and 2 processes, with
+LLaMA-Factory 0.9.5 side by side where its environment can run the job.
 
 Data step (``--part data``): LLaMA-Factory's ``mllm_demo`` shape with --rows records of photos-sized JPEGs
 (640x480 .. 1024x768, one or two a record, a quarter text only), prepared for a tiny Qwen2-VL whose image processor
 has Qwen2-VL's own settings (patch 14, merge 2, up to 12,845,056 pixels) and LLaMA-Factory's default bound
-(image_max_pixels 589,824): decode, bound, resize, normalise, patch, render, tokenize and cache, with
-``data.preprocessing_num_workers`` 1 and 2. Images/s per core is the images decoded and processed over the
-preparation's time over the processes.
+(image_max_pixels 589,824): each image's size read from its header, bounded, its tokens counted, rendered,
+tokenized and cached (no pixels since #73), with ``data.preprocessing_num_workers`` 1 and 2; then the images of
+--sample records decoded, bounded and processed as the data-loading workers do while training.
 
 Training (``--part train``): LoRA SFT (rank 8, the language model; tower and projector frozen), one LLaMA-Factory
 YAML for both sides (scaletrain runs what ``scaletrain import llamafactory`` makes of it): tiny Gemma 3 (the family
@@ -16,7 +17,7 @@ packed example's own M-RoPE), scaletrain only (LLaMA-Factory cannot load Qwen-VL
 pack Gemma 3 yet). Target tokens/s: the trained (label) tokens of an epoch x epochs over the trainer's training time.
 
     bash benchmarks/llamafactory_env.sh /tmp/lf-venv
-    python benchmarks/vision.py --part data --rows 600 --rounds 2
+    python benchmarks/vision.py --part data --rows 10000 --rounds 2
     python benchmarks/vision.py --part train --llamafactory /tmp/lf-venv --rounds 3
 """
 
@@ -62,19 +63,27 @@ def photos(out: Path, n: int, sizes=((640, 480), (800, 600), (1024, 768))) -> in
 
 
 def data_part(args) -> None:
-    from transformers import Qwen2VLImageProcessorPil
+    """The data step (sizes from the headers, tokens; no pixels since #73) 1 and 2 processes alternating, the
+    cache's bytes an image, the loaders' images/s per core (decode, bound, process: one process, in order), peak
+    RSS, and the projection to 100k and 1M images."""
+    import psutil
+    from transformers import AutoConfig, Qwen2VLImageProcessorPil
 
     from scaletrain.config import validate
     from scaletrain.data import prepare_data
-    from scaletrain.model.processor import image_text_factory
+    from scaletrain.model.processor import image_text_factory, loader_pixels
     from scaletrain.model.tokenizer import load_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="scaletrain-vision-data-"))
     model = save_tiny("qwen2_vl", work / "qwen2-vl")
     Qwen2VLImageProcessorPil(**REAL_QWEN2_VL).save_pretrained(model)
+    t0 = time.perf_counter()
     images = photos(work / "data", args.rows)
+    print(f"{images} photo-sized JPEGs written in {time.perf_counter() - t0:.0f} s", flush=True)
     tok = load_tokenizer(str(model))
     rates: dict[int, list[float]] = {1: [], 2: []}
+    seconds_of: dict[int, list[float]] = {1: [], 2: []}
+    data = None
     for r in range(args.rounds):
         for procs in ((1, 2) if r % 2 == 0 else (2, 1)):
             cfg = validate({"model": {"name_or_path": str(model), "task": "causal-lm"},
@@ -85,13 +94,37 @@ def data_part(args) -> None:
             t0 = time.perf_counter()
             data = prepare_data(cfg, tok, image_text_factory(str(model), tok))
             seconds = time.perf_counter() - t0
-            tokens = sum(sum(t) for t in data.train["image_tokens"])
             rates[procs].append(images / seconds / procs)
-            print(f"round {r} x{procs}: {images} images ({tokens} image tokens) in {seconds:.1f} s: "
-                  f"{images / seconds:.1f} images/s, {images / seconds / procs:.1f} per core", flush=True)
+            seconds_of[procs].append(seconds)
+            print(f"round {r} x{procs}: data step {seconds:.1f} s for {images} images: "
+                  f"{images / seconds:.0f} images/s, {images / seconds / procs:.0f} per core", flush=True)
+    table = data.train.with_format("arrow")[:]
+    image_bytes = sum(table.column(c).nbytes for c in ("image_refs", "image_tokens", "image_grid_thw"))
+    token_bytes = sum(table.column(c).nbytes for c in ("input_ids", "labels"))
+    tokens = sum(sum(t) for t in data.train["image_tokens"])
+    pixels = loader_pixels(str(model), AutoConfig.from_pretrained(str(model)), 589824, 1024)
+    refs = [(w, t) for ex in data.train.select(range(min(len(data.train), args.sample)))
+            for w, t in zip(ex["image_refs"], ex["image_tokens"])]
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    for where, n in refs:
+        pixels.image(where, n)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    per_core = len(refs) / cpu
+    rss = psutil.Process().memory_info().rss / 2 ** 30
+    step1 = statistics.median(seconds_of[1])
+    print(f"\ncache: {image_bytes / images:.0f} bytes an image beyond its tokens (references, counts, grids); the "
+          f"tokens {token_bytes / images:.0f} bytes an image (input_ids, labels; {tokens / images:.0f} image tokens "
+          f"an image); before #73: ~11 MB an image (float32 patches)")
     for procs, values in rates.items():
-        print(f"{procs} process(es): median {statistics.median(values):.1f} images/s per core "
-              f"({', '.join(f'{v:.1f}' for v in values)})")
+        print(f"data step, {procs} process(es): median {statistics.median(seconds_of[procs]):.1f} s, "
+              f"{statistics.median(values):.0f} images/s per core ({', '.join(f'{v:.0f}' for v in values)})")
+    print(f"loaders: {len(refs)} images decoded, bounded and processed in {wall:.1f} s ({cpu:.1f} CPU-s): "
+          f"{per_core:.1f} images/s per core; peak RSS of this process {rss:.2f} GiB")
+    for n in (100_000, 1_000_000):
+        print(f"projection, {n:,} images: cache {image_bytes / images * n / 2 ** 20:.0f} MiB of references "
+              f"+ {token_bytes / images * n / 2 ** 30:.1f} GiB of tokens (~{11 * n / 1e6:.0f} TB of pixels before "
+              f"#73); data step ~{step1 / images * n / 60:.0f} min on one core; the loaders need "
+              f"{n / per_core / 3600:.1f} core-hours an epoch")
 
 
 def lf_yaml(path: Path, model: Path, data: Path, template: str, epochs: int, packed: bool) -> Path:
@@ -172,6 +205,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rows", type=int, default=200)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--sample", type=int, default=200, help="records whose images the loaders' rate is timed on")
     args = ap.parse_args()
     data_part(args) if args.part == "data" else train_part(args)
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from scaletrain.rundir import RunDir
 from tests.cli import run_cli
 from tests.conftest import cli_train, train_losses
 from tests.vlm import mllm_demo, save_tiny
@@ -51,7 +52,10 @@ def test_a_rank_without_an_image_trains_what_one_worker_trains(qwen2_vl, tmp_pat
     for strategy in ("ddp",) if packing else ("ddp", "fsdp"):
         two = run(2, strategy)
         assert train_losses(two) == pytest.approx(one, abs=1e-6), strategy
+        said = (two / RunDir.MAIN_LOG).read_text()  # what the loaders give against a step's images (#73)
+        assert "images: the loaders make" in said and "data.loader_workers=1 per rank" in said, said[-2000:]
         records = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["data/images_skipped"] == 0 for r in records if r.get("kind") == "train")
         ready = [r["ranks/ready_s"] for r in records if r.get("kind") == "train"]
         # no rank waits on another at the gradient sync: the ranks reach it within a second of each other
         assert len(ready) == 4 and all(max(r) - min(r) < 1.0 for r in ready), (strategy, ready)

@@ -168,6 +168,7 @@ def _as_webdataset(demo, rows, out):
     return out
 
 
+@pytest.mark.slow  # several data steps / the plan CLI: make test, not make test-fast
 def test_parquet_with_image_bytes_and_webdataset_shards_train_the_jsons_tokens_and_pixels(tmp_path):
     """The same records from JSON with image paths, from Parquet with the images' bytes inside (datasets' Image
     feature), and from WebDataset tar shards: the same tokens, the same pixels from the loaders, and the Parquet's
@@ -212,3 +213,29 @@ def test_a_shard_that_cannot_be_read_is_one_line_naming_it(tmp_path):
     assert said.startswith(f"data.train_file={shards}: WebDataset shard {shards / 'shard-00000.tar'} cannot be "
                            f"read (not a tar file)")
     assert len(said.splitlines()) == 1
+
+
+@pytest.mark.slow  # several data steps / the plan CLI: make test, not make test-fast
+def test_plan_says_what_the_loaders_give_against_a_steps_images(tmp_path):
+    """plan times the model's image processor on the first images of the data and says it against the images a
+    step needs on a rank (per-device batch x accumulation x images a record)."""
+    import re
+
+    import yaml
+
+    from tests.cli import run_cli
+
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    demo = mllm_demo(tmp_path / "data", n=8)  # 1, 1, 2, 0, 1, 2, 1, 0 images: 8 over 8 records
+    cfg = {"model": {"name_or_path": str(path), "task": "causal-lm", "finetuning_type": "lora"},
+           "data": {"dataset_dir": str(demo), "dataset": ["mllm_demo"], "max_length": 256},
+           "train": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3},
+           "output": {"output_dir": str(tmp_path / "runs")}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_cli("plan", tmp_path / "job.yaml")
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stdout.split())
+    found = re.search(r"images: the loaders make ([0-9.]+) images/s per core .* timed on 4 of the data's images "
+                      r"here\); a step needs 6.0 a rank: ([0-9.]+) core-s a step; data.loader_workers=0", said)
+    assert found, said
+    assert float(found.group(2)) == pytest.approx(6.0 / float(found.group(1)), rel=0.05, abs=0.01)

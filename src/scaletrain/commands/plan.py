@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
             print(textwrap.fill(interval["note"], WIDTH, subsequent_indent="  ", break_long_words=False))
     if not args.json and (images := _images_line(cfg)):
         _say(images)
+        if loaders := _loaders_line(cfg):
+            _say(loaders)
     if args.price:
         _costs(args, cfg, shape, sizes, dtype)
     elif args.deadline or args.steps:
@@ -219,6 +221,47 @@ def _images_line(cfg) -> str | None:
     facts = image_plan(config, cfg.data.image_max_pixels, cfg.data.max_length, trains,
                        4 if not (cfg.train.bf16 or cfg.train.fp16) else 2)
     return image_plan_line(facts, cfg.data.image_max_pixels, trains)
+
+
+def _loaders_line(cfg) -> str | None:
+    """The data-loading workers' images/s per core (timed here on the first images of the data) against a step's
+    images (data/pixels.py loader_line); None when the data has no images or cannot be read here."""
+    import tempfile
+
+    from transformers import AutoConfig
+
+    from scaletrain.data.images import ImageProblem, media_base, sized_images
+    from scaletrain.data.pixels import loader_line
+    from scaletrain.data.sources import load, sources
+    from scaletrain.errors import DataError
+    from scaletrain.model.files import model_dir
+    from scaletrain.model.processor import loader_pixels
+
+    d, tr = cfg.data, cfg.train
+    for src in sources(d, cfg.model.task, tr.stage):
+        try:
+            with tempfile.TemporaryDirectory(prefix="scaletrain-plan-") as scratch:
+                ds = load(src.path, src.file_format, src.key, scratch, d.encoding).ds
+        except DataError:
+            return None  # plan sizes the job; train names a bad file
+        if src.columns.images not in ds.column_names:
+            continue
+        column = ds.select(range(min(len(ds), 1000)))[src.columns.images]
+        rows = [r if isinstance(r, list) else [r] for r in column]
+        refs = [ref for r in rows[:8] for ref in (r or [])][:4]
+        try:
+            where = [w for w, _ in sized_images(refs, media_base(d.media_dir, src.path), d.image_max_pixels,
+                                                d.image_min_pixels)]
+        except ImageProblem:
+            return None
+        path = str(model_dir(cfg.model.name_or_path))
+        pixels = loader_pixels(path, AutoConfig.from_pretrained(path, local_files_only=True), d.image_max_pixels,
+                               d.image_min_pixels)
+        per_record = sum(len(r or []) for r in rows) / len(rows)
+        return loader_line(pixels.rate(where), len(where),
+                           per_record * tr.per_device_train_batch_size * tr.gradient_accumulation_steps,
+                           d.loader_workers)
+    return None
 
 
 def _say(text: str) -> None:

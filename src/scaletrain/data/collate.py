@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from scaletrain.data.encode import IGNORE_INDEX
-from scaletrain.data.pixels import TYPE_COLUMNS, Pixels, batch_images
+from scaletrain.data.pixels import Pixels, batch_images
 
 
 def load_split(path: str):
@@ -111,9 +111,9 @@ class Collator:
         out["num_tokens"] = mask.sum()
         out["num_examples"] = torch.tensor(sum(ex.get("examples", 1) for ex in batch))
         if "image_refs" in batch[0]:  # a vision-language model's images (data/vision.py, data/pixels.py)
-            out.update(image_masks(batch, width))
             if self.pixels is None:
                 raise ValueError("rows with images need the collator's Pixels (the model's image processor)")
+            out[self.pixels.types] = (out["input_ids"] == self.pixels.image_token_id).long()  # the image-token mask
             out = batch_images(out, batch, self.pixels, self.pad_token_id)
             if "pixel_values" not in out and self.stand_in is not None:
                 out = self.stand_in.added(out, self.pad_token_id)
@@ -140,18 +140,5 @@ def _images_of_side(ex: dict, side: str) -> dict:
     """A preference pair's images and one side's image-token mask, as an SFT row carries them (data/vision.py)."""
     if "image_refs" not in ex:
         return {}
-    masks = {name: ex[f"{side}_{name}"] for name in TYPE_COLUMNS if f"{side}_{name}" in ex}
-    return {k: ex[k] for k in ("image_refs", "image_grid_thw", "image_tokens")} | masks
+    return {k: ex[k] for k in ("image_refs", "image_grid_thw", "image_tokens")}
 
-
-def image_masks(batch: list[dict], width: int) -> dict[str, torch.Tensor]:
-    """The image-token mask of a batch's rows (Gemma's ``token_type_ids``, Qwen-VL's ``mm_token_type_ids``) padded
-    to ``width``; their pixels are batch_images' (data/pixels.py)."""
-    out: dict[str, torch.Tensor] = {}
-    for name in TYPE_COLUMNS:
-        if name in batch[0]:
-            types = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, ex in enumerate(batch):
-                types[i, :len(ex[name])] = torch.tensor(ex[name], dtype=torch.long)
-            out[name] = types
-    return out

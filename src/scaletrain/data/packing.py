@@ -133,8 +133,8 @@ def _rows(source, members, counts, spans, ceiling, joined=()):
 
 
 # What a packed row of image examples carries besides its tokens (data/vision.py), each its members' lists end to
-# end: where its images are, their grids and token counts, and the image-token mask.
-JOINED = ("image_refs", "image_grid_thw", "image_tokens", "mm_token_type_ids", "token_type_ids")
+# end: where its images are, their grids and token counts.
+JOINED = ("image_refs", "image_grid_thw", "image_tokens")
 
 
 def _joined(columns: dict, member_ends):

@@ -21,8 +21,6 @@ import torch
 from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.data.images import ImageProblem, load_images
 
-TYPE_COLUMNS = ("token_type_ids", "mm_token_type_ids")  # the image-token mask (data/vision.py: type_column)
-
 
 @dataclass
 class Pixels:
@@ -33,17 +31,38 @@ class Pixels:
     process: Callable[[list], dict]
     max_pixels: int
     min_pixels: int
+    image_token_id: int  # the model's image token: its mask is the input_ids that are it
+    types: str  # the name the model takes that mask under (data/vision.py type_column)
     skipped: int = field(default=0)  # on this process (a loader worker's own count; batches carry theirs)
 
     def image(self, where: str, tokens: int) -> dict:
         """One image's processor output; ImageProblem when it cannot be read or its token count is not
         ``tokens`` (the count its text was written with)."""
-        (image,) = load_images([where], "", self.max_pixels, self.min_pixels)
-        out = self.process([image])
+        out = self.processed(where)
         if out["tokens"][0] != tokens:
             raise ImageProblem(f"image {where} gives {out['tokens'][0]} image tokens now and gave {tokens} when the "
                                f"data was prepared (it changed since)")
         return out
+
+    def processed(self, where: str) -> dict:
+        """One image read, bounded and processed (ImageProblem when it cannot be read)."""
+        (image,) = load_images([where], "", self.max_pixels, self.min_pixels)
+        return self.process([image])
+
+    def rate(self, refs: list[str]) -> float | None:
+        """Images per CPU-second this process makes of ``refs`` (decode, bound, process): what one data-loading
+        worker gives; None when none of them could be read."""
+        import time
+
+        done, cpu0 = 0, time.process_time()
+        for where in refs:
+            try:
+                self.processed(where)
+                done += 1
+            except ImageProblem:
+                continue
+        cpu = time.process_time() - cpu0
+        return done / cpu if done and cpu > 0 else None
 
     def said(self, problem: ImageProblem) -> None:
         self.skipped += 1
@@ -57,7 +76,7 @@ def batch_images(out: dict, batch: list[dict], pixels: Pixels, pad_token_id: int
     be used blanked."""
     import numpy as np
 
-    types_name = next(name for name in TYPE_COLUMNS if name in out)
+    types_name = pixels.types
     done, skipped = [], 0
     for row, ex in enumerate(batch):
         images = list(zip(ex["image_refs"], ex["image_tokens"]))
@@ -126,3 +145,16 @@ def _blank(out: dict, row: int, span: tuple[int, int], types_name: str, pad_toke
     if "attention_mask" in out:
         out["num_tokens"] = out["num_tokens"] - out["attention_mask"][row, s:e].sum()
         out["attention_mask"][row, s:e] = 0
+
+
+def loader_line(rate: float | None, measured: int, images_per_step: float, loader_workers: int) -> str:
+    """What the data-loading workers give against what a step needs, per rank (plan, and a run's start)."""
+    if rate is None:
+        return f"images: none of the {measured} sampled could be read to time the loaders"
+    core_s = images_per_step / rate
+    where = (f"data.loader_workers={loader_workers} per rank make them ahead of the step" if loader_workers else
+             "data.loader_workers=0: the training process makes them, in the step's time; set it to 1 or more to "
+             "overlap them with the step")
+    return (f"images: the loaders make {rate:.1f} images/s per core (decode, bound, process; timed on {measured} of "
+            f"the data's images here); a step needs {images_per_step:.1f} a rank: {core_s:.2f} core-s a step; "
+            f"{where}")

@@ -49,10 +49,22 @@ def describe(tokenizer, example: dict, index: int, color: bool = False, ids: boo
     input_ids, labels = list(example["input_ids"]), list(example["labels"])
     k, n = trained_share(labels)
     head = f"example {index}: {n} tokens, {k} trained ({100 * k / max(n, 1):.1f}%)"
-    mask = example.get("mm_token_type_ids") or example.get("token_type_ids")  # a vision-language example's images
-    body = marked(tokenizer, input_ids, labels, color, list(mask) if mask else None)
+    body = marked(tokenizer, input_ids, labels, color, _image_mask(tokenizer, example))
     pairs = ("\n(label, id): " + " ".join(f"({lab},{tok})" for tok, lab in zip(input_ids, labels))) if ids else ""
     return f"{head}\n{body}{pairs}"
+
+
+# The image tokens of the families with images (model/processor.py: Qwen-VL's, Gemma 3's soft token).
+IMAGE_TOKENS = ("<|image_pad|>", "<image_soft_token>")
+
+
+def _image_mask(tokenizer, example: dict) -> list[int] | None:
+    """1 on a vision-language example's image tokens (the cache keeps no mask: the collator's is the same rule)."""
+    if not example.get("image_tokens"):
+        return None
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[t] for t in IMAGE_TOKENS if t in vocab}
+    return [int(t in ids) for t in example["input_ids"]]
 
 
 def first_example(tokenizer, train) -> str | None:

@@ -26,8 +26,9 @@ from scaletrain.data.templates import render_records
 
 PLACEHOLDER = "<image>"  # LLaMA-Factory's image placeholder in a turn's text
 IMAGE_PROBLEM = "image: "  # the skip reason's prefix of an unreadable image (prepare.py stops on it)
-# The columns a record with images adds to input_ids/labels (data/pixels.py reads them), besides the image-token
-# mask (type_column): where each image is (its resolved path or URI), Qwen-VL's grids and each image's tokens.
+# The columns a record with images adds to input_ids/labels (data/pixels.py reads them): where each image is (its
+# resolved path or URI), Qwen-VL's grids and each image's tokens. The image-token mask is the collator's (input_ids
+# == the image token): kept in the cache it would be 8 bytes a token, ~5 KB a photo.
 IMAGE_COLUMNS = ("image_refs", "image_grid_thw", "image_tokens")
 
 
@@ -39,8 +40,6 @@ def encode_vision_chat(batch: dict[str, list], tokenizer, image_text, formatting
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     variables = template_variables(tokenizer, enable_thinking)
     out = {k: [] for k in ("input_ids", "labels", "_skip", "_full", *IMAGE_COLUMNS, *STATS)}
-    types = type_column(image_text.model_type)
-    out[types] = []
     for row in rows:
         chat, why = to_conversation(row, formatting, columns)
         refs = row.get(columns.images) or []
@@ -56,7 +55,6 @@ def encode_vision_chat(batch: dict[str, list], tokenizer, image_text, formatting
         out["image_refs"].append(refs)
         out["image_grid_thw"].append(grid)
         out["image_tokens"].append(tokens)
-        out[types].append([int(t == image_text.image_token_id) for t in ids])
         out["_turns"].append(_count(chat, lambda m: True))
         out["_reasoned"].append(_count(chat, _has_reasoning))
     return out
@@ -169,8 +167,7 @@ def encode_vision_pairs(batch: dict[str, list], tokenizer, image_text, formattin
 
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     variables = template_variables(tokenizer, None)
-    types = type_column(image_text.model_type)
-    out = {k: [] for k in (*PAIR_COLUMNS, "_skip", "_full", *IMAGE_COLUMNS, f"chosen_{types}", f"rejected_{types}")}
+    out = {k: [] for k in (*PAIR_COLUMNS, "_skip", "_full", *IMAGE_COLUMNS)}
     for row in rows:
         pair, why = to_pair(row, formatting, columns)
         sides, example = [], None
@@ -199,9 +196,7 @@ def encode_vision_pairs(batch: dict[str, list], tokenizer, image_text, formattin
         refs, grid, tokens = example or ([], [], [])
         for key, value in (("chosen_input_ids", c_ids), ("chosen_labels", c_labels), ("rejected_input_ids", r_ids),
                            ("rejected_labels", r_labels), ("_skip", why), ("_full", max(len(c_ids), len(r_ids))),
-                           ("image_refs", refs), ("image_grid_thw", grid), ("image_tokens", tokens),
-                           (f"chosen_{types}", [int(t == image_text.image_token_id) for t in c_ids]),
-                           (f"rejected_{types}", [int(t == image_text.image_token_id) for t in r_ids])):
+                           ("image_refs", refs), ("image_grid_thw", grid), ("image_tokens", tokens)):
             out[key].append(value)
     return out
 

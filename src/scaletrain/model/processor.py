@@ -151,9 +151,12 @@ def image_processing(path: str, config) -> ImageProcessing:
 def loader_pixels(name_or_path: str, config, max_pixels: int, min_pixels: int):
     """What the collator of a vision-language job reads and processes its images with (data/pixels.py Pixels)."""
     from scaletrain.data.pixels import Pixels
+    from scaletrain.data.vision import type_column
     from scaletrain.model.files import model_dir
 
-    return Pixels(image_processing(str(model_dir(name_or_path)), config).preprocess, max_pixels, min_pixels)
+    token = config.image_token_index if config.model_type in GEMMA_TYPES else config.image_token_id
+    return Pixels(image_processing(str(model_dir(name_or_path)), config).preprocess, max_pixels, min_pixels, token,
+                  type_column(config.model_type))
 
 
 def _processor_config(path: Path) -> dict:

@@ -19,6 +19,7 @@ from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import for_world_size
 from scaletrain.config.schema import Config
 from scaletrain.data import Collator, load_split
+from scaletrain.data.pixels import loader_line
 from scaletrain.errors import StorageError
 from scaletrain.memory.measure import held_bytes, memory_summary
 from scaletrain.metrics.goodput import mark
@@ -105,6 +106,8 @@ def run_loop(ctx: DistContext, spec: JobSpec, cfg: Config, events, beat: Heartbe
     events("placement", placement(ctx))
     events("workers up", t.describe())
     data = StreamData(t) if t.spec.stream else Data(t)
+    if t.pixels is not None and ctx.is_main and not t.spec.stream and "image_refs" in data.train.column_names:
+        events("images", data.images_line())
     metrics = Meter(t, system)
     clock = Clock()
     if not train_until_done(t, data, metrics, events, clock):
@@ -135,6 +138,19 @@ class Data:
                                         repeat=t.cfg.rl.num_iterations if grpo else 1)
         self.record = open_record(t.run_dir.examples, t.progress.step + 1, t.ctx) if d.record_examples else None
         self._order: tuple[int, list[int]] | None = None  # (epoch, this rank's order of it)
+
+    def images_line(self) -> str:
+        """What this rank's data-loading workers give against what a step needs (data/pixels.py): the first few
+        images of the split timed here."""
+        import pyarrow.compute as pc
+
+        counts = pc.list_value_length(self.train.with_format("arrow")["image_tokens"]).fill_null(0)
+        per_row = float(pc.mean(counts).as_py() or 0.0)
+        refs = [w for ex in self.train.select(range(min(len(self.train), 8)))["image_refs"] for w in ex][:4]
+        tr = self.t.cfg.train
+        return loader_line(self.t.pixels.rate(refs), len(refs),
+                           per_row * tr.per_device_train_batch_size * tr.gradient_accumulation_steps,
+                           self.t.cfg.data.loader_workers)
 
     def record_step(self, step: int, micro_batches: int) -> None:
         """Write which examples the step that started ``micro_batches`` into the epoch trained (this rank's)."""

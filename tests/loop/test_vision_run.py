@@ -141,3 +141,20 @@ def test_llamafactorys_vision_language_examples_train_as_imported(tmp_path, exam
         assert losses[0] == pytest.approx(0.6931, abs=1e-3)
     else:
         assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
+def test_an_image_damaged_after_the_data_step_is_skipped_on_two_workers_without_a_hang(qwen2_vl, tmp_path):
+    """An image whose file is cut short (its header still read, its pixels not): the data step sizes it from the
+    header, a data-loading worker cannot decode it, its record is skipped and counted, and the 2-worker run ends."""
+    data = mllm_demo(tmp_path / "data", n=8)
+    rows = json.loads((data / "mllm_demo.json").read_text())
+    victim = data / rows[0]["images"][0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size * 2 // 3])
+    cfg = _cfg(qwen2_vl, data, strategy="ddp", per_device_train_batch_size=2, max_steps=4)
+    cfg["data"]["loader_workers"] = 1
+    run = cli_train(cfg, tmp_path, "damaged", 2)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["data/images_skipped"] for r in records if r.get("kind") == "train") >= 1
+    logs = "".join(p.read_text() for p in (run / "logs").glob("*.log"))
+    assert str(victim) in logs and "its record is skipped" in logs, logs[-3000:]

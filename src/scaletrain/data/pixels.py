@@ -137,14 +137,13 @@ def _member_of(members: list[tuple[int, int]], at: int) -> int:
 
 
 def _blank(out: dict, row: int, span: tuple[int, int], types_name: str, pad_token_id: int) -> None:
-    """The example in ``span`` of ``row`` made padding: no target, no image token; unpacked, no attention either."""
+    """The example in ``span`` of ``row`` made padding tokens: no target, no image token. Its attention mask stays
+    (a row of no attended token breaks Qwen-VL's position ids: ``get_rope_index`` concatenates nothing); without a
+    target it adds nothing to the loss or the gradients."""
     s, e = span
     out["input_ids"][row, s:e] = pad_token_id
     out["labels"][row, s:e] = IGNORE_INDEX
     out[types_name][row, s:e] = 0
-    if "attention_mask" in out:
-        out["num_tokens"] = out["num_tokens"] - out["attention_mask"][row, s:e].sum()
-        out["attention_mask"][row, s:e] = 0
 
 
 def loader_line(rate: float | None, measured: int, images_per_step: float, loader_workers: int) -> str:

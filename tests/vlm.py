@@ -38,7 +38,8 @@ def tiny_config(kind: str, vocab: int, ids: dict | None = None):
             **ids)
     return Gemma3Config(text_config=dict(vocab_size=vocab, **TEXT, head_dim=16),
                         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=2, image_size=64, patch_size=16),
+                                           num_attention_heads=2, image_size=64, patch_size=16,
+                                           vision_use_head=False),  # as Gemma 3 is released: no pooling head
                         mm_tokens_per_image=GEMMA_IMAGE_TOKENS,
                         image_token_index=ids.get("image_token_index", vocab - 1),
                         boi_token_index=ids.get("boi_token_index", vocab - 2),

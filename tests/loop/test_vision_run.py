@@ -158,3 +158,23 @@ def test_an_image_damaged_after_the_data_step_is_skipped_on_two_workers_without_
     assert sum(r["data/images_skipped"] for r in records if r.get("kind") == "train") >= 1
     logs = "".join(p.read_text() for p in (run / "logs").glob("*.log"))
     assert str(victim) in logs and "its record is skipped" in logs, logs[-3000:]
+
+
+@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
+def test_gemma3_packed_trains_on_two_workers_what_one_trains(tmp_path):
+    """#73: Gemma 3 packed end to end (its rows' masks built in the step, vision.packed_inputs), the pixels made in
+    a data-loading process on 2 workers: the same losses as 1 worker (1e-6), and an eval on packed rows."""
+    model = save_tiny("gemma3", tmp_path / "gemma3")
+    data = mllm_demo(tmp_path / "data", n=8)
+
+    def run(workers: int):
+        cfg = _cfg(model, data, strategy="ddp", per_device_train_batch_size=2 // workers, max_steps=3)
+        cfg["data"].update(packing=True, max_length=128, loader_workers=workers - 1, eval_ratio=0.25,
+                           pack_eval=True)
+        cfg["train"].update(eval_steps=3)
+        return cli_train(cfg, tmp_path, f"g3-w{workers}", workers)
+
+    one, two = run(1), run(2)
+    assert train_losses(two) == pytest.approx(train_losses(one), abs=1e-6)
+    evals = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("kind") == "eval" for r in evals)

@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from scaletrain.errors import ScaletrainError
 from scaletrain.launch.local import run_in_process
 from tests.conftest import local_spec, train_losses
 from tests.vlm import save_tiny
@@ -34,15 +33,3 @@ def test_a_vision_language_model_trains_its_language_model_on_text_rows(demo_dir
     losses = train_losses(tmp_path / "run")
     assert losses[-1] < losses[0]
     assert (tmp_path / "run" / "final" / "adapter_model.safetensors").is_file()
-
-
-@pytest.mark.parametrize("change,message", [
-    ({"data": {"packing": True}}, "is a vision-language model whose packed rows scaletrain cannot keep apart yet"),
-])
-def test_what_is_not_supported_yet_is_one_line(demo_dir, tmp_path, change, message):
-    path = save_tiny("gemma3", tmp_path / "gemma3")
-    cfg = _cfg(path, demo_dir)
-    cfg["data"].update(change["data"])
-    with pytest.raises(ScaletrainError) as e:
-        local_spec(cfg, tmp_path / "run")
-    assert message in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)

@@ -326,6 +326,40 @@ def test_packed_image_rows_give_the_unpacked_loss(tmp_path, kind, attention):
     assert b.item() == pytest.approx(a.item(), abs=1e-6 * a.item())
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_gemma3_packed_rows_give_the_padded_loss(tmp_path, attention):
+    """#73: Gemma 3 packed: each example's attention kept inside it, its images' tokens attending to each other both
+    ways (the masks built per example: vision.packed_masks, through packed_inputs as the step and eval call it), the
+    padded batch's loss to 1e-6; and the driver no longer refuses it."""
+    import datasets
+    from transformers import AutoModelForImageTextToText
+
+    from scaletrain.config.schema import ModelConfig
+    from scaletrain.data import model_inputs
+    from scaletrain.data.packing import pack
+    from scaletrain.model.build import packing_support_error
+    from scaletrain.model.tokenizer import Vocab
+    from scaletrain.model.vision import packed_inputs
+    from scaletrain.worker.step import token_loss_sum
+
+    path = save_tiny("gemma3", tmp_path / "gemma3")
+    tok = load_tokenizer(str(path))
+    assert packing_support_error(ModelConfig(name_or_path=str(path), task="causal-lm"), Vocab.of(tok)) is None
+    data = _prepare(path, tok, mllm_demo(tmp_path / "data", n=8), tmp_path)
+    examples = [data.train[i] for i in range(len(data.train))]
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=torch.float32,
+                                                        attn_implementation=attention).eval()
+    padded = collator(path, tok)(examples)
+    rows = pack(datasets.Dataset.from_list(examples), 256, seed=1, workdir=tmp_path)
+    packed = collator(path, tok)([rows[i] for i in range(len(rows))])
+    assert packed["input_ids"].shape[0] < len(examples) and "attention_mask" not in packed
+    packed = packed_inputs(packed, masks_of=model.config)
+    with torch.no_grad():
+        a = token_loss_sum(model(**model_inputs(padded, labels=False), use_cache=False).logits, padded["labels"])
+        b = token_loss_sum(model(**model_inputs(packed, labels=False), use_cache=False).logits, packed["labels"])
+    assert b.item() == pytest.approx(a.item(), abs=1e-6 * a.item())
+
+
 def test_plan_counts_an_images_tokens_as_the_data_step_does_and_the_towers_cost(model, tmp_path):
     from transformers import AutoConfig
 

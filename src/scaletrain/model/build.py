@@ -14,7 +14,7 @@ from scaletrain.model.files import LLAMA_1B, LLAMA_100M, TINY_BERT, check_files,
 from scaletrain.model.lora_targets import WORDS, resolve
 from scaletrain.model.quantize import block_linears, bnb_kwargs, is_nf4, prequantized_error, quantize_nf4
 from scaletrain.model.tokenizer import Vocab
-from scaletrain.model.vision import freeze, is_vision_language, unfrozen_targets
+from scaletrain.model.vision import freeze, has_packed_masks, is_vision_language, unfrozen_targets
 
 # Dropout probabilities across common HF configs (BERT, Llama, GPT-2, ...).
 DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "attention_dropout",
@@ -123,7 +123,7 @@ def build_model(cfg: ModelConfig, vocab: Vocab, label_names: list[str] | None = 
     text = model.config.get_text_config()  # a vision-language model's pad id is its text model's
     if getattr(text, "pad_token_id", None) is None:
         text.pad_token_id = vocab.pad_id
-    if packed:
+    if packed and not has_packed_masks(model.config):  # Gemma 3 takes its packed masks (vision.packed_masks)
         from scaletrain.model.attention import isolate_examples
 
         isolate_examples(model)
@@ -357,11 +357,13 @@ def packing_support_error(cfg: ModelConfig, vocab: Vocab) -> str | None:
     import inspect
 
     auto, config = auto_and_config(cfg, vocab)
-    if is_vision_language(config):  # Qwen-VL: each packed example's own M-RoPE positions (vision.packed_positions)
-        if config.model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
+    if is_vision_language(config):  # Qwen-VL: each packed example's own M-RoPE positions (vision.packed_positions);
+        # Gemma 3: its masks built per example, images bidirectional inside (vision.packed_masks)
+        if config.model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "gemma3"):
             return None
         return (f"{cfg.name_or_path} ({config.model_type}) is a vision-language model whose packed rows scaletrain "
-                f"cannot keep apart yet (packing serves Qwen2-VL, Qwen2.5-VL and Qwen3-VL); set data.packing=false")
+                f"cannot keep apart yet (packing serves Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3); set "
+                f"data.packing=false")
     model_class = auto._model_mapping[type(config)]
     source = inspect.getsource(importlib.import_module(model_class.__module__))
     if "create_causal_mask" not in source:

@@ -181,6 +181,53 @@ def packed_positions(owner, batch: dict):
     return torch.cat([positions[None], rope], 0)
 
 
+def packed_inputs(batch: dict, rope=None, masks_of=None) -> dict:
+    """A packed vision-language batch as its model takes it (train and eval): Qwen-VL's rows with each example's
+    own M-RoPE positions (``rope``: the model's rope owner), Gemma 3's with their masks (``masks_of``: its config);
+    anything else as it is."""
+    import torch
+
+    positions = batch.get("position_ids", torch.empty(0))
+    if rope is not None and positions.ndim == 2:
+        batch = {**batch, "position_ids": packed_positions(rope, batch)}
+    if masks_of is not None and positions.ndim == 2:
+        batch = {**batch, "attention_mask": packed_masks(masks_of, batch)}
+    return batch
+
+
+def has_packed_masks(config) -> bool:
+    """A model whose packed rows take the masks ``packed_masks`` builds (Gemma 3: images attend both ways)."""
+    return getattr(config, "model_type", None) == "gemma3"
+
+
+def packed_masks(config, batch: dict) -> dict:
+    """Gemma 3's attention masks for packed rows, by layer type (the mapping its forward takes as
+    ``attention_mask``): inside each example (positions restart at 0), causal, and bidirectional among one image's
+    tokens (``token_type_ids``); its sliding layers also within the window. transformers builds them itself from the
+    position ids, but its sliding-layer mask reads the image blocks at each example's positions instead of the row's
+    (masking_utils remaps every overlay of a packed row to positions), so a later example's image tokens attended to
+    the wrong keys (4e-5 off the padded loss on the tiny model, 0.2 in logits); built here, packed = padded."""
+    import torch
+
+    positions, types = batch["position_ids"], batch["token_type_ids"]
+    length = positions.shape[1]
+    index = torch.arange(length, device=positions.device)
+    example = (positions == 0).cumsum(-1)
+    image = types == 1
+    starts = image & ~torch.nn.functional.pad(image, (1, 0))[:, :-1]
+    block = torch.where(image, starts.cumsum(-1) - 1, -1)
+    causal = index[None, :, None] >= index[None, None, :]
+    same_image = (block[:, :, None] == block[:, None, :]) & (block[:, :, None] >= 0)
+    full = (causal | same_image) & (example[:, :, None] == example[:, None, :])
+    window = getattr(config.get_text_config(), "sliding_window", None) or length
+    sliding = full & (index[None, None, :] > index[None, :, None] - window)
+    masks = {"full_attention": full[:, None], "sliding_attention": sliding[:, None]}
+    if getattr(config, "_attn_implementation", "sdpa") == "eager":  # eager adds its mask to the scores
+        masks = {k: torch.zeros(m.shape, device=m.device).masked_fill(~m, torch.finfo(torch.float32).min)
+                 for k, m in masks.items()}
+    return masks
+
+
 def image_plan(config, max_pixels: int, max_length: int, tower_trains: bool, bytes_per_value: int = 2) -> dict:
     """What `plan` says of a vision-language job's images (#62), from the config alone (the parts counted on the meta
     device): an image at ``data.image_max_pixels`` (square) in patches and tokens of the sequence, how many such

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from scaletrain.comm.context import DistContext
 from scaletrain.data import IGNORE_INDEX, Collator, model_inputs
 from scaletrain.model import context_parallel
+from scaletrain.model.vision import packed_inputs
 from scaletrain.worker.loss import chunked_labels, is_installed
 from scaletrain.worker.parallel import all_reduce_sum
 
@@ -29,12 +30,14 @@ def evaluate(t: Trainer, data, collate: Collator) -> dict[str, float]:
     if t.objective is not None:
         return t.objective.evaluate(t, data, collate)
     return evaluate_model(t.model, data, collate, t.ctx, cfg.train.per_device_eval_batch_size, cfg.model.task,
-                          cfg.model.num_labels, t.precision.autocast)
+                          cfg.model.num_labels, t.precision.autocast,
+                          shape=lambda batch: packed_inputs(batch, t.rope, t.masks_of))
 
 
 @torch.no_grad()
 def evaluate_model(model, data, collate: Collator, ctx: DistContext, batch_size: int,
-                   task: str, num_labels: int, autocast) -> dict[str, float]:
+                   task: str, num_labels: int, autocast, shape=None) -> dict[str, float]:
+    """``shape``: what makes a batch the model's inputs beyond the collator (packed vision-language rows)."""
     if len(data) == 0:
         return {}
     was_training = model.training
@@ -50,6 +53,7 @@ def evaluate_model(model, data, collate: Collator, ctx: DistContext, batch_size:
         weight = 1.0 if idx else 0.0
         batch = collate([data[i] for i in (idx or [0])])
         batch = {k: v.to(ctx.device) for k, v in batch.items()}
+        batch = shape(batch) if shape is not None else batch
         shifted = ctx.cp_size > 1  # this rank's share of each sequence, targets shifted before the split
         if shifted:
             batch = context_parallel.shard_batch(batch, ctx.cp_size, ctx.cp_rank, collate.pad_token_id)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from scaletrain.data import IGNORE_INDEX, model_inputs
 from scaletrain.model import context_parallel
-from scaletrain.model.vision import packed_positions
+from scaletrain.model.vision import packed_inputs
 from scaletrain.worker.breakdown import device_sync, time_without_sync
 from scaletrain.worker.faults import delay_s
 from scaletrain.worker.loss import chunked_labels
@@ -71,8 +71,7 @@ def micro_loss(t: Trainer, batch: dict, n_micro: int, tokens_per_rank) -> tuple[
     if tokens_per_rank is None:
         loss = t.model(**model_inputs(batch)).loss / n_micro
         return loss, loss
-    if t.rope is not None and batch.get("position_ids", torch.empty(0)).ndim == 2:  # packed Qwen-VL rows: M-RoPE
-        batch = {**batch, "position_ids": packed_positions(t.rope, batch)}
+    batch = packed_inputs(batch, t.rope, t.masks_of)  # packed Qwen-VL rows: M-RoPE; Gemma 3's: its masks
     # no cache: with packed rows transformers reads the examples' bounds from position_ids only without one
     routed = {"output_router_logits": True} if t.router is not None else {}
     labels, shifted = labels_of(batch)

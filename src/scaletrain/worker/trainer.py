@@ -37,7 +37,7 @@ from scaletrain.model.build import (
 from scaletrain.model.fp8 import check_device as check_fp8
 from scaletrain.model.moe import experts_of, router_terms
 from scaletrain.model.quantize import engine_for
-from scaletrain.model.vision import is_vision_language, rope_owner, stand_in_image
+from scaletrain.model.vision import has_packed_masks, is_vision_language, rope_owner, stand_in_image
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.compile import Compiled, compile_blocks
@@ -118,6 +118,7 @@ class Trainer:
     compiled: Compiled | None = None  # train.compile: the blocks compiled, and what fell back to eager
     stand_in: StandIn | None = None  # a vision-language model: the image of a batch without one (data/collate.py)
     pixels: Pixels | None = None  # and what makes its batches' pixels from the images' references (data/pixels.py)
+    masks_of: object | None = None  # packed Gemma 3: the config its packed rows' masks are built for (step.py)
     rope: torch.nn.Module | None = None  # a Qwen-VL model's M-RoPE (get_rope_index), for packed rows' positions
 
     @property
@@ -212,7 +213,8 @@ def build_trainer(ctx: DistContext, spec: JobSpec, cfg: Config, beat: Heartbeat,
                    router=router_loss_for(cfg, model_config, ctx), compiled=compiled,
                    stand_in=stand_in_image(model_config) if is_vision_language(model_config) else None,
                    pixels=_pixels(cfg, model_config),
-                   rope=rope_owner(model, model_config))
+                   rope=rope_owner(model, model_config),
+                   masks_of=model_config if cfg.data.packing and has_packed_masks(model_config) else None)
 
 
 def _pixels(cfg: Config, model_config) -> Pixels | None:

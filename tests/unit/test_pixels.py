@@ -187,6 +187,9 @@ def test_parquet_with_image_bytes_and_webdataset_shards_train_the_jsons_tokens_a
 
     def prepared(name):
         data = _prepare(path, tok, demo, tmp_path / name, dataset=[name], packing=False)
+        table = data.train.with_format("arrow")[:]
+        images = sum(len(r) for r in table.column("image_refs").to_pylist())
+        assert sum(table.column(c).nbytes for c in ("image_refs", "image_tokens", "image_grid_thw")) <= 1024 * images
         return sorted((data.train[i] for i in range(len(data.train))), key=lambda ex: ex["input_ids"])
 
     plain = prepared("mllm_demo")
@@ -239,3 +242,39 @@ def test_plan_says_what_the_loaders_give_against_a_steps_images(tmp_path):
                       r"here\); a step needs 6.0 a rank: ([0-9.]+) core-s a step; data.loader_workers=0", said)
     assert found, said
     assert float(found.group(2)) == pytest.approx(6.0 / float(found.group(1)), rel=0.05, abs=0.01)
+
+
+@pytest.mark.slow  # an S3 API server and two data steps: make test, not make test-fast
+def test_a_parquet_and_a_shard_on_object_storage_are_read_where_they_are(tmp_path, s3_server, monkeypatch):
+    """data.train_file on S3 (a Parquet with the images' bytes, a WebDataset shard): the driver reads the records
+    from its copy, the cache references the images in the objects (every node's loaders read them there), and the
+    loaders' pixels equal the local JSON's."""
+    import fsspec
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)  # the standard chain, as a user sets it for MinIO
+    fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
+    fs.mkdir("vision-data")
+    path = save_tiny("qwen2_vl", tmp_path / "m")
+    tok = load_tokenizer(str(path))
+    demo = mllm_demo(tmp_path / "data", n=5)
+    rows = json.loads((demo / "mllm_demo.json").read_text())
+    fs.put_file(str(_as_parquet(demo, rows, tmp_path / "mllm.parquet")), "vision-data/mllm.parquet")
+    shards = _as_webdataset(demo, rows[:4], tmp_path / "shards")
+    fs.put_file(str(shards / "shard-00000.tar"), "vision-data/shard-00000.tar")
+    collate = collator(path, tok)
+    local = _prepare(path, tok, demo, tmp_path / "local")
+    by_ids = {tuple(ex["input_ids"]): ex for ex in local.train}
+    for name, scheme in (("mllm.parquet", "row://"), ("shard-00000.tar", "tar://")):
+        cfg = validate({"model": {"name_or_path": str(path), "task": "causal-lm"},
+                        "data": {"train_file": f"s3://vision-data/{name}", "formatting": "sharegpt",
+                                 "messages_column": "messages", "role_tag": "role", "content_tag": "content",
+                                 "user_tag": "user", "assistant_tag": "assistant", "images_column": "images",
+                                 "eval_ratio": 0, "max_length": 256},
+                        "output": {"output_dir": str(tmp_path / f"out-{name}")}})
+        data = prepare_data(cfg, tok, image_text_factory(str(path), tok))
+        refs = [r for ex in data.train for r in ex["image_refs"]]
+        assert refs and all(r.startswith(scheme) and f"::s3://vision-data/{name}" in r for r in refs), refs[:2]
+        for ex in data.train:
+            if ex["image_refs"]:
+                twin = by_ids[tuple(ex["input_ids"])]
+                assert torch.equal(collate([ex])["pixel_values"], collate([twin])["pixel_values"]), name

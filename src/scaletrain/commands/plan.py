@@ -241,7 +241,7 @@ def _loaders_line(cfg) -> str | None:
     for src in sources(d, cfg.model.task, tr.stage):
         try:
             with tempfile.TemporaryDirectory(prefix="scaletrain-plan-") as scratch:
-                ds = load(src.path, src.file_format, src.key, scratch, d.encoding).ds
+                ds = load(src.path, src.file_format, src.key, scratch, d.encoding, src.origin).ds
         except DataError:
             return None  # plan sizes the job; train names a bad file
         if src.columns.images not in ds.column_names:

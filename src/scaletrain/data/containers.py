@@ -51,13 +51,14 @@ def image_columns(ds) -> list[str]:
     return out
 
 
-def with_references(ds, path: Path):
+def with_references(ds, path: Path, origin: str = ""):
     """``ds`` (a Parquet/Arrow file's records) with each image column made a list of references: ``row://`` where
-    the row holds the bytes, the struct's own ``path`` where it holds only a path."""
+    the row holds the bytes (in ``origin``, the URI ``path`` was copied from, when there is one), the struct's own
+    ``path`` where it holds only a path."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    where = path.absolute()
+    where = origin or path.absolute()
     for column in image_columns(ds):
         refs, row = [], 0
         for values in ds.data.table.column(column).chunks:  # memory-mapped chunks: the bytes are never copied
@@ -95,9 +96,7 @@ def _layout(path: str) -> tuple[list[int], list[int]]:
     """The first row and row count of each row group (Parquet) or record batch (Arrow) of the file."""
     groups = [len(b) for b in _batches(path)] if not path.endswith((".parquet", ".pq")) else None
     if groups is None:
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(path).metadata
+        meta = _parquet(path).metadata
         groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     starts = [sum(groups[:g]) for g in range(len(groups))]
     return starts, groups
@@ -106,10 +105,20 @@ def _layout(path: str) -> tuple[list[int], list[int]]:
 @functools.lru_cache(maxsize=4)  # a few row groups per process: a shuffled epoch reads each group's images anyway
 def _group(path: str, group: int, column: str):
     if path.endswith((".parquet", ".pq")):
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(path).read_row_group(group, columns=[column]).column(column)
+        return _parquet(path).read_row_group(group, columns=[column]).column(column)
     return _batches(path)[group].column(column)
+
+
+@functools.lru_cache(maxsize=8)
+def _parquet(path: str):
+    """A Parquet file, local or on object storage (fsspec: a row group's byte range is read, never the file)."""
+    import pyarrow.parquet as pq
+
+    if "://" not in path:
+        return pq.ParquetFile(path)
+    import fsspec
+
+    return pq.ParquetFile(fsspec.open(path, "rb").open())
 
 
 @functools.lru_cache(maxsize=8)
@@ -129,7 +138,7 @@ def shards(path: Path) -> list[Path]:
     return sorted(path.glob("*.tar")) if path.is_dir() else [path]
 
 
-def webdataset_records(path: Path, images: str = "images"):
+def webdataset_records(path: Path, images: str = "images", origin: str = ""):
     """Each sample of the shards as a record: its ``.json`` member's fields, and ``images`` the references of its
     image members (in name order: ``000001.0.jpg`` before ``000001.1.jpg``); a sample without a .json member is
     left out (it is counted by the caller as no record). A shard that cannot be read raises tarfile.ReadError /
@@ -140,7 +149,7 @@ def webdataset_records(path: Path, images: str = "images"):
         except (tarfile.TarError, OSError, ValueError) as e:  # json's errors are ValueErrors
             why = "not a tar file" if isinstance(e, tarfile.ReadError) else f"{type(e).__name__}: {e}"
             raise ShardError(f"{shard}: {why}") from None
-        where = str(shard.absolute())
+        where = origin or str(shard.absolute())  # origin: the URI of a single shard copied to ``path``
         for key in order:
             sample = samples[key]
             if isinstance(sample["record"], dict):

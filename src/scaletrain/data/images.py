@@ -168,7 +168,7 @@ def sources_digest(srcs: list, media_dir: str | None, encoding: str) -> str:
     parts = []
     with tempfile.TemporaryDirectory(prefix="scaletrain-hf-") as hf_cache:
         for src in srcs:
-            ds = load(src.path, src.file_format, src.key, hf_cache, encoding).ds
+            ds = load(src.path, src.file_format, src.key, hf_cache, encoding, src.origin).ds
             if src.columns.images in ds.column_names:
                 parts.append(images_digest(ds[src.columns.images], media_base(media_dir, src.path)))
     return ",".join(parts)

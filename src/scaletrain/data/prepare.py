@@ -236,7 +236,7 @@ def _loaded(src: Source, cfg: Config, hf_cache: str) -> Loaded:
     """The source's records, capped by data.max_samples / its num_samples (before the eval split: a cap is a cap
     of the file)."""
     d = cfg.data
-    raw = load(src.path, src.file_format, src.key, hf_cache, d.encoding)
+    raw = load(src.path, src.file_format, src.key, hf_cache, d.encoding, src.origin)
     cap = min(n for n in (d.max_samples, src.num_samples, len(raw.ds)) if n)
     if cap < len(raw.ds):
         raw.ds = raw.ds.select(range(cap))

@@ -17,7 +17,7 @@ from scaletrain.data.containers import ShardError, image_columns, webdataset_rec
 from scaletrain.data.formats import FORMATTINGS, Columns
 from scaletrain.data.spec import is_spec, read_spec
 from scaletrain.errors import DataError
-from scaletrain.storage.uri import local_input
+from scaletrain.storage.uri import is_uri, local_input
 from scaletrain.textfile import guess_encoding, not_utf8
 
 _SUFFIX_FORMAT = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
@@ -39,6 +39,7 @@ class Source:
     file_format: str = "auto"
     num_samples: int | None = None
     extra: dict = field(default_factory=dict)
+    origin: str = ""  # the URI ``path`` is the driver's local copy of (images inside it are read from there)
 
 
 def sources(d: DataConfig, task: str, stage: str = "sft") -> list[Source]:
@@ -50,7 +51,7 @@ def sources(d: DataConfig, task: str, stage: str = "sft") -> list[Source]:
     if d.train_file:
         columns = Columns.from_config(d, d.formatting)
         return [Source("train_file", local_input(d.train_file, "data.train_file"), "data.train_file", d.formatting,
-                       columns, d.format)]
+                       columns, d.format, origin=d.train_file if is_uri(d.train_file) else "")]
     return named_sources(d, d.dataset or [], "data.dataset", stage)
 
 
@@ -63,7 +64,8 @@ def eval_sources(d: DataConfig, stage: str = "sft") -> list[Source]:
                        Columns.from_config(d, e.formatting), num_samples=e.size) for e in spec]
     if d.eval_file:
         return [Source("eval_file", local_input(d.eval_file, "data.eval_file"), "data.eval_file", d.formatting,
-                       Columns.from_config(d, d.formatting), d.format)]
+                       Columns.from_config(d, d.formatting), d.format,
+                       origin=d.eval_file if is_uri(d.eval_file) else "")]
     return named_sources(d, d.eval_dataset, "data.eval_dataset", stage) if d.eval_dataset else []
 
 
@@ -155,8 +157,9 @@ class Loaded:
         return self.lines[index] if index < len(self.lines) else index + 1
 
 
-def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") -> Loaded:
-    """The file's records, or a DataError naming the file (and its line), the key and the fix."""
+def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8", origin: str = "") -> Loaded:
+    """The file's records, or a DataError naming the file (and its line), the key and the fix. ``origin``: the URI
+    ``path`` is a local copy of (the images inside the file are referenced there: every node reads them)."""
     import datasets
 
     p = Path(path).expanduser()
@@ -174,7 +177,7 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds["train"] if "train" in ds else next(iter(ds.values()))
         elif fmt == "webdataset":
-            ds = _webdataset(p, key, path, hf_cache)
+            ds = _webdataset(p, key, path, hf_cache, origin)
         else:
             kwargs = {"field": "data"} if fmt == "json" and _has_data_field(parse) else {}
             with _quiet_datasets():  # its parser's failures are reported here, in one line naming the file's line
@@ -192,17 +195,17 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8") 
     if len(ds) == 0:
         raise DataError(f"{key}={path}: the file has no records; point it at a non-empty file")
     if fmt in ("parquet", "arrow", "disk") and image_columns(ds):  # images' bytes in the file: referenced (#73)
-        ds = with_references(ds, p if fmt != "disk" else Path(ds.cache_files[0]["filename"]))
+        ds = with_references(ds, p if fmt != "disk" else Path(ds.cache_files[0]["filename"]), origin)
     return loaded or Loaded(ds, parse, fmt)
 
 
-def _webdataset(p: Path, key: str, path: str, hf_cache: str):
+def _webdataset(p: Path, key: str, path: str, hf_cache: str, origin: str = ""):
     """WebDataset shards' samples as records (data/containers.py), written to an Arrow cache as they are read (the
     driver's memory bounded by a writer batch, not the set)."""
     import datasets
 
     def records():
-        yield from webdataset_records(p)
+        yield from webdataset_records(p, origin=origin)
 
     try:
         return datasets.Dataset.from_generator(records, cache_dir=hf_cache, keep_in_memory=False)

@@ -6,6 +6,7 @@ within the timeout."""
 
 import contextlib
 import json
+import math
 import random
 import time
 
@@ -165,3 +166,25 @@ def test_a_separate_engine_trains_what_the_colocated_one_does_through_a_kill(sum
     parts = [summary[f"goodput/{c}_s"] for c in CATEGORIES]  # the account adds up, the syncs a category of it
     assert sum(parts) == pytest.approx(summary["goodput/wall_s"], rel=0.01)
     assert summary["goodput/sync_s"] > 0
+
+
+def test_staleness_one_samples_the_next_step_while_this_one_trains_within_the_bound(sums, tmp_path, no_orphans):
+    """#74, rollout.max_staleness=1 (verl's one-step-off) on 1 trainer + 1 actor: the first step samples at once,
+    every later step trains completions its actor sampled during the step before, by the weights one optimizer step
+    older (the lag of everything trained <= 1; nothing dropped); the sampler's correction (TRL's sequence_mask,
+    its default) is applied and logged by TRL's names; the actors' log shows each sync before the rollout it
+    serves."""
+    cfg = _cfg(sums)
+    cfg["rollout"]["max_staleness"] = 1
+    cfg["train"].update(max_steps=4, learning_rate=0.05)
+    done = run(cfg, tmp_path, "async")
+    records = [r for r in read_jsonl(done.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["rollout/staleness_mean"] for r in records] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["rollout/staleness_max"] <= 1 and r["rollout/stale_dropped"] == 0 for r in records)
+    assert all(0 < r["sampling/importance_sampling_ratio/mean"] for r in records)
+    assert all(r["sampling/importance_sampling_ratio/min"] <= r["sampling/importance_sampling_ratio/mean"]
+               <= r["sampling/importance_sampling_ratio/max"] for r in records)
+    synced = [r["version"] for r in read_jsonl(done.run_dir / "rollout.jsonl")]
+    assert synced == [0, 1, 2]  # step 1: v0 (its rollout and step 2's); step 2 sends step 3's with v1; step 3: v2
+    assert all(math.isfinite(r["train/loss"]) for r in records)

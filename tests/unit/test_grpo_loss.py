@@ -30,14 +30,15 @@ def _inputs(seed=0):
     return logps, old, ref, mask, adv
 
 
-def _trl_loss(rl: RLConfig, logps, old, ref, mask, adv):
+def _trl_loss(rl: RLConfig, logps, old, ref, mask, adv, sampling=None, is_ratio=None):
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     fake = types.SimpleNamespace(
         loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon,
         epsilon_high=rl.epsilon_high if rl.epsilon_high is not None else rl.epsilon,
         importance_sampling_level=rl.importance_sampling_level, top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None, use_vllm=False, vllm_importance_sampling_correction=False,
+        off_policy_mask_threshold=rl.off_policy_mask_threshold, get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+        use_vllm=is_ratio is not None, vllm_importance_sampling_correction=is_ratio is not None,
         model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
         max_completion_length=L_MAX, aux_loss_enabled=False, _entropy_bonus_enabled=False,
         args=types.SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1,
@@ -51,7 +52,55 @@ def _trl_loss(rl: RLConfig, logps, old, ref, mask, adv):
               "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
               "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
               "num_items_in_batch": mask.sum()}
+    if sampling is not None:
+        inputs["sampling_per_token_logps"] = sampling
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
     return GRPOTrainer._compute_loss(fake, None, inputs)
+
+
+def _trl_is_ratio(rl: RLConfig, old, sampling, mask):
+    """TRL 1.13's importance-sampling ratio of a vLLM sampler, as _generate_and_score_completions computes it
+    (the lines reproduced: they are inline in that method)."""
+    import math
+
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    sequence_level_is = rl.vllm_importance_sampling_mode in ["sequence_mask", "sequence_truncate"]
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence_level_is else diff)
+    lo, hi = rl.vllm_importance_sampling_clip_min, rl.vllm_importance_sampling_clip_max
+    if rl.vllm_importance_sampling_mode in ["sequence_truncate", "token_truncate"]:
+        return torch.clamp(ratio, min=lo, max=hi)
+    invalid = (ratio < (lo if lo is not None else -math.inf)) | (ratio > (hi if hi is not None else math.inf))
+    return ratio.masked_fill(invalid, value=0.0)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo"])
+def test_the_samplers_correction_and_the_off_policy_mask_equal_trls(mode, loss_type):
+    """#74: a sampler that is not the trainer (a stale policy, vLLM's kernels): its log-probabilities against the
+    trainer's give TRL 1.13's importance weights for each of its four modes (bounds on both sides, a NaN the
+    sampler could not score), and the loss with them and DeepSeek-V3.2's off-policy mask equals TRL's, gradient
+    too, to 1e-6."""
+    rl = RLConfig(loss_type=loss_type, beta=0.04, epsilon_high=0.28, max_completion_length=L_MAX,
+                  vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=0.8,
+                  vllm_importance_sampling_clip_max=1.2, off_policy_mask_threshold=0.05)
+    logps, old, ref, mask, adv = _inputs(5)
+    g = torch.Generator().manual_seed(9)
+    sampling = old + 0.1 + torch.randn(B, T, generator=g) * 0.25  # a stale policy: some ratios clipped, some KL
+    sampling[2, 1] = torch.nan
+    theirs_ratio = _trl_is_ratio(rl, logps.detach(), sampling, mask)
+    ours_ratio = rl_loss.sampling_correction(logps.detach(), sampling, mask, rl)
+    assert torch.equal(ours_ratio, theirs_ratio)
+    assert 0 < int(((theirs_ratio == 0) | (theirs_ratio == 1.2) | (theirs_ratio == 0.8)).sum())  # the bounds bite
+    theirs = _trl_loss(rl, logps, None, ref, mask, adv, sampling, theirs_ratio)
+    (their_grad,) = torch.autograd.grad(theirs, logps)
+    keep = rl_loss.off_policy_mask(adv, logps, sampling, mask, rl.off_policy_mask_threshold)
+    assert 0 < int(keep.sum()) < B  # the mask drops some completion
+    terms = rl_loss.per_token_loss(logps, None, ref, adv, mask, rl, is_weights=ours_ratio, keep=keep)
+    ours = rl_loss.reduce(terms.per_token, mask, rl, rl_loss.Totals(B, float(mask.sum())))
+    (our_grad,) = torch.autograd.grad(ours, logps)
+    assert float(ours) == pytest.approx(float(theirs), abs=1e-6)
+    assert torch.allclose(our_grad, their_grad, atol=1e-6)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

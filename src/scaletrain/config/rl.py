@@ -54,6 +54,23 @@ class RLConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling's top-p of the rollouts.")
     sapo_temperature_pos: float = Field(1.0, gt=0, description="sapo: the gate's temperature for positive advantages.")
     sapo_temperature_neg: float = Field(1.05, gt=0, description="sapo: the gate's temperature for negative advantages.")
+    vllm_importance_sampling_correction: bool = Field(True, description=(
+        "Correct for the sampler not being the policy that trains (TRL's name): each completion token's loss weighted "
+        "by the trainer's over the sampler's probability of it, as vllm_importance_sampling_mode says. Applied where "
+        "they differ: rollout.engine=vllm, or rollout.max_staleness > 0 (the hf engine at staleness 0 samples with "
+        "the trainer's own weights)."))
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        Field("sequence_mask", description=(
+            "token_* : a ratio per token; sequence_* : one per completion (the product of its tokens' ratios); "
+            "*_truncate clips the ratio to [clip_min, clip_max], *_mask zeroes the tokens (completions) outside it "
+            "(TRL 1.13's modes and default).")))
+    vllm_importance_sampling_clip_max: Optional[float] = Field(3.0, gt=0, description=(
+        "The importance ratio's upper bound (TRL's C_max; none: no upper bound)."))
+    vllm_importance_sampling_clip_min: Optional[float] = Field(None, ge=0, description=(
+        "The importance ratio's lower bound (TRL's C_min; none: no lower bound)."))
+    off_policy_mask_threshold: Optional[float] = Field(None, ge=0, description=(
+        "DeepSeek-V3.2's off-policy sequence mask (TRL's name): a completion with a negative advantage whose mean "
+        "per-token KL between the sampler and the policy passes this is left out of the loss."))
     answer_column: str = Field("answer", description=(
         "The data's reference answer for the `accuracy` reward (LLaMA-Factory rows: their reply)."))
     prompt_column: str = Field("prompt", description=(
@@ -105,6 +122,11 @@ class RolloutConfig(_Section):
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description=(
         "vllm: the share of the GPU's memory vLLM takes for its weights and KV cache (TRL's "
         "vllm_gpu_memory_utilization), handed back to training between rollouts."))
+    max_staleness: int = Field(0, ge=0, description=(
+        "Asynchronous GRPO (TRL's AsyncGRPO name): the rollouts of the next steps are sampled while this step "
+        "trains, by weights up to this many optimizer steps older than the ones they train (0: every step samples "
+        "with the current policy, then trains; 1: verl's one-step-off). Needs placement: separate. Older "
+        "completions are dropped (rollout/stale_dropped); the lag is logged (rollout/staleness_mean, _max)."))
     sync_timeout_s: float = Field(300.0, gt=0, description=(
         "separate: a weight sync (or the actors' start) that takes longer fails naming the actor, the version and "
         "the phase, never hangs; an actor that dies fails the wait at once."))

@@ -265,6 +265,14 @@ class Config(_Section):
                 raise ValueError(f"rollout.engine=vllm loads the model from a directory and "
                                  f"model.name_or_path={self.model.name_or_path} is built from a config; save it "
                                  f"(scaletrain export) or use rollout.engine: hf")
+        if self.rollout.max_staleness and rl.num_iterations > 1:
+            raise ValueError(f"rollout.max_staleness={self.rollout.max_staleness} with rl.num_iterations="
+                             f"{rl.num_iterations} is not supported yet (a generation trained on several steps); "
+                             f"set one of them to its default")
+        if self.rollout.max_staleness and self.rollout.placement != "separate":
+            raise ValueError(f"rollout.max_staleness={self.rollout.max_staleness} overlaps the rollouts with training "
+                             f"and rollout.placement=colocated samples on the devices that train (nothing to "
+                             f"overlap); set rollout.placement: separate, or rollout.max_staleness: 0")
         if self.rollout.placement == "separate":
             if self.scaling.launcher in ("torchrun", "local"):
                 raise ValueError(f"rollout.placement=separate runs its engine in Ray actors; scaling.launcher="

@@ -21,6 +21,7 @@ This module is pure tensor code; it knows no rank or model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,10 +47,38 @@ class Terms:
     kl: torch.Tensor | None  # [B, T]
 
 
+def sampling_correction(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, rl
+                        ) -> torch.Tensor:
+    """The importance weight of each completion token (token modes, [B, T]) or completion (sequence modes, [B, 1])
+    for a sampler that is not the trainer: trainer / sampler probability of the sampled tokens, truncated or masked
+    to [clip_min, clip_max] (TRL 1.13's ``vllm_importance_sampling_mode``; ``old_logps``: the trainer's, detached)."""
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)  # an unscored token: no correction
+    mode = rl.vllm_importance_sampling_mode
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if mode.startswith("sequence") else diff)
+    low, high = rl.vllm_importance_sampling_clip_min, rl.vllm_importance_sampling_clip_max
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=low, max=high)
+    outside = (ratio < (low if low is not None else -math.inf)) | (ratio > (high if high is not None else math.inf))
+    return ratio.masked_fill(outside, 0.0)
+
+
+def off_policy_mask(advantages: torch.Tensor, logps: torch.Tensor, sampling_logps: torch.Tensor,
+                    mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's ``get_off_policy_mask``): [B, 1], 0 for a completion with a
+    negative advantage whose mean per-token KL(sampler || policy) passes ``threshold``."""
+    a = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    kl = torch.nan_to_num(sampling_logps - logps.detach(), nan=0.0)
+    mean_kl = (kl * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    return ((a >= 0) | (mean_kl <= threshold)).to(mask.dtype)
+
+
 def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
-                   advantages: torch.Tensor, mask: torch.Tensor, rl) -> Terms:
+                   advantages: torch.Tensor, mask: torch.Tensor, rl, is_weights: torch.Tensor | None = None,
+                   keep: torch.Tensor | None = None) -> Terms:
     """TRL's per-token terms for ``rl.loss_type`` (``rl``: the config's rl section). ``logps`` [B, T] carries the
-    gradient; ``old_logps`` None: the policy that sampled is this one (num_iterations 1), its log-probs detached."""
+    gradient; ``old_logps`` None: the policy that sampled is this one (num_iterations 1), its log-probs detached.
+    ``keep``: the off-policy sequence mask; ``is_weights``: the sampler's correction (``sampling_correction``),
+    applied as TRL applies them, to the policy term before the KL term is added."""
     old = logps.detach() if old_logps is None else old_logps
     a = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     log_ratio = logps - old
@@ -65,6 +94,10 @@ def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logp
     else:
         clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
         loss = -torch.min(ratio * a, clipped * a)
+    if keep is not None:
+        loss = loss * keep
+    if is_weights is not None:
+        loss = loss * is_weights
     kl = None
     if rl.beta != 0.0:
         delta = ref_logps - logps

@@ -32,6 +32,7 @@ from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
 from scaletrain.rl.unscored import Unscored
+from scaletrain.worker.async_rollouts import InFlight, Pending, lag
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
 from scaletrain.worker.rollout import Colocated, RolloutPool, start_engine, sync_engine
 
@@ -63,7 +64,7 @@ class GRPOObjective:
         per_func = [f"rewards/{n}{suffix}" for n in self.names for suffix in ("", "_sq", "_n")]
         self.stats = ("reward", "reward_sq", "reward_n", *per_func, "length", "truncated", "completions", "kl",
                       "entropy", "tokens", "clip_low", "clip_high", "clip_count", "logp_diff", "steps", "rollout_s",
-                      "reference_s", "sync_s")
+                      "reference_s", "sync_s", "is_sum", "is_n", "lag_sum", "lag_n", "stale_dropped")
         self.totals: rl_loss.Totals | None = None
         self.tokenizer = None
         self.engine: Colocated | RolloutPool | None = None  # worker/rollout.py, made at the first rollout
@@ -71,6 +72,14 @@ class GRPOObjective:
         self.buffer: dict | None = None  # rl.num_iterations > 1: the generation's batches, trained on mu steps
         self.world = 1  # the ranks whose sums the records get
         self.unscored = Unscored(self.names, cfg.rl.num_generations, cfg.monitor.alerts.unscored_steps)
+        # asynchronous GRPO (worker/async_rollouts.py): the next steps' rollouts sampled while this one trains
+        self.staleness = cfg.rollout.max_staleness
+        self.inflight = InFlight()
+        # TRL's correction where the sampler is not the trainer: vLLM's kernels, or a stale policy (rl/loss.py)
+        self.corrects = cfg.rl.vllm_importance_sampling_correction and (
+            cfg.rollout.engine == "vllm" or self.staleness > 0)
+        self.extremes = [math.inf, -math.inf, 0.0]  # this rank's IS ratio min, max and lag max since the last record
+        self.device = "cpu"
 
     def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
         return self.rl.beta > 0 and not lora
@@ -97,6 +106,8 @@ class GRPOObjective:
         policy = unwrap(t.model)
         was_training = policy.training
         policy.eval()
+        if self.inflight.pending:  # the rollouts sent ahead finish before this evaluation's sync (async_rollouts.py)
+            self.inflight.collect_all(self._engine(t))
         self._sync(t, count=False)
         n = len(self.specs)
         sums = [0.0] * (2 * n + 5)  # reward sum, reward n, per function (sum, n), length, truncated, completions
@@ -154,7 +165,7 @@ class GRPOObjective:
         if step != first:  # a resume onto another world size mid-generation: the ranks' batches were not kept
             log.warning("step %d: the rollouts of step %d are not in the checkpoint (another world size); this "
                         "step samples its own", step, first)
-        out = self._generate(t, window, step)
+        out = self._generate(t, window, step, self._async_rollouts(t, window, step) if self.staleness else None)
         if mu > 1:
             t0 = time.perf_counter()
             for b in out:  # the policy that sampled them: π_old of the mu steps
@@ -172,16 +183,20 @@ class GRPOObjective:
         self.buffer = state.get("buffer")
         self.unscored.load_state_dict(state.get("unscored", {}))
 
-    def _generate(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
-        policy = unwrap(t.model)
-        was_training = policy.training
-        policy.eval()  # no dropout while sampling
-        self._sync(t)
-        t0 = time.perf_counter()
-        rollouts = [self._sample(t, batch, step) for batch in window]
-        self._add(t, "rollout_s", time.perf_counter() - t0)
+    def _generate(self, t: Trainer, window: list[dict], step: int, rollouts: list[dict] | None = None) -> list[dict]:
+        """The window's rollouts (sampled now, or ``rollouts``: an asynchronous run's, sampled ahead) rewarded and
+        made the step's completion batches."""
+        self.device = t.ctx.device
+        if rollouts is None:
+            policy = unwrap(t.model)
+            was_training = policy.training
+            policy.eval()  # no dropout while sampling
+            self._sync(t)
+            t0 = time.perf_counter()
+            rollouts = [self._sample(t, batch, step) for batch in window]
+            self._add(t, "rollout_s", time.perf_counter() - t0)
+            policy.train(was_training)
         self._add(t, "steps", 1.0)
-        policy.train(was_training)
         rewards = [self._rewards(t, r) for r in rollouts]
         if t.ctx.is_main and step in (1, t.spec.total_steps):  # what the run's report shows at its start and end
             self._write_samples(t, rollouts[0], rewards[0], step)
@@ -210,14 +225,66 @@ class GRPOObjective:
         self.totals = rl_loss.Totals(seqs, tokens)
         return out
 
+    def _async_rollouts(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
+        """rollout.max_staleness > 0 (worker/async_rollouts.py): this step's rollouts, sent ahead at an earlier step
+        (or sampled now), collected; then the next steps' prompts sent with the current weights, so the actor samples
+        them while this step trains. Each completion carries the version that sampled it."""
+        engine, held = self._engine(t), t.progress.step  # the optimizer steps the training policy holds
+        t0 = time.perf_counter()
+        pending = self.inflight.take(step)
+        if pending is not None and lag(held, pending.version) > self.staleness:  # older than the bound: again
+            self._add(t, "stale_dropped", float(sum(len(r["seeds"]) for r in pending.requests)))
+            pending.collect(engine)
+            pending = None
+        if pending is None:
+            if step > 1 and not self.inflight.started:
+                log.warning("step %d: rollout.max_staleness=%d: the rollouts that were in flight for this step are "
+                            "not in the checkpoint (they were sampled by the weights of step %d); they are sampled "
+                            "again now, by the current weights, so from here this run is not bit for bit the one "
+                            "that was interrupted", step, self.staleness, max(step - 2, 0))
+            self._sync(t)
+            pending = self._send(t, window, step)
+        results = pending.collect(engine)
+        self.inflight.started = True
+        self._add(t, "rollout_s", time.perf_counter() - t0)  # what the trainer waited for: the exposed rollout
+        all_reduce_sum([0.0], t.ctx.device)  # every rank holds its rollouts before a sync may reach its actor
+        for ahead in range(1, self.staleness + 1):  # the next steps' prompts, sampled while this step trains
+            later = step + ahead
+            if later > t.spec.total_steps or later in self.inflight.pending:
+                continue
+            upcoming = t.peek(ahead) if t.peek is not None else None
+            if upcoming is None:  # the epoch ends first: its first step samples its own
+                break
+            self._sync(t)
+            self.inflight.pending[later] = self._send(t, upcoming, later)
+        rollouts = [self._finish(t, req, out, sampled, True) for req, (out, sampled) in zip(pending.requests, results)]
+        behind = lag(held, pending.version)
+        for r in rollouts:
+            r["versions"] = torch.full((r["input_ids"].shape[0],), pending.version, dtype=torch.long)
+        self._add(t, "lag_sum", float(behind * sum(r["input_ids"].shape[0] for r in rollouts)))
+        self._add(t, "lag_n", float(sum(r["input_ids"].shape[0] for r in rollouts)))
+        self.extremes[2] = max(self.extremes[2], float(behind))
+        return rollouts
+
+    def _send(self, t: Trainer, window: list[dict], step: int) -> Pending:
+        engine = self._engine(t)
+        requests = [self._request(t, batch, step) for batch in window]
+        return Pending(step, engine.version, requests,
+                       [engine.submit(r["ids"], r["mask"], r["seeds"], **r["how"]) for r in requests])
+
     def _sample(self, t: Trainer, batch: dict, step: int, count: bool = True) -> dict:
         """This micro-batch's completions: all its groups in one batch (each prompt repeated, left-padded), each row
         drawn from its own random stream (its prompt's seed and its place in the group): the same completions on any
         number of workers, whatever else shares the micro-batch. ``count``: add them to the train record's stats
         (not an evaluation's)."""
+        request = self._request(t, batch, step)
+        out, sampled = self._engine(t).generate(request["ids"], request["mask"], request["seeds"], **request["how"])
+        return self._finish(t, request, out, sampled, count)
+
+    def _request(self, t: Trainer, batch: dict, step: int) -> dict:
+        """What the engine is asked for a micro-batch: its prompts left-padded, each row's seed, how to sample."""
         cap = self.rl.max_completion_length
-        tok = self.tokenizer
-        eos = tok.eos_token_id
+        eos = self.tokenizer.eos_token_id
         pad = t.spec.pad_token_id
         extras = [json.loads(e) for e in batch["extra"]]
         lengths = batch["attention_mask"].sum(-1).tolist()
@@ -231,8 +298,13 @@ class GRPOObjective:
         # each row's own random stream: the prompt's seed and the row's place in its group (rl/sampling.py)
         seeds = [prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][i])) + i % self.rl.num_generations
                  for i in range(len(prompts))]
-        out, sampled = self._engine(t).generate(ids, mask, seeds, max_new_tokens=cap, eos=eos, pad=pad,
-                                                temperature=self.rl.temperature, top_p=self.rl.top_p)
+        how = dict(max_new_tokens=cap, eos=eos, pad=pad, temperature=self.rl.temperature, top_p=self.rl.top_p)
+        return {"ids": ids, "mask": mask, "seeds": seeds, "how": how, "prompts": prompts, "extras": extras}
+
+    def _finish(self, t: Trainer, request: dict, out: torch.Tensor, sampled: torch.Tensor, count: bool) -> dict:
+        """The engine's tokens for ``request`` made its completion batch (each completion through its first EOS)."""
+        cap, eos, pad = self.rl.max_completion_length, request["how"]["eos"], request["how"]["pad"]
+        prompts, extras = request["prompts"], request["extras"]
         rows, completions, truncated = [], [], []
         for p, row in zip(prompts, out.tolist()):
             ended = eos in row
@@ -363,8 +435,16 @@ class GRPOObjective:
         width = mask.shape[1]
         logps, entropy = completion_logps(logits, ids, batch["starts"], width, with_entropy=True,
                                           temperature=self.rl.temperature)
-        terms = rl_loss.per_token_loss(logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"],
-                                       mask, self.rl)
+        sampling, old = batch.get("sampling_logps"), batch.get("old_logps")
+        trainer = old if old is not None else logps.detach()  # TRL's old_per_token_logps
+        weights = keep = None
+        if self.corrects and sampling is not None:
+            weights = rl_loss.sampling_correction(trainer, sampling, mask, self.rl)
+        if self.rl.off_policy_mask_threshold is not None and sampling is not None:
+            keep = rl_loss.off_policy_mask(batch["advantages"], logps, sampling, mask,
+                                           self.rl.off_policy_mask_threshold)
+        terms = rl_loss.per_token_loss(logps, old, batch.get("ref_logps"), batch["advantages"], mask, self.rl,
+                                       is_weights=weights, keep=keep)
         loss = rl_loss.reduce(terms.per_token, mask, self.rl, self.totals) * t.ctx.world_size
         with torch.no_grad():
             if terms.kl is not None:
@@ -375,6 +455,13 @@ class GRPOObjective:
                 # that sampled them (this one; with rl.num_iterations > 1 the generation's, kept with the batch)
                 sampler = batch["old_logps"] if "old_logps" in batch else logps
                 self._add(t, "logp_diff", float(((sampler - batch["sampling_logps"]).abs() * mask).sum()))
+            if weights is not None:  # TRL's sampling/importance_sampling_ratio/*: over tokens, or completions
+                seen = weights.flatten() if weights.shape[1] == 1 else weights[mask.bool()]
+                self._add(t, "is_sum", float(seen.sum()))
+                self._add(t, "is_n", float(seen.numel()))
+                if seen.numel():
+                    self.extremes[0] = min(self.extremes[0], float(seen.min()))
+                    self.extremes[1] = max(self.extremes[1], float(seen.max()))
             low, high, count = rl_loss.clip_counts(terms, batch["advantages"], mask, self.rl)
             self._add(t, "clip_low", low)
             self._add(t, "clip_high", high)
@@ -416,6 +503,18 @@ class GRPOObjective:
         if self.engine is not None and not isinstance(self.engine, Colocated):
             out["rollout/version"] = self.engine.version
             out["rollout/sync_mb"] = self.sync_mb
+        if self.corrects or self.staleness:  # min and max over the ranks (the sums above are sums)
+            low, high, behind = self.extremes
+            lows = all_gather_floats([-low if math.isfinite(low) else -math.inf, high, behind], self.device)
+            self.extremes = [math.inf, -math.inf, 0.0]
+            if s["is_n"]:
+                out["sampling/importance_sampling_ratio/mean"] = s["is_sum"] / s["is_n"]
+                out["sampling/importance_sampling_ratio/min"] = -max(r[0] for r in lows)
+                out["sampling/importance_sampling_ratio/max"] = max(r[1] for r in lows)
+            if s["lag_n"]:
+                out["rollout/staleness_mean"] = s["lag_sum"] / s["lag_n"]
+                out["rollout/staleness_max"] = max(r[2] for r in lows)
+                out["rollout/stale_dropped"] = s["stale_dropped"]
         return out
 
 

@@ -201,12 +201,13 @@ def train_until_done(t: Trainer, data: Data, metrics: Meter, events, clock: Cloc
     check = StepCheck(spec.run_dir, t.ctx.device)
     t.model.train()
     while progress.step < spec.total_steps:
-        batches = data.batches()
+        windows = Windows(data.batches(), accum, metrics)
+        t.peek = windows.peek
         while progress.step < spec.total_steps:
             step = progress.step + 1
             beat.enter("data", step)
             maybe_fire(spec.faults, spec.run_dir, t.ctx.world_rank, step)
-            window = _next_window(batches, accum, metrics)
+            window = windows.next()
             if window is None:
                 break  # epoch exhausted (a partial accumulation window is dropped)
             poison = maybe_fire(spec.faults, spec.run_dir, t.ctx.world_rank, step, "nan")
@@ -319,6 +320,28 @@ def placement(ctx: DistContext) -> str:
         everyone = [None] * ctx.world_size
         dist.all_gather_object(everyone, me)
     return "; ".join(f"rank {r}: {where}" for r, where in enumerate(everyone))
+
+
+class Windows:
+    """The epoch's accumulation windows in order, with a look ahead: asynchronous GRPO sends the next steps' prompts
+    to its rollout actors while a step trains (worker/async_rollouts.py). A window looked at is the one the loop gets
+    next; the epoch's position (and so a resume) counts the windows trained, never those looked at."""
+
+    def __init__(self, batches, accum: int, metrics: Meter):
+        self.batches, self.accum, self.metrics = batches, accum, metrics
+        self.ahead: list[list[dict]] = []
+
+    def next(self) -> list[dict] | None:
+        return self.ahead.pop(0) if self.ahead else _next_window(self.batches, self.accum, self.metrics)
+
+    def peek(self, n: int) -> list[dict] | None:
+        """The window ``n`` steps after the current one (1: the next), or None when the epoch ends first."""
+        while len(self.ahead) < n:
+            window = _next_window(self.batches, self.accum, self.metrics)
+            if window is None:
+                return None
+            self.ahead.append(window)
+        return self.ahead[n - 1]
 
 
 def _next_window(batches, accum: int, metrics: Meter) -> list[dict] | None:

@@ -219,9 +219,18 @@ class RolloutPool:
         """This rank's rows sampled by its actor (rank i uses actor i mod the pool's size). No timeout of its own:
         sampling takes as long as it takes; the step's heartbeat names the rank and its "rollout" phase if it hangs,
         and an actor that died ends the wait at once, named."""
+        return self.collect(self.submit(ids, mask, seeds, **how))
+
+    def submit(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], **how) -> tuple:
+        """``generate`` started, not waited for (asynchronous GRPO: the actor samples while the trainer trains):
+        (its reference, the version it samples with)."""
         h = self.handles[self.mine]
-        return self._wait([h.generate.remote(self.version, ids.cpu(), mask.cpu(), seeds, how)], self.version,
-                          "rollout", timeout=False, first=self.mine)[0]
+        return h.generate.remote(self.version, ids.cpu(), mask.cpu(), seeds, how), self.version
+
+    def collect(self, submitted: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """What ``submit`` started, waited for as ``generate`` waits."""
+        ref, version = submitted
+        return self._wait([ref], version, "rollout", timeout=False, first=self.mine)[0]
 
     def _wait(self, refs: list, version: int | None, phase: str, hint: str = "", timeout: bool = True,
               first: int = 0) -> list:

@@ -119,6 +119,7 @@ class Trainer:
     stand_in: StandIn | None = None  # a vision-language model: the image of a batch without one (data/collate.py)
     pixels: Pixels | None = None  # and what makes its batches' pixels from the images' references (data/pixels.py)
     masks_of: object | None = None  # packed Gemma 3: the config its packed rows' masks are built for (step.py)
+    peek: object | None = None  # the loop's look ahead: the accumulation window n steps on (asynchronous GRPO)
     rope: torch.nn.Module | None = None  # a Qwen-VL model's M-RoPE (get_rope_index), for packed rows' positions
 
     @property

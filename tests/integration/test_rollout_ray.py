@@ -185,6 +185,8 @@ def test_staleness_one_samples_the_next_step_while_this_one_trains_within_the_bo
     assert all(0 < r["sampling/importance_sampling_ratio/mean"] for r in records)
     assert all(r["sampling/importance_sampling_ratio/min"] <= r["sampling/importance_sampling_ratio/mean"]
                <= r["sampling/importance_sampling_ratio/max"] for r in records)
+    started = (done.run_dir / "logs" / "main.log").read_text()  # the start line says what overlaps
+    assert "the next 1 step(s)' prompts are sampled while a step trains" in started
     synced = [r["version"] for r in read_jsonl(done.run_dir / "rollout.jsonl")]
     assert synced == [0, 1, 2]  # step 1: v0 (its rollout and step 2's); step 2 sends step 3's with v1; step 3: v2
     assert all(math.isfinite(r["train/loss"]) for r in records)

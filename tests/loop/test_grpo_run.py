@@ -147,6 +147,12 @@ def test_several_steps_per_generation_train_on_its_rollouts_and_resume_between_t
     ({"rollout": {"engine": "vllm"}}, "rollout.engine=vllm loads the model from a directory and "
                                       "model.name_or_path=builtin:tiny-llama is built from a config"),
     ({"rollout": {"sync_timeout_s": 0}}, "rollout.sync_timeout_s=0 is not valid"),
+    ({"rollout": {"max_staleness": -1}}, "rollout.max_staleness=-1 is not valid"),
+    ({"rollout": {"max_staleness": 1}}, "rollout.max_staleness=1 overlaps the rollouts with training and "
+                                        "rollout.placement=colocated samples on the devices that train"),
+    ({"rollout": {"max_staleness": 1, "placement": "separate"}, "rl": {"num_iterations": 2}},
+     "rollout.max_staleness=1 with rl.num_iterations=2 is not supported yet"),
+    ({"rl": {"vllm_importance_sampling_mode": "tokens"}}, "rl.vllm_importance_sampling_mode='tokens' is not valid"),
     ({"rollout": {"placement": "separate"}, "scaling": {"launcher": "torchrun"}},
      "rollout.placement=separate runs its engine in Ray actors; scaling.launcher=torchrun has no Ray"),
     ({"rollout": {"placement": "separate"}, "model": {"fp8_base": True}},

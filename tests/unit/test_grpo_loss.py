@@ -160,3 +160,26 @@ def test_the_advantages_equal_trls_for_each_reward_scaling(scale):
         theirs = theirs / (std + 1e-4)
     theirs = torch.nan_to_num(theirs, nan=0.0)
     assert torch.allclose(ours, theirs, atol=1e-12) and float(ours[3]) == 0.0
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_the_distillation_divergence_equals_trls_gkd(beta):
+    """#74: the generalized JSD of train.stage: distill, over the completion tokens' positions, equals TRL's GKD
+    generalized_jsd_loss (its own code; masked positions out, the mean over the rest), value and gradient."""
+    import torch.nn.functional as F
+    from trl.experimental.gkd.gkd_trainer import GKDTrainer
+
+    g = torch.Generator().manual_seed(4)
+    student = torch.randn(3, 5, 11, generator=g).requires_grad_(True)
+    teacher = torch.randn(3, 5, 11, generator=g)
+    labels = torch.randint(0, 11, (3, 5), generator=g)
+    labels[0, 3:] = -100
+    labels[2, :2] = -100
+    theirs = GKDTrainer.generalized_jsd_loss(student, teacher, labels, beta=beta, temperature=0.9)
+    (their_grad,) = torch.autograd.grad(theirs, student)
+    mask = (labels != -100).float()
+    per = rl_loss.generalized_jsd(F.log_softmax(student / 0.9, -1), F.log_softmax(teacher / 0.9, -1), beta)
+    ours = (per * mask).sum() / mask.sum()
+    (our_grad,) = torch.autograd.grad(ours, student)
+    assert float(ours) == pytest.approx(float(theirs), abs=1e-6)
+    assert torch.allclose(our_grad, their_grad, atol=1e-6)

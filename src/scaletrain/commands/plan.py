@@ -9,6 +9,7 @@ import json
 
 from scaletrain.commands.args import COUNT, POSITIVE
 from scaletrain.errors import ConfigError
+from scaletrain.rl.overlap import overlap_line
 
 
 def register(sub: argparse._SubParsersAction, parents) -> None:
@@ -106,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
             import textwrap
 
             print(textwrap.fill(interval["note"], WIDTH, subsequent_indent="  ", break_long_words=False))
+    if not args.json and (overlap := overlap_line(cfg)):
+        _say(overlap)
     if not args.json and (images := _images_line(cfg)):
         _say(images)
         if loaders := _loaders_line(cfg):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from scaletrain.config.stages import PREFERENCE_STAGES
+from scaletrain.config.stages import PREFERENCE_STAGES, RL_STAGES
 from scaletrain.errors import ConfigError
 
 
@@ -125,7 +125,7 @@ def sequences_per_micro_batch(train: TrainConfig, eval_batch: bool = False) -> i
 def sequence_length(cfg) -> int:
     """The tokens of one trained sequence: data.max_length, and for train.stage: grpo a prompt (max_length) and its
     completion (rl.max_completion_length)."""
-    grpo = cfg.train.stage == "grpo"
+    grpo = cfg.train.stage in RL_STAGES
     return cfg.data.max_length + (cfg.rl.max_completion_length if grpo else 0)
 
 
@@ -158,7 +158,7 @@ def total_steps(num_train: int, cfg: Config, world_size: int) -> int:
         )
     if cfg.train.max_steps > 0:
         return cfg.train.max_steps
-    if cfg.train.stage == "grpo":  # each step's prompts are trained on rl.num_iterations steps
+    if cfg.train.stage in RL_STAGES:  # each step's prompts are trained on rl.num_iterations steps
         spe *= cfg.rl.num_iterations
     return max(1, math.ceil(cfg.train.num_train_epochs * spe))
 

@@ -29,8 +29,10 @@ class RLConfig(_Section):
         "completions, so every group is on one rank."))
     max_completion_length: int = Field(256, ge=1, description="Tokens a completion may have at most.")
     beta: float = Field(0.0, ge=0, description=(
-        "KL coefficient to the reference (k3 estimator, TRL's); 0 skips the reference pass. With LoRA the reference "
-        "is the base with the adapter off (no second copy)."))
+        "grpo: the KL coefficient to the reference (k3 estimator, TRL's); 0 skips the reference pass. With LoRA the "
+        "reference is the base with the adapter off (no second copy). distill: the generalized JSD's interpolation "
+        "(TRL's GKD beta: 0 the forward KL(teacher || student), 1 the reverse KL(student || teacher); 0.5, GKD's "
+        "default, when not set)."))
     epsilon: float = Field(0.2, gt=0, lt=1, description=(
         "The clipping range's low side (and high side, unless epsilon_high)."))
     epsilon_high: Optional[float] = Field(None, gt=0, description=(
@@ -71,6 +73,14 @@ class RLConfig(_Section):
     off_policy_mask_threshold: Optional[float] = Field(None, ge=0, description=(
         "DeepSeek-V3.2's off-policy sequence mask (TRL's name): a completion with a negative advantage whose mean "
         "per-token KL between the sampler and the policy passes this is left out of the loss."))
+    teacher_model: Optional[str] = Field(None, description=(
+        "train.stage: distill: the teacher (a model directory or builtin name, TRL's GKD name) that scores every "
+        "token the student samples; its tokenizer must be the student's."))
+    lmbda: float = Field(1.0, ge=0, le=1, description=(
+        "distill: the share of steps trained on the student's own samples (TRL's GKD name; 1: on-policy "
+        "distillation). Below 1 (the data's own completions on the other steps) is not supported yet."))
+    seq_kd: bool = Field(False, description=(
+        "distill: train on the teacher's own samples (TRL's sequence-level KD); not supported yet."))
     answer_column: str = Field("answer", description=(
         "The data's reference answer for the `accuracy` reward (LLaMA-Factory rows: their reply)."))
     prompt_column: str = Field("prompt", description=(

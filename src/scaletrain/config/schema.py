@@ -236,18 +236,37 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description=(
         "The engine that samples the completions of train.stage: grpo, and where it runs."))
 
+    def _distill(self) -> None:
+        """train.stage: distill (on-policy distillation, TRL's GKD names)."""
+        rl = self.rl
+        if not rl.teacher_model:
+            raise ValueError("train.stage=distill scores the student's samples with a teacher and none is given; set "
+                             "rl.teacher_model to its directory (its tokenizer must be the student's)")
+        if rl.lmbda < 1.0:
+            raise ValueError(f"rl.lmbda={rl.lmbda:g} (the data's own completions on some steps) is not supported yet; "
+                             f"set rl.lmbda: 1 (on-policy: the student's own samples every step)")
+        if rl.seq_kd:
+            raise ValueError("rl.seq_kd (training on the teacher's samples) is not supported yet; remove it")
+        if "beta" not in rl.model_fields_set:
+            rl.beta = 0.5  # GKD's default (grpo's beta is its KL coefficient, default 0)
+        elif rl.beta > 1:
+            raise ValueError(f"rl.beta={rl.beta:g} is the generalized JSD's interpolation with train.stage=distill "
+                             f"and must be within [0, 1] (0: forward KL, 1: reverse KL)")
+
     def _rl(self) -> None:
         """train.stage: grpo's cross-section rules (rl: and rollout: apply to it only)."""
         stage, rl = self.train.stage, self.rl
         if stage not in RL_STAGES:  # a value the user set there (the defaults travel in every resolved config)
             for section, default in (("rl", RLConfig()), ("rollout", RolloutConfig())):
                 if getattr(self, section) != default:
-                    raise ValueError(f"{section}: applies to train.stage=grpo (the config has {stage}); set "
-                                     f"train.stage: grpo or remove {section}:")
+                    raise ValueError(f"{section}: applies to train.stage=grpo or distill (the config has {stage}); "
+                                     f"set train.stage: grpo or remove {section}:")
             return
         if self.model.task != "causal-lm":
-            raise ValueError(f"train.stage=grpo trains a causal LM's completions; model.task={self.model.task} has "
+            raise ValueError(f"train.stage={stage} trains a causal LM's completions; model.task={self.model.task} has "
                              f"none: set model.task: causal-lm")
+        if stage == "distill":
+            self._distill()
         if self.train.per_device_train_batch_size % rl.num_generations:
             raise ValueError(f"train.per_device_train_batch_size={self.train.per_device_train_batch_size} counts "
                              f"completions and must be a multiple of rl.num_generations={rl.num_generations} (each "

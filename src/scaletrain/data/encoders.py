@@ -64,7 +64,8 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
         if cfg.rl.prompt_column not in ds.column_names:
             require_columns(ds, c.required(src.formatting), src.key, src.path,
                             f" (or a '{cfg.rl.prompt_column}' column: TRL's prompt-only format, rl.prompt_column)")
-        elif "accuracy" in cfg.rl.reward_funcs and cfg.rl.answer_column not in ds.column_names:
+        elif cfg.train.stage == "grpo" and "accuracy" in cfg.rl.reward_funcs and (
+                cfg.rl.answer_column not in ds.column_names):  # distill: no reward
             raise DataError(f"{src.key}={src.path}: rl.reward_funcs has accuracy, which checks each completion "
                             f"against the '{cfg.rl.answer_column}' column, and the records have none (columns: "
                             f"{', '.join(sorted(ds.column_names))}); set rl.answer_column to the answer's column")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from scaletrain.config.stages import RL_STAGES
 from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.errors import DataError
 
@@ -50,7 +51,7 @@ def supervision_note(train, cfg: Config) -> str | None:
 
     d = cfg.data
     if cfg.model.task != "causal-lm" or d.formatting == "text" or "labels" not in train.column_names or \
-            cfg.train.stage == "grpo":  # prompts: their completions are sampled, nothing of theirs is a label
+            cfg.train.stage in RL_STAGES:  # prompts: their completions are sampled, nothing of theirs is a label
         return None
     rows = train.with_format("arrow")["labels"]  # the selected rows, as Arrow
     labels = pc.list_flatten(rows)

@@ -16,6 +16,7 @@ from typing import Protocol
 from scaletrain import envvars
 from scaletrain.comm.device import Platform
 from scaletrain.config.schema import Config
+from scaletrain.config.stages import RL_STAGES
 from scaletrain.errors import LaunchError
 from scaletrain.launch.plan import ClusterPlan
 from scaletrain.redact import Redactor
@@ -94,7 +95,7 @@ def ray_reasons(cfg: Config) -> list[str]:
         ("chaos", ft.chaos is not None), ("a cluster address", bool(s.address or envvars.read(envvars.RAY_ADDRESS))),
         ("object storage", "://" in cfg.output.output_dir),
         ("rollout actors of their own (rollout.placement=separate)",
-         cfg.train.stage == "grpo" and cfg.rollout.placement == "separate")) if asked]
+         cfg.train.stage in RL_STAGES and cfg.rollout.placement == "separate")) if asked]
     if not reasons:
         from scaletrain.launch.warm.cluster import current
 

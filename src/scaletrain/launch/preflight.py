@@ -100,6 +100,10 @@ def preflight(cfg: Config) -> Preflight:
         from scaletrain.rl.rewards import check
 
         rl_note = check(cfg)
+    if cfg.train.stage == "distill":  # the teacher exists and shares the student's tokenizer
+        from scaletrain.model.teacher import check_teacher
+
+        rl_note = check_teacher(cfg.rl.teacher_model, tokenizer)
     if cfg.train.compile and torch_too_old(torch_version()):
         raise ConfigError(f"train.compile: torch {torch_version()} is too old for regional compilation under FSDP2 "
                           f"(torch >= {'.'.join(map(str, MIN_TORCH))}); upgrade torch or remove train.compile")

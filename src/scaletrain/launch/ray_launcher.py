@@ -16,6 +16,7 @@ from scaletrain.comm.device import Platform
 from scaletrain.comm.launch_env import load_private_env, prepare_ray_driver, private_env, worker_env
 from scaletrain.config.schema import Config
 from scaletrain.config.schema import ScalingConfig as ScalingSection
+from scaletrain.config.stages import RL_STAGES
 from scaletrain.credentials import split_secrets
 from scaletrain.errors import LaunchError
 from scaletrain.launch.plan import ClusterPlan, check_placement, plan_scaling, with_allocator, with_binding
@@ -48,7 +49,7 @@ class RayLauncher:
     def plan(self, platform: Platform) -> ClusterPlan:
         notes = self.connect()
         self.vendor = platform.vendor
-        separate = self.cfg.train.stage == "grpo" and self.cfg.rollout.placement == "separate"
+        separate = self.cfg.train.stage in RL_STAGES and self.cfg.rollout.placement == "separate"
         plan = plan_scaling(self.cfg.scaling, self.cfg.comm, self.resources, platform.vendor, node_resources(),
                             rollout_actors=self.cfg.rollout.num_workers if separate else 0)
         if _EMBEDDED[0]:  # the local Ray this driver started: the node is this run's alone (comm/cores.py)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from scaletrain.config.schema import Config
+from scaletrain.config.stages import RL_STAGES
 from scaletrain.model.dtypes import BYTES
 from scaletrain.model.moe import active_parameters, experts_of
 from scaletrain.model.precision import policy
@@ -98,7 +99,8 @@ class Breakdown:
     host: int  # what offload keeps on the host instead
     build: int  # CPU only: the full model each rank builds before sharding (peak if it exceeds training)
     phase: str = ""  # when the training peak happens: backward start / backward end / eval
-    reference: int = 0  # preference tuning, full fine-tuning: the frozen reference model (sharded under FSDP)
+    reference: int = 0  # preference tuning, full fine-tuning: the frozen reference model (sharded under FSDP);
+    # train.stage: distill: the teacher
 
     @property
     def train_peak(self) -> int:
@@ -339,7 +341,7 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
     start_of_backward = kept + loss_kept + logits_grad
     end_of_backward = grads + int(per_block * act_scale)
     phases = {"backward start": start_of_backward, "backward end": end_of_backward, "eval": evaluation}
-    if t.stage == "grpo" and cfg.rollout.placement == "colocated":
+    if t.stage in RL_STAGES and cfg.rollout.placement == "colocated":
         # sampling with the policy (hf): the micro-batch's KV cache and one position's logits (fp32); vLLM: its own
         # copy of the weights beside the policy, and its KV cache (its reserved share: memory/plan.py's engine line)
         phases["rollout"] = rollout_bytes(cfg, shape, compute_bytes) + (
@@ -356,6 +358,10 @@ def estimate(cfg: Config, shape: Shape, world_size: int, device: str = "cpu") ->
             not t.precompute_ref_logps)) or (t.stage == "grpo" and cfg.rl.beta > 0 and
                                              cfg.model.finetuning_type != "lora"):
         reference = shape.total * BYTES[prec.master] // group  # a frozen copy of the initial model, sharded like it
+    if t.stage == "distill" and cfg.rl.teacher_model:  # the teacher, whole on every rank, its frozen storage
+        from scaletrain.model.teacher import teacher_parameters
+
+        reference = teacher_parameters(cfg.rl.teacher_model) * BYTES[prec.frozen]
     return Breakdown(parameters=params, gradients=grads_at_peak, optimizer=optim, activations=activations,
                      buffers=buffers, overhead=int(GPU_OVERHEAD_BYTES) if gpu else 0, host=host, build=build,
                      phase=when, reference=reference)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scaletrain.config.schema import Config
+from scaletrain.config.stages import RL_STAGES
 from scaletrain.errors import ConfigError
 from scaletrain.memory.estimate import GIB, Shape, estimate, model_shape
 from scaletrain.metrics.flops import ASSUMED_MFU, DEVICE_MEMORY_GIB, PEAK_TFLOPS, flops_per_token
@@ -88,7 +89,7 @@ def rollout_engine_line(cfg: Config, shape: Shape, n: int, device: Device) -> tu
     micro-batch's KV cache and logits), or a colocated vLLM's reserved share beside the training peak."""
     from scaletrain.memory.estimate import rollout_bytes
 
-    if cfg.train.stage != "grpo" or (cfg.rollout.placement == "colocated" and cfg.rollout.engine == "hf"):
+    if cfg.train.stage not in RL_STAGES or (cfg.rollout.placement == "colocated" and cfg.rollout.engine == "hf"):
         return None
     gpu = device.key != "cpu"
     half = gpu and (cfg.train.bf16 or cfg.train.fp16)

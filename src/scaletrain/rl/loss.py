@@ -72,6 +72,22 @@ def off_policy_mask(advantages: torch.Tensor, logps: torch.Tensor, sampling_logp
     return ((a >= 0) | (mean_kl <= threshold)).to(mask.dtype)
 
 
+def generalized_jsd(student: torch.Tensor, teacher: torch.Tensor, beta: float) -> torch.Tensor:
+    """The generalized Jensen-Shannon divergence of each position ([..., V] log-probabilities in; [...] out; TRL's
+    GKD ``generalized_jsd_loss`` before its reduction): beta 0 is KL(teacher || student), 1 is KL(student ||
+    teacher), between them the KLs of each to their beta-mixture."""
+    import torch.nn.functional as F
+
+    if beta == 0:
+        return F.kl_div(student, teacher, reduction="none", log_target=True).sum(-1)
+    if beta == 1:
+        return F.kl_div(teacher, student, reduction="none", log_target=True).sum(-1)
+    b = torch.tensor(beta, dtype=student.dtype, device=student.device)
+    mixture = torch.logsumexp(torch.stack([student + torch.log1p(-b), teacher + torch.log(b)]), dim=0)
+    return (b * F.kl_div(mixture, teacher, reduction="none", log_target=True)
+            + (1 - b) * F.kl_div(mixture, student, reduction="none", log_target=True)).sum(-1)
+
+
 def per_token_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, ref_logps: torch.Tensor | None,
                    advantages: torch.Tensor, mask: torch.Tensor, rl, is_weights: torch.Tensor | None = None,
                    keep: torch.Tensor | None = None) -> Terms:

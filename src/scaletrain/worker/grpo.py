@@ -186,17 +186,7 @@ class GRPOObjective:
     def _generate(self, t: Trainer, window: list[dict], step: int, rollouts: list[dict] | None = None) -> list[dict]:
         """The window's rollouts (sampled now, or ``rollouts``: an asynchronous run's, sampled ahead) rewarded and
         made the step's completion batches."""
-        self.device = t.ctx.device
-        if rollouts is None:
-            policy = unwrap(t.model)
-            was_training = policy.training
-            policy.eval()  # no dropout while sampling
-            self._sync(t)
-            t0 = time.perf_counter()
-            rollouts = [self._sample(t, batch, step) for batch in window]
-            self._add(t, "rollout_s", time.perf_counter() - t0)
-            policy.train(was_training)
-        self._add(t, "steps", 1.0)
+        rollouts = self._rolled(t, window, step, rollouts)
         rewards = [self._rewards(t, r) for r in rollouts]
         if t.ctx.is_main and step in (1, t.spec.total_steps):  # what the run's report shows at its start and end
             self._write_samples(t, rollouts[0], rewards[0], step)
@@ -224,6 +214,21 @@ class GRPOObjective:
         seqs, tokens = all_reduce_sum([seqs, tokens], t.ctx.device)
         self.totals = rl_loss.Totals(seqs, tokens)
         return out
+
+    def _rolled(self, t: Trainer, window: list[dict], step: int, rollouts: list[dict] | None) -> list[dict]:
+        """The window's rollouts: ``rollouts`` (sampled ahead), or sampled now by the current policy."""
+        self.device = t.ctx.device
+        if rollouts is None:
+            policy = unwrap(t.model)
+            was_training = policy.training
+            policy.eval()  # no dropout while sampling
+            self._sync(t)
+            t0 = time.perf_counter()
+            rollouts = [self._sample(t, batch, step) for batch in window]
+            self._add(t, "rollout_s", time.perf_counter() - t0)
+            policy.train(was_training)
+        self._add(t, "steps", 1.0)
+        return rollouts
 
     def _async_rollouts(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
         """rollout.max_staleness > 0 (worker/async_rollouts.py): this step's rollouts, sent ahead at an earlier step

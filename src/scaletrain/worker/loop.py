@@ -18,6 +18,7 @@ from scaletrain.comm.device import Platform
 from scaletrain.comm.watchdog import Heartbeat
 from scaletrain.config.batch import for_world_size
 from scaletrain.config.schema import Config
+from scaletrain.config.stages import RL_STAGES
 from scaletrain.data import Collator, load_split
 from scaletrain.data.pixels import loader_line
 from scaletrain.errors import StorageError
@@ -127,7 +128,7 @@ class Data:
             self.train, self.eval = splits["train"], splits["eval"]
         d, tr = t.cfg.data, t.cfg.train
         # Causal LM only: grouping by length could group a classification task's labels (short negative reviews).
-        grpo = tr.stage == "grpo"  # groups of a prompt's completions stay together, in the order of the prompts
+        grpo = tr.stage in RL_STAGES  # groups of a prompt's completions stay together, in the order of the prompts
         balance = t.cfg.model.task == "causal-lm" and d.balance_ranks and not d.packing and not grpo
         # one array, read once: the datasets column answers each lengths[i] through Arrow (0.34 s an epoch of
         # 1,000 rows, ~15% of a tiny model's padded training)

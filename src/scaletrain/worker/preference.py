@@ -369,4 +369,8 @@ def objective_for(cfg) -> PreferenceObjective | None:
         from scaletrain.worker.grpo import GRPOObjective
 
         return GRPOObjective(cfg)
+    if cfg.train.stage == "distill":
+        from scaletrain.worker.distill import DistillObjective
+
+        return DistillObjective(cfg)
     return PreferenceObjective(cfg.train) if cfg.train.stage in PREFERENCE_STAGES else None

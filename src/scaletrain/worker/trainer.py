@@ -38,6 +38,7 @@ from scaletrain.model.fp8 import check_device as check_fp8
 from scaletrain.model.moe import experts_of, router_terms
 from scaletrain.model.quantize import engine_for
 from scaletrain.model.vision import has_packed_masks, is_vision_language, rope_owner, stand_in_image
+from scaletrain.rl.overlap import overlap_line
 from scaletrain.rundir import RunDir
 from scaletrain.storage.uri import Store
 from scaletrain.worker.compile import Compiled, compile_blocks
@@ -165,6 +166,7 @@ class Trainer:
                 + (f"; {f.context_parallel}" if f.context_parallel else "")
                 + (f"; {f.parts}" if f.parts else "")
                 + (f"; {self.compiled.note()}" if self.compiled else "")
+                + (f"; {line}" if (line := overlap_line(self.cfg)) else "")
                 + (f"; {device_kernel_note(ctx.device)}" if ctx.device != "cpu" and not f.context_parallel else ""))
 
 

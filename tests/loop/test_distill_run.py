@@ -87,7 +87,8 @@ def test_a_teacher_equal_to_the_student_gives_nothing_and_another_teachers_diver
     ({"rl": {"lmbda": 0.5}}, "rl.lmbda=0.5 (the data's own completions on some steps) is not supported yet"),
     ({"rl": {"seq_kd": True}}, "rl.seq_kd (training on the teacher's samples) is not supported yet"),
     ({"rl": {"beta": 2.0}}, "rl.beta=2 is the generalized JSD's interpolation with train.stage=distill"),
-    ({"rl": {"teacher_model": "VLM"}}, "its tokenizer is not the student's"),
+    pytest.param({"rl": {"teacher_model": "VLM"}}, "its tokenizer is not the student's",
+                 marks=pytest.mark.slow),  # builds a tiny VLM: make test
 ])
 def test_bad_distillation_input_is_one_line_before_any_worker_starts(models, prompts, tmp_path, change, message):
     from scaletrain.errors import ScaletrainError

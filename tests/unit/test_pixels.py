@@ -16,7 +16,10 @@ from scaletrain.model.processor import image_text_factory
 from scaletrain.model.tokenizer import load_tokenizer
 from tests.vlm import MLLM_INFO, collator, image, mllm_demo, save_tiny
 
-KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3")
+# Qwen2.5-VL's and Qwen3-VL's processors are Qwen2-VL's at other sizes: make test runs them, make test-fast the two
+# families of distinct rules
+KINDS = ("qwen2_vl", pytest.param("qwen2_5_vl", marks=pytest.mark.slow),
+         pytest.param("qwen3_vl", marks=pytest.mark.slow), "gemma3")
 BOUNDS = {"image_max_pixels": 90 * 70, "image_min_pixels": 24 * 24}  # the demo's images are bounded both ways
 
 
@@ -69,6 +72,7 @@ def test_the_loaders_pixels_are_the_old_cached_paths_bit_for_bit_and_the_cache_h
     assert checked == 7  # n=9: rows 3 and 7 have no image
 
 
+@pytest.mark.slow  # six photo-sized JPEGs written: make test, not make test-fast
 def test_a_photo_costs_the_cache_its_reference_and_counts_not_its_pixels(tmp_path):
     """1024x768 JPEGs (the issue's photo): the cache's image columns are at most 1 KB an image (the processed
     float32 patches were ~11 MB), and the image-token mask is one byte a token at most."""

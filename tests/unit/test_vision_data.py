@@ -326,7 +326,7 @@ def test_packed_image_rows_give_the_unpacked_loss(tmp_path, kind, attention):
     assert b.item() == pytest.approx(a.item(), abs=1e-6 * a.item())
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("eager", marks=pytest.mark.slow)])
 def test_gemma3_packed_rows_give_the_padded_loss(tmp_path, attention):
     """#73: Gemma 3 packed: each example's attention kept inside it, its images' tokens attending to each other both
     ways (the masks built per example: vision.packed_masks, through packed_inputs as the step and eval call it), the

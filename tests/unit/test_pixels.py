@@ -14,6 +14,7 @@ from scaletrain.data.encode import IGNORE_INDEX
 from scaletrain.data.images import load_images
 from scaletrain.model.processor import image_text_factory
 from scaletrain.model.tokenizer import load_tokenizer
+from tests.unit.test_vision_data import _prepare
 from tests.vlm import MLLM_INFO, collator, image, mllm_demo, save_tiny
 
 # Qwen2.5-VL's and Qwen3-VL's processors are Qwen2-VL's at other sizes: make test runs them, make test-fast the two
@@ -21,14 +22,6 @@ from tests.vlm import MLLM_INFO, collator, image, mllm_demo, save_tiny
 KINDS = ("qwen2_vl", pytest.param("qwen2_5_vl", marks=pytest.mark.slow),
          pytest.param("qwen3_vl", marks=pytest.mark.slow), "gemma3")
 BOUNDS = {"image_max_pixels": 90 * 70, "image_min_pixels": 24 * 24}  # the demo's images are bounded both ways
-
-
-def _prepare(path, tok, data_dir, tmp_path, **data):
-    cfg = validate({"model": {"name_or_path": str(path), "task": "causal-lm"},
-                    "data": {"dataset_dir": str(data_dir), "dataset": ["mllm_demo"], "eval_ratio": 0,
-                             "max_length": 256, **data},
-                    "output": {"output_dir": str(tmp_path / "runs")}})
-    return prepare_data(cfg, tok, image_text_factory(str(path), tok))
 
 
 def _sizes(demo, sizes):

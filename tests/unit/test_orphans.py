@@ -83,3 +83,26 @@ def test_what_an_earlier_driver_left_is_named_by_doctor_with_how_to_stop_it():
         left.kill()
         left.wait()
     assert not any(x.pid == left.pid for x in orphans.leftovers())
+
+
+def test_ray_workers_orphaned_only_while_their_cluster_stops_are_not_leftovers(monkeypatch):
+    """`ray stop` (or another test's cluster going down) ends the raylet first: its workers sit under pid 1 for a
+    moment before they exit. Only those still there after ORPHAN_GRACE_S are an earlier run's leftovers."""
+    import types
+
+    import psutil
+
+    from scaletrain.launch import orphans
+
+    def fake(pid):
+        p = types.SimpleNamespace(pid=pid, info={"name": "python", "cmdline": ["ray::IDLE"], "ppid": 1})
+        p.cmdline = lambda: ["ray::IDLE"]
+        p.memory_info = lambda: types.SimpleNamespace(rss=2**20)
+        return p
+
+    stopping, stuck = fake(101), fake(102)
+    waited = []
+    monkeypatch.setattr(orphans, "marked", lambda: [])
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs=None: [stopping, stuck])
+    monkeypatch.setattr(psutil, "wait_procs", lambda procs, timeout: (waited.append(timeout) or ([stopping], [stuck])))
+    assert [x.pid for x in orphans.leftovers()] == [102] and waited == [orphans.ORPHAN_GRACE_S]

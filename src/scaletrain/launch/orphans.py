@@ -131,11 +131,17 @@ def leftovers() -> list[Leftover]:
         if not driver_alive(mark):
             seen.add(p.pid)
             out.append(_leftover(p, mark.partition(":")[0]))
-    for p in psutil.process_iter(["name", "cmdline", "ppid"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.pid not in seen and p.info["ppid"] == 1 and cmd.startswith("ray::"):
-            out.append(_leftover(p, ""))
+    orphans = [p for p in psutil.process_iter(["name", "cmdline", "ppid"]) if p.pid not in seen
+               and p.info["ppid"] == 1 and " ".join(p.info["cmdline"] or []).startswith("ray::")]
+    if orphans:  # a cluster being stopped orphans its workers for a moment before they exit: only those that stay
+        _, orphans = psutil.wait_procs(orphans, timeout=ORPHAN_GRACE_S)
+    out += [_leftover(p, "") for p in orphans]
     return [x for x in out if x is not None]
+
+
+# How long an orphaned ray:: process must outlive its raylet to be a leftover: `ray stop` (and a driver's own Ray
+# shutting down) ends the raylet first, and its workers, reparented to pid 1 meanwhile, exit within seconds.
+ORPHAN_GRACE_S = 5.0
 
 
 def _leftover(p, driver: str) -> Leftover | None:

@@ -22,6 +22,8 @@ import json
 import tarfile
 from pathlib import Path
 
+from scaletrain.errors import DataError
+
 ROW = "row://"
 TAR = "tar://"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -179,3 +181,22 @@ def _samples(shard: Path) -> tuple[dict[str, dict], list[str]]:
             elif lower.endswith(IMAGE_SUFFIXES):
                 samples[key]["images"].append(member.name)
     return samples, order
+
+
+def webdataset_table(p: Path, key: str, path: str, hf_cache: str, origin: str = ""):
+    """WebDataset shards' samples as records (data/containers.py), written to an Arrow cache as they are read (the
+    driver's memory bounded by a writer batch, not the set)."""
+    import datasets
+
+    def records():
+        yield from webdataset_records(p, origin=origin)
+
+    try:
+        return datasets.Dataset.from_generator(records, cache_dir=hf_cache, keep_in_memory=False)
+    except Exception as e:  # noqa: BLE001 - datasets wraps the generator's error (tarfile's, json's)
+        cause = e
+        while not isinstance(cause, ShardError) and (cause.__cause__ or cause.__context__) is not None:
+            cause = cause.__cause__ or cause.__context__
+        shard, _, why = str(cause).partition(": ") if isinstance(cause, ShardError) else ("", "", str(cause))
+        raise DataError(f"{key}={path}: WebDataset shard {shard or '?'} cannot be read ({why}); check the shards "
+                        f"(tar files of samples: KEY.json and its images KEY.jpg / KEY.0.png ...)") from None

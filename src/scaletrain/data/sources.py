@@ -13,7 +13,7 @@ from pathlib import Path
 
 from scaletrain.config.schema import DataConfig
 from scaletrain.config.stages import PAIR_STAGES
-from scaletrain.data.containers import ShardError, image_columns, webdataset_records, with_references
+from scaletrain.data.containers import image_columns, webdataset_table, with_references
 from scaletrain.data.formats import FORMATTINGS, Columns
 from scaletrain.data.spec import is_spec, read_spec
 from scaletrain.errors import DataError
@@ -177,7 +177,7 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8", 
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds["train"] if "train" in ds else next(iter(ds.values()))
         elif fmt == "webdataset":
-            ds = _webdataset(p, key, path, hf_cache, origin)
+            ds = webdataset_table(p, key, path, hf_cache, origin)
         else:
             kwargs = {"field": "data"} if fmt == "json" and _has_data_field(parse) else {}
             with _quiet_datasets():  # its parser's failures are reported here, in one line naming the file's line
@@ -197,25 +197,6 @@ def load(path: str, fmt: str, key: str, hf_cache: str, encoding: str = "utf-8", 
     if fmt in ("parquet", "arrow", "disk") and image_columns(ds):  # images' bytes in the file: referenced (#73)
         ds = with_references(ds, p if fmt != "disk" else Path(ds.cache_files[0]["filename"]), origin)
     return loaded or Loaded(ds, parse, fmt)
-
-
-def _webdataset(p: Path, key: str, path: str, hf_cache: str, origin: str = ""):
-    """WebDataset shards' samples as records (data/containers.py), written to an Arrow cache as they are read (the
-    driver's memory bounded by a writer batch, not the set)."""
-    import datasets
-
-    def records():
-        yield from webdataset_records(p, origin=origin)
-
-    try:
-        return datasets.Dataset.from_generator(records, cache_dir=hf_cache, keep_in_memory=False)
-    except Exception as e:  # noqa: BLE001 - datasets wraps the generator's error (tarfile's, json's)
-        cause = e
-        while not isinstance(cause, ShardError) and (cause.__cause__ or cause.__context__) is not None:
-            cause = cause.__cause__ or cause.__context__
-        shard, _, why = str(cause).partition(": ") if isinstance(cause, ShardError) else ("", "", str(cause))
-        raise DataError(f"{key}={path}: WebDataset shard {shard or '?'} cannot be read ({why}); check the shards "
-                        f"(tar files of samples: KEY.json and its images KEY.jpg / KEY.0.png ...)") from None
 
 
 @contextlib.contextmanager

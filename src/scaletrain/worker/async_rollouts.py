@@ -13,7 +13,15 @@ barrier), and an evaluation collects everything in flight first, so a sync never
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
+
+import torch
+
+from scaletrain.worker.parallel import all_reduce_sum
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,3 +59,51 @@ class InFlight:
 def lag(trainer_steps: int, version: int) -> int:
     """How many optimizer steps the policy that trains is ahead of the one that sampled."""
     return trainer_steps - version
+
+
+def ahead_of_time(obj, t, window: list[dict], step: int) -> list[dict]:
+    """rollout.max_staleness > 0 (GRPOObjective ``obj``): this step's rollouts, sent ahead at an earlier step
+    (or sampled now), collected; then the next steps' prompts sent with the current weights, so the actor samples
+    them while this step trains. Each completion carries the version that sampled it."""
+    engine, held = obj._engine(t), t.progress.step  # the optimizer steps the training policy holds
+    t0 = time.perf_counter()
+    pending = obj.inflight.take(step)
+    if pending is not None and lag(held, pending.version) > obj.staleness:  # older than the bound: again
+        obj._add(t, "stale_dropped", float(sum(len(r["seeds"]) for r in pending.requests)))
+        pending.collect(engine)
+        pending = None
+    if pending is None:
+        if step > 1 and not obj.inflight.started:
+            log.warning("step %d: rollout.max_staleness=%d: the rollouts that were in flight for this step are "
+                        "not in the checkpoint (they were sampled by the weights of step %d); they are sampled "
+                        "again now, by the current weights, so from here this run is not bit for bit the one "
+                        "that was interrupted", step, obj.staleness, max(step - 2, 0))
+        obj._sync(t)
+        pending = _send(obj, t, window, step)
+    results = pending.collect(engine)
+    obj.inflight.started = True
+    obj._add(t, "rollout_s", time.perf_counter() - t0)  # what the trainer waited for: the exposed rollout
+    all_reduce_sum([0.0], t.ctx.device)  # every rank holds its rollouts before a sync may reach its actor
+    for ahead in range(1, obj.staleness + 1):  # the next steps' prompts, sampled while this step trains
+        later = step + ahead
+        if later > t.spec.total_steps or later in obj.inflight.pending:
+            continue
+        upcoming = t.peek(ahead) if t.peek is not None else None
+        if upcoming is None:  # the epoch ends first: its first step samples its own
+            break
+        obj._sync(t)
+        obj.inflight.pending[later] = _send(obj, t, upcoming, later)
+    rollouts = [obj._finish(t, req, out, sampled, True) for req, (out, sampled) in zip(pending.requests, results)]
+    behind = lag(held, pending.version)
+    for r in rollouts:
+        r["versions"] = torch.full((r["input_ids"].shape[0],), pending.version, dtype=torch.long)
+    obj._add(t, "lag_sum", float(behind * sum(r["input_ids"].shape[0] for r in rollouts)))
+    obj._add(t, "lag_n", float(sum(r["input_ids"].shape[0] for r in rollouts)))
+    obj.extremes[2] = max(obj.extremes[2], float(behind))
+    return rollouts
+
+def _send(obj, t, window: list[dict], step: int) -> Pending:
+    engine = obj._engine(t)
+    requests = [obj._request(t, batch, step) for batch in window]
+    return Pending(step, engine.version, requests,
+                   [engine.submit(r["ids"], r["mask"], r["seeds"], **r["how"]) for r in requests])

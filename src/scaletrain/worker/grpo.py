@@ -32,7 +32,7 @@ from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
 from scaletrain.rl.unscored import Unscored
-from scaletrain.worker.async_rollouts import InFlight, Pending, lag
+from scaletrain.worker.async_rollouts import InFlight, ahead_of_time
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
 from scaletrain.worker.rollout import Colocated, RolloutPool, start_engine, sync_engine
 
@@ -165,7 +165,7 @@ class GRPOObjective:
         if step != first:  # a resume onto another world size mid-generation: the ranks' batches were not kept
             log.warning("step %d: the rollouts of step %d are not in the checkpoint (another world size); this "
                         "step samples its own", step, first)
-        out = self._generate(t, window, step, self._async_rollouts(t, window, step) if self.staleness else None)
+        out = self._generate(t, window, step, ahead_of_time(self, t, window, step) if self.staleness else None)
         if mu > 1:
             t0 = time.perf_counter()
             for b in out:  # the policy that sampled them: π_old of the mu steps
@@ -229,53 +229,6 @@ class GRPOObjective:
             policy.train(was_training)
         self._add(t, "steps", 1.0)
         return rollouts
-
-    def _async_rollouts(self, t: Trainer, window: list[dict], step: int) -> list[dict]:
-        """rollout.max_staleness > 0 (worker/async_rollouts.py): this step's rollouts, sent ahead at an earlier step
-        (or sampled now), collected; then the next steps' prompts sent with the current weights, so the actor samples
-        them while this step trains. Each completion carries the version that sampled it."""
-        engine, held = self._engine(t), t.progress.step  # the optimizer steps the training policy holds
-        t0 = time.perf_counter()
-        pending = self.inflight.take(step)
-        if pending is not None and lag(held, pending.version) > self.staleness:  # older than the bound: again
-            self._add(t, "stale_dropped", float(sum(len(r["seeds"]) for r in pending.requests)))
-            pending.collect(engine)
-            pending = None
-        if pending is None:
-            if step > 1 and not self.inflight.started:
-                log.warning("step %d: rollout.max_staleness=%d: the rollouts that were in flight for this step are "
-                            "not in the checkpoint (they were sampled by the weights of step %d); they are sampled "
-                            "again now, by the current weights, so from here this run is not bit for bit the one "
-                            "that was interrupted", step, self.staleness, max(step - 2, 0))
-            self._sync(t)
-            pending = self._send(t, window, step)
-        results = pending.collect(engine)
-        self.inflight.started = True
-        self._add(t, "rollout_s", time.perf_counter() - t0)  # what the trainer waited for: the exposed rollout
-        all_reduce_sum([0.0], t.ctx.device)  # every rank holds its rollouts before a sync may reach its actor
-        for ahead in range(1, self.staleness + 1):  # the next steps' prompts, sampled while this step trains
-            later = step + ahead
-            if later > t.spec.total_steps or later in self.inflight.pending:
-                continue
-            upcoming = t.peek(ahead) if t.peek is not None else None
-            if upcoming is None:  # the epoch ends first: its first step samples its own
-                break
-            self._sync(t)
-            self.inflight.pending[later] = self._send(t, upcoming, later)
-        rollouts = [self._finish(t, req, out, sampled, True) for req, (out, sampled) in zip(pending.requests, results)]
-        behind = lag(held, pending.version)
-        for r in rollouts:
-            r["versions"] = torch.full((r["input_ids"].shape[0],), pending.version, dtype=torch.long)
-        self._add(t, "lag_sum", float(behind * sum(r["input_ids"].shape[0] for r in rollouts)))
-        self._add(t, "lag_n", float(sum(r["input_ids"].shape[0] for r in rollouts)))
-        self.extremes[2] = max(self.extremes[2], float(behind))
-        return rollouts
-
-    def _send(self, t: Trainer, window: list[dict], step: int) -> Pending:
-        engine = self._engine(t)
-        requests = [self._request(t, batch, step) for batch in window]
-        return Pending(step, engine.version, requests,
-                       [engine.submit(r["ids"], r["mask"], r["seeds"], **r["how"]) for r in requests])
 
     def _sample(self, t: Trainer, batch: dict, step: int, count: bool = True) -> dict:
         """This micro-batch's completions: all its groups in one batch (each prompt repeated, left-padded), each row

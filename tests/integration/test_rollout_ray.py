@@ -173,13 +173,23 @@ def test_staleness_one_samples_the_next_step_while_this_one_trains_within_the_bo
     every later step trains completions its actor sampled during the step before, by the weights one optimizer step
     older (the lag of everything trained <= 1; nothing dropped); the sampler's correction (TRL's sequence_mask,
     its default) is applied and logged by TRL's names; the actors' log shows each sync before the rollout it
-    serves."""
+    serves. The policy calls tools (tests/tool_model.py: rl.tools and rl.environment): the rounds after a call are
+    sampled by the actor too, when the step collects its first turns."""
+    from tests.tool_model import tool_caller
+
+    model = tool_caller(tmp_path / "caller")
     cfg = _cfg(sums)
+    cfg["model"]["name_or_path"] = str(model)
+    cfg["data"]["max_length"] = 2048
+    cfg["rl"].update(tools=[f"{model}/tools.py:add"], environment=f"{model}/tools.py:Counter",
+                     max_completion_length=48, max_tool_calling_iterations=2)
     cfg["rollout"]["max_staleness"] = 1
     cfg["train"].update(max_steps=4, learning_rate=0.05)
     done = run(cfg, tmp_path, "async")
     records = [r for r in read_jsonl(done.run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["tools/call_frequency"] > 0 and "rewards/Counter/mean" in r for r in records)
+    assert "<tool_response>" in (done.run_dir / "samples.jsonl").read_text()  # a round after the replies
     assert [r["rollout/staleness_mean"] for r in records] == [0.0, 1.0, 1.0, 1.0]
     assert all(r["rollout/staleness_max"] <= 1 and r["rollout/stale_dropped"] == 0 for r in records)
     assert all(0 < r["sampling/importance_sampling_ratio/mean"] for r in records)

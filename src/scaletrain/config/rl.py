@@ -81,6 +81,18 @@ class RLConfig(_Section):
         "distillation). Below 1 (the data's own completions on the other steps) is not supported yet."))
     seq_kd: bool = Field(False, description=(
         "distill: train on the teacher's own samples (TRL's sequence-level KD); not supported yet."))
+    tools: list[str] = Field(default_factory=list, description=(
+        "Multi-turn tool rollouts (TRL's `tools=`): functions by `path/to/file.py:function`, each declared to the "
+        "model in its prompt through the chat template (TRL's rule: the type hints and the docstring's Args make the "
+        "schema); a completion's tool calls are run and their replies put in the context, out of the loss, before "
+        "the model goes on."))
+    environment: Optional[str] = Field(None, description=(
+        "Multi-turn rollouts in an environment (TRL's `environment_factory`): a class by `path/to/file.py:Class`, "
+        "one instance per completion, `reset(**row)` given the prompt's row before it is answered, its public "
+        "methods the tools; a `get_reward()` method is a reward function of its own (weight 1, named by the class)."))
+    max_tool_calling_iterations: Optional[int] = Field(None, ge=0, description=(
+        "The rounds of tool calls a completion may make (TRL's name; unset: until it makes none or its tokens, tool "
+        "replies included, reach max_completion_length)."))
     answer_column: str = Field("answer", description=(
         "The data's reference answer for the `accuracy` reward (LLaMA-Factory rows: their reply)."))
     prompt_column: str = Field("prompt", description=(
@@ -104,16 +116,36 @@ class RLConfig(_Section):
     @field_validator("reward_funcs")
     @classmethod
     def _funcs(cls, v):
-        if not v:
-            raise ValueError("give at least one reward function")
         for f in v:
             if f not in BUILTIN_REWARDS and ":" not in f:
                 raise ValueError(f"{f!r} is neither a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
                                  f"path/to/file.py:function")
         return v
 
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v):
+        for f in v:
+            if ":" not in f or not f.rpartition(":")[0]:
+                raise ValueError(f"{f!r} is not path/to/file.py:function")
+        if len(set(v)) != len(v):
+            raise ValueError("a tool is named twice; give each once")
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, v):
+        if v is not None and (":" not in v or not v.rpartition(":")[0]):
+            raise ValueError(f"{v!r} is not path/to/file.py:Class")
+        return v
+
     @model_validator(mode="after")
     def _weights(self) -> RLConfig:
+        if self.environment and "reward_funcs" not in self.model_fields_set:
+            self.reward_funcs = []  # TRL's: an environment that owns its reward (get_reward) may be the only one
+        if not self.reward_funcs and not self.environment:
+            raise ValueError("rl.reward_funcs is empty: give at least one reward function (or an rl.environment "
+                             "with get_reward)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"rl.reward_weights has {len(self.reward_weights)} weights for "
                              f"{len(self.reward_funcs)} reward functions; give one each")

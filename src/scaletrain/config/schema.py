@@ -284,6 +284,9 @@ class Config(_Section):
                 raise ValueError(f"rollout.engine=vllm loads the model from a directory and "
                                  f"model.name_or_path={self.model.name_or_path} is built from a config; save it "
                                  f"(scaletrain export) or use rollout.engine: hf")
+        if (rl.tools or rl.environment) and stage != "grpo":
+            raise ValueError(f"rl.tools / rl.environment (multi-turn tool rollouts) with train.stage={stage} is not "
+                             f"supported yet; use train.stage: grpo")
         if self.rollout.max_staleness and rl.num_iterations > 1:
             raise ValueError(f"rollout.max_staleness={self.rollout.max_staleness} with rl.num_iterations="
                              f"{rl.num_iterations} is not supported yet (a generation trained on several steps); "

@@ -13,6 +13,8 @@ from scaletrain.data.images import media_base
 from scaletrain.data.labels import Labels
 from scaletrain.data.pairs import V1_SIDES, encode_kto, encode_pairs
 from scaletrain.data.sources import Source, require_columns
+from scaletrain.data.templates import supports_tools
+from scaletrain.data.tools import load_tools
 from scaletrain.errors import DataError
 
 # config key -> the Columns field a dataset_info.json entry's "columns" maps
@@ -69,9 +71,15 @@ def encoder_for(ds, src: Source, cfg: Config, tokenizer, template: tuple[str, st
             raise DataError(f"{src.key}={src.path}: rl.reward_funcs has accuracy, which checks each completion "
                             f"against the '{cfg.rl.answer_column}' column, and the records have none (columns: "
                             f"{', '.join(sorted(ds.column_names))}); set rl.answer_column to the answer's column")
+        declared = load_tools(cfg.rl)
+        if declared is not None and not supports_tools(template[1]):
+            raise DataError(f"rl.tools / rl.environment declare tools and the chat template ({template[0]}) has no "
+                            f"tool format; set data.template to the model's own (or a built-in that writes tools: "
+                            f"qwen, qwen3, llama3.1, mistral)")
         return partial(encode_prompts, tokenizer=tokenizer, formatting=src.formatting, columns=c,
                        template=template[1], prompt_column=cfg.rl.prompt_column, answer_column=cfg.rl.answer_column,
-                       max_length=d.max_length, enable_thinking=d.enable_thinking)
+                       max_length=d.max_length, enable_thinking=d.enable_thinking,
+                       tools=declared.schemas if declared else None)
     preference = cfg.train.stage in PAIR_STAGES
     required = c.required(src.formatting)
     if cfg.train.stage == "kto":

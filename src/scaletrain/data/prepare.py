@@ -44,6 +44,7 @@ from scaletrain.data.spread import Speed, encoded
 from scaletrain.data.template_facts import check_template, conversation_notes
 from scaletrain.data.template_input import template_variables
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
+from scaletrain.data.tools import load_tools
 from scaletrain.data.turns import CONVERSATION, one_per_turn, per_turn_cost, supervision_note
 from scaletrain.data.vision import IMAGE_PROBLEM
 from scaletrain.errors import ConfigError, DataError
@@ -403,9 +404,16 @@ def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source], medi
                          "num_labels": cfg.model.num_labels, "seed": cfg.train.seed, "template": template,
                          "sources": [(s.name, s.formatting, repr(s.columns), s.num_samples, content_hash(s.path))
                                      for s in srcs],
-                         "tokenizer": _tokenizer_fingerprint(tokenizer), "media": media},
+                         "tokenizer": _tokenizer_fingerprint(tokenizer), "media": media,
+                         "tools": _declared(cfg)},
                         sort_keys=True, default=str).encode())
     return h.hexdigest()[:20]
+
+
+def _declared(cfg: Config) -> list[dict] | None:
+    """The tools a GRPO run's prompts declare (their schemas are tokens of every prompt)."""
+    tools = load_tools(cfg.rl) if cfg.train.stage in RL_STAGES else None
+    return tools.schemas if tools else None
 
 
 def _tokenizer_fingerprint(tokenizer) -> str:

@@ -24,7 +24,8 @@ EXTRA = "extra"  # JSON: the prompt as the data gives it and the columns the rew
 
 def encode_prompts(batch: dict[str, list], tokenizer, formatting: str, columns: Columns, template: str,
                    prompt_column: str, answer_column: str, max_length: int,
-                   enable_thinking: bool | None = None) -> dict[str, list]:
+                   enable_thinking: bool | None = None, tools: list[dict] | None = None) -> dict[str, list]:
+    """``tools``: the schemas a tool run declares (data/tools.py), rendered by the template as it renders them."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
@@ -33,10 +34,13 @@ def encode_prompts(batch: dict[str, list], tokenizer, formatting: str, columns: 
     for row in rows:
         prompt, others, why = _prompt(row, formatting, columns, prompt_column, answer_column)
         text = ""
+        if not why and tools and not isinstance(prompt, list):
+            why = ("the prompt is text and rl.tools / rl.environment declare tools through the chat template; give "
+                   "the prompt as a list of messages")
         if not why and isinstance(prompt, list):
             try:
                 (text,), _ = render_jinja_template([with_reasoning(prompt, template)], chat_template=template,
-                                                   add_generation_prompt=True, **variables)
+                                                   add_generation_prompt=True, tools=tools or None, **variables)
             except Exception as e:  # noqa: BLE001 - the template's own refusal, in its words
                 why = f"the chat template cannot render it: {e}"
         elif not why:

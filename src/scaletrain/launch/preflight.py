@@ -100,6 +100,11 @@ def preflight(cfg: Config) -> Preflight:
         from scaletrain.rl.rewards import check
 
         rl_note = check(cfg)
+        if cfg.rl.tools or cfg.rl.environment:  # the template writes calls in a form the rollouts read
+            from scaletrain.data.templates import resolve_template
+            from scaletrain.rl.tools import call_format
+
+            call_format(resolve_template(cfg.data.template, tokenizer)[1])
     if cfg.train.stage == "distill":  # the teacher exists and shares the student's tokenizer
         from scaletrain.model.teacher import check_teacher
 

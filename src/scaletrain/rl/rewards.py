@@ -12,13 +12,12 @@ function that raises is named with the example; each is one line.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-from pathlib import Path
 from typing import Callable
 
 from scaletrain.errors import ConfigError, TrainingError
+from scaletrain.usercode import load_object
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
@@ -114,23 +113,7 @@ def load(spec: str) -> Callable:
     """The function ``spec`` names: a built-in, or path/to/file.py:function (one line when it cannot be had)."""
     if spec in BUILTINS:
         return BUILTINS[spec]
-    path, _, name = spec.rpartition(":")
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"rl.reward_funcs: {spec}: no file {file}; give path/to/file.py:function")
-    module_spec = importlib.util.spec_from_file_location(f"scaletrain_reward_{file.stem}", file)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's file: any error in it is named, in one line
-        raise ConfigError(f"rl.reward_funcs: {spec}: importing {file} failed: {type(e).__name__}: {e}") from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        have = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise ConfigError(f"rl.reward_funcs: {spec}: {file} has no {name!r} (it has {', '.join(have) or 'none'})")
-    if not callable(fn):
-        raise ConfigError(f"rl.reward_funcs: {spec}: {name!r} in {file} is a {type(fn).__name__}, not a function")
-    return fn
+    return load_object(spec, "rl.reward_funcs")
 
 
 def name_of(spec: str) -> str:
@@ -173,8 +156,15 @@ def check(cfg) -> str:
     machine has; the note said at start (the engine, its placement, the rewards)."""
     import importlib.util
 
+    from scaletrain.data.tools import load_tools
+
     for spec in cfg.rl.reward_funcs:
         load(spec)
+    tools = load_tools(cfg.rl)
+    if cfg.train.stage == "grpo" and not cfg.rl.reward_funcs and not (tools and tools.owns_reward):
+        raise ConfigError(f"rl.environment: {cfg.rl.environment}: the class has no get_reward method and "
+                          f"rl.reward_funcs is empty, so nothing scores a completion; give the class get_reward(self) "
+                          f"or set rl.reward_funcs")
     r = cfg.rollout
     if r.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
@@ -197,6 +187,12 @@ def check(cfg) -> str:
                  f"; each wait at most rollout.sync_timeout_s={r.sync_timeout_s:g} s)")
     names = ", ".join(f"{name_of(s)} x {w:g}" for s, w in zip(cfg.rl.reward_funcs, cfg.rl.reward_weights or
                                                                 [1.0] * len(cfg.rl.reward_funcs)))
+    if tools and tools.owns_reward:
+        names = ", ".join(filter(None, [names, f"{tools.environment.__name__}.get_reward x 1"]))
+    if tools:
+        rounds = cfg.rl.max_tool_calling_iterations
+        names += (f"; tools {', '.join(s['function']['name'] for s in tools.schemas)}, up to "
+                  f"{'any number of' if rounds is None else rounds} round(s) of calls, their replies out of the loss")
     return (f"rl: {cfg.rl.loss_type} loss, {cfg.rl.num_generations} completions per prompt of up to "
             f"{cfg.rl.max_completion_length} tokens, rewards {names}, advantages scaled per {cfg.rl.scale_rewards}, "
             f"beta {cfg.rl.beta:g}; rollout: {r.engine} ({placement}, seeded per prompt)")

@@ -61,3 +61,14 @@ def sample(model, ids: torch.Tensor, mask: torch.Tensor, generators: list[torch.
     if not tokens:
         return ids.new_zeros((ids.shape[0], 0)), torch.zeros((ids.shape[0], 0))
     return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+
+def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows left-padded into one batch (every row's next token at the same column) and its attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask

@@ -28,13 +28,16 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from scaletrain.data.tools import load_tools
 from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
+from scaletrain.rl.sampling import left_padded
 from scaletrain.rl.unscored import Unscored
 from scaletrain.worker.async_rollouts import InFlight, ahead_of_time
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
-from scaletrain.worker.rollout import Colocated, RolloutPool, start_engine, sync_engine
+from scaletrain.worker.rollout import Colocated, RolloutPool, all_done_for, start_engine, sync_engine
+from scaletrain.worker.tool_rollouts import Conversation, ToolRollouts, trained_mask
 
 if TYPE_CHECKING:
     from scaletrain.config.schema import Config, TrainConfig
@@ -59,12 +62,20 @@ class GRPOObjective:
         self.specs = list(cfg.rl.reward_funcs)
         self.names = [rl_rewards.name_of(s) for s in self.specs]
         self.funcs = [rl_rewards.load(s) for s in self.specs]
-        self.weights = torch.tensor(cfg.rl.reward_weights or [1.0] * len(self.specs), dtype=torch.float64)
+        weights = list(cfg.rl.reward_weights or [1.0] * len(self.specs))
+        self.tools = load_tools(cfg.rl)  # rl.tools / rl.environment (worker/tool_rollouts.py)
+        if self.tools is not None and self.tools.owns_reward:  # TRL's: the environment's get_reward, weight 1
+            self.specs.append(f"{cfg.rl.environment}.get_reward")
+            self.names.append(self.tools.environment.__name__)
+            self.funcs.append(environment_reward)
+            weights.append(1.0)
+        self.weights = torch.tensor(weights, dtype=torch.float64)
         # each function's sums under rewards/: a function may be called "length" (the built-in), as a stat is
         per_func = [f"rewards/{n}{suffix}" for n in self.names for suffix in ("", "_sq", "_n")]
         self.stats = ("reward", "reward_sq", "reward_n", *per_func, "length", "truncated", "completions", "kl",
                       "entropy", "tokens", "clip_low", "clip_high", "clip_count", "logp_diff", "steps", "rollout_s",
-                      "reference_s", "sync_s", "is_sum", "is_n", "lag_sum", "lag_n", "stale_dropped")
+                      "reference_s", "sync_s", "is_sum", "is_n", "lag_sum", "lag_n", "stale_dropped", "tool_calls",
+                      "tool_failures")
         self.totals: rl_loss.Totals | None = None
         self.tokenizer = None
         self.engine: Colocated | RolloutPool | None = None  # worker/rollout.py, made at the first rollout
@@ -80,6 +91,7 @@ class GRPOObjective:
             cfg.rollout.engine == "vllm" or self.staleness > 0)
         self.extremes = [math.inf, -math.inf, 0.0]  # this rank's IS ratio min, max and lag max since the last record
         self.device = "cpu"
+        self.conversing: ToolRollouts | None = None  # rl.tools / rl.environment: made with the tokenizer
 
     def holds_reference(self, train: TrainConfig, lora: bool) -> bool:
         return self.rl.beta > 0 and not lora
@@ -143,6 +155,8 @@ class GRPOObjective:
             from scaletrain.model.tokenizer import load_tokenizer
 
             self.tokenizer = load_tokenizer(self.cfg.model.name_or_path)
+            if self.rl.tools or self.rl.environment:
+                self.conversing = ToolRollouts(self.cfg, self.tokenizer, self.tools)
 
     def _add(self, t: Trainer, name: str, value: float) -> None:
         t.objective_sums[self.stats.index(name)] += value
@@ -247,12 +261,7 @@ class GRPOObjective:
         extras = [json.loads(e) for e in batch["extra"]]
         lengths = batch["attention_mask"].sum(-1).tolist()
         prompts = [batch["input_ids"][i, :lengths[i]].tolist() for i in range(batch["input_ids"].shape[0])]
-        width = max(lengths)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding: every row's completion starts at column `width`
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        ids, mask = left_padded(prompts, pad)  # every row's completion starts at the same column
         # each row's own random stream: the prompt's seed and the row's place in its group (rl/sampling.py)
         seeds = [prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][i])) + i % self.rl.num_generations
                  for i in range(len(prompts))]
@@ -260,37 +269,40 @@ class GRPOObjective:
         return {"ids": ids, "mask": mask, "seeds": seeds, "how": how, "prompts": prompts, "extras": extras}
 
     def _finish(self, t: Trainer, request: dict, out: torch.Tensor, sampled: torch.Tensor, count: bool) -> dict:
-        """The engine's tokens for ``request`` made its completion batch (each completion through its first EOS)."""
+        """The engine's tokens for ``request`` made its completion batch (each completion through its first EOS;
+        with tools, continued through its calls: worker/tool_rollouts.py)."""
         cap, eos, pad = self.rl.max_completion_length, request["how"]["eos"], request["how"]["pad"]
-        prompts, extras = request["prompts"], request["extras"]
-        rows, completions, truncated = [], [], []
-        for p, row in zip(prompts, out.tolist()):
+        rows = []
+        for p, seed, row, logps in zip(request["prompts"], request["seeds"], out.tolist(), sampled):
             ended = eos in row
             row = row[:row.index(eos) + 1] if ended else row[:cap]
-            rows.append(p)
-            completions.append(row)
-            truncated.append(not ended)
-
-        width = max(len(p) + max(len(c), 1) for p, c in zip(rows, completions))
-        c_width = max(max(len(c) for c in completions), 1)
+            rows.append(Conversation(p, seed, row, logps[:len(row)].float().cpu().tolist(), not ended))
+        r = {"extras": request["extras"]}
+        if self.conversing is not None:
+            together = (lambda v: all_reduce_sum(v, t.ctx.device)) if all_done_for(t) is not None else None
+            r["environments"], calls = self.conversing.converse(self._engine(t), request["how"], rows,
+                                                                request["extras"], together)
+            r["messages"] = [c.messages for c in rows]
+            if count:
+                self._add(t, "tool_calls", float(calls.calls))
+                self._add(t, "tool_failures", float(calls.failures))
+        width = max(len(c.prompt) + max(len(c.tokens), 1) for c in rows)
+        c_width = max(max(len(c.tokens) for c in rows), 1)
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        cmask = torch.zeros((len(rows), c_width), dtype=torch.float32)
         sampling_logps = torch.zeros((len(rows), c_width), dtype=torch.float32)  # the engine's, of the same tokens
-        starts = torch.tensor([len(p) for p in rows])
-        for i, (p, c) in enumerate(zip(rows, completions)):
-            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-            sampling_logps[i, :len(c)] = sampled[i, :len(c)].float().cpu()
-            mask[i, :len(p) + len(c)] = 1
-            if not (truncated[i] and self.rl.mask_truncated_completions):
-                cmask[i, :len(c)] = 1.0
+        for i, c in enumerate(rows):
+            ids[i, :len(c.prompt) + len(c.tokens)] = torch.tensor(c.prompt + c.tokens)
+            sampling_logps[i, :len(c.tokens)] = torch.tensor(c.logps, dtype=torch.float32)
+            mask[i, :len(c.prompt) + len(c.tokens)] = 1
         if count:
-            self._add(t, "length", float(sum(len(c) for c in completions)))
-            self._add(t, "truncated", float(sum(truncated)))
-            self._add(t, "completions", float(len(completions)))
-        return {"input_ids": ids, "attention_mask": mask, "completion_mask": cmask, "starts": starts,
-                "sampling_logps": sampling_logps,
-                "completion_ids": completions, "extras": extras, "truncated": truncated}
+            self._add(t, "length", float(sum(len(c.tokens) for c in rows)))
+            self._add(t, "truncated", float(sum(c.truncated for c in rows)))
+            self._add(t, "completions", float(len(rows)))
+        return {**r, "input_ids": ids, "attention_mask": mask,
+                "completion_mask": trained_mask(rows, c_width, self.rl.mask_truncated_completions),
+                "starts": torch.tensor([len(c.prompt) for c in rows]), "sampling_logps": sampling_logps,
+                "completion_ids": [c.tokens for c in rows], "truncated": [c.truncated for c in rows]}
 
     # -- the engine and its weights (worker/rollout.py) -------------------------------------------------------
 
@@ -316,6 +328,8 @@ class GRPOObjective:
         prompts = [e["prompt"] for e in extras]
         completions = [[{"role": "assistant", "content": x}] if isinstance(p, list) else x
                        for p, x in zip(prompts, texts)]
+        if "messages" in r:  # a tool rollout's turns: its assistant turns and the tools' replies (TRL's)
+            completions = r["messages"]
         keys = sorted({k for e in extras for k in e["columns"]})
         columns = {k: [e["columns"].get(k) for e in extras] for k in keys}
         out = []
@@ -326,6 +340,8 @@ class GRPOObjective:
             elif spec == "length":
                 extra = {"max_completion_length": self.rl.max_completion_length}
             cols = {k: v for k, v in columns.items() if spec not in rl_rewards.BUILTINS or k not in extra}
+            if r.get("environments") is not None:  # TRL gives every reward function the completions' environments
+                extra["environments"] = r["environments"]
             out.append(rl_rewards.call(spec, fn, prompts, completions, r["completion_ids"], cols, **extra))
         r["texts"], r["prompts"] = texts, prompts
         return torch.tensor(out, dtype=torch.float64).T
@@ -444,6 +460,9 @@ class GRPOObjective:
         if s["completions"]:
             out["completions/mean_length"] = s["length"] / s["completions"]
             out["completions/clipped_ratio"] = s["truncated"] / s["completions"]
+        if self.tools is not None and s["completions"]:  # TRL's names: calls per completion, failures per call
+            out["tools/call_frequency"] = s["tool_calls"] / s["completions"]
+            out["tools/failure_frequency"] = s["tool_failures"] / s["tool_calls"] if s["tool_calls"] else 0.0
         if s["tokens"]:
             out["entropy"] = s["entropy"] / s["tokens"]
             # TRL's name: the engine's and the trainer's log-probabilities of the sampled tokens, mean |difference|
@@ -474,6 +493,11 @@ class GRPOObjective:
                 out["rollout/staleness_max"] = max(r[2] for r in lows)
                 out["rollout/stale_dropped"] = s["stale_dropped"]
         return out
+
+
+def environment_reward(environments, **_) -> list[float | None]:
+    """``rl.environment``'s own reward (TRL's): each completion's environment's ``get_reward()``."""
+    return [e.get_reward() for e in environments]
 
 
 def completion_logps(logits: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, width: int,

@@ -168,13 +168,18 @@ def test_a_separate_engine_trains_what_the_colocated_one_does_through_a_kill(sum
     assert summary["goodput/sync_s"] > 0
 
 
-def test_staleness_one_samples_the_next_step_while_this_one_trains_within_the_bound(sums, tmp_path, no_orphans):
+def test_staleness_one_samples_the_next_step_while_this_one_trains_within_the_bound(sums, tmp_path, no_orphans,
+                                                                                   monkeypatch):
     """#74, rollout.max_staleness=1 (verl's one-step-off) on 1 trainer + 1 actor: the first step samples at once,
     every later step trains completions its actor sampled during the step before, by the weights one optimizer step
     older (the lag of everything trained <= 1; nothing dropped); the sampler's correction (TRL's sequence_mask,
     its default) is applied and logged by TRL's names; the actors' log shows each sync before the rollout it
     serves. The policy calls tools (tests/tool_model.py: rl.tools and rl.environment): the rounds after a call are
-    sampled by the actor too, when the step collects its first turns."""
+    sampled by the actor too, when the step collects its first turns. Killed at step 4 with step 3's rollouts in
+    flight at its step-2 checkpoint, the run resumes and trains what the uninterrupted one trains (the checkpoint
+    keeps them)."""
+    import os
+
     from tests.tool_model import tool_caller
 
     model = tool_caller(tmp_path / "caller")
@@ -185,6 +190,7 @@ def test_staleness_one_samples_the_next_step_while_this_one_trains_within_the_bo
                      max_completion_length=48, max_tool_calling_iterations=2)
     cfg["rollout"]["max_staleness"] = 1
     cfg["train"].update(max_steps=4, learning_rate=0.05)
+    cfg["checkpoint"] = {"save_steps": 2}
     done = run(cfg, tmp_path, "async")
     records = [r for r in read_jsonl(done.run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -200,3 +206,9 @@ def test_staleness_one_samples_the_next_step_while_this_one_trains_within_the_bo
     synced = [r["version"] for r in read_jsonl(done.run_dir / "rollout.jsonl")]
     assert synced == [0, 1, 2]  # step 1: v0 (its rollout and step 2's); step 2 sends step 3's with v1; step 3: v2
     assert all(math.isfinite(r["train/loss"]) for r in records)
+    monkeypatch.setitem(os.environ, "SCALETRAIN_FAULTS", "exit:0:4")
+    killed = run({**cfg, "fault_tolerance": {"max_failures": 1}}, tmp_path, "async-killed")
+    assert "resume: from step-2" in (killed.run_dir / "logs" / "main.log").read_text()
+    again = {r["step"]: r for r in read_jsonl(killed.run_dir / "metrics.jsonl") if r["kind"] == "train"}
+    assert [again[s]["train/loss"] for s in (1, 2, 3, 4)] == [r["train/loss"] for r in records]
+    assert [again[s]["reward"] for s in (1, 2, 3, 4)] == [r["reward"] for r in records]

@@ -1,10 +1,12 @@
 """Asynchronous GRPO's rollouts in flight (#74, ``rollout.max_staleness`` = k > 0, TRL's AsyncGRPO name; verl's
 one-step-off at k = 1): while step s trains, the separate engine's actors already sample the prompts of steps s + 1
 .. s + k, with the weights of step s - 1 (synced before they are sent). Each step then collects what was sent for it
-(or, the first step, a step after an epoch's end or a resume, samples its own at once), and every completion
-carries the version that sampled it: the lag of what trains (the trainer's optimizer steps minus that version) is at
-most k by construction; a request older than k (a run resumed onto a different total, an epoch edge) is dropped and
-sampled again, counted (``rollout/stale_dropped``).
+(or, the first step or a step after an epoch's end, samples its own at once), and every completion carries the
+version that sampled it: the lag of what trains (the trainer's optimizer steps minus that version) is at most k by
+construction; a request older than k (a run resumed onto a different total, an epoch edge) is dropped and sampled
+again, counted (``rollout/stale_dropped``). A checkpoint keeps each rank's rollouts in flight (waited for at the
+save: ``InFlight.state_dict``), so a run resumed from it trains on the same rollouts as the run that went on; one
+resumed onto another world size (whose ranks' rollouts are not the saved ones) samples them again, and says so.
 
 Ordering with the weight syncs: an actor runs one caller's tasks in order, but a sync comes from rank 0 and a rollout
 from each rank; every rank collects its own step's rollouts before any sync of that step (``begin`` waits at a
@@ -55,6 +57,20 @@ class InFlight:
         for p in self.pending.values():
             p.collect(pool)
 
+    def state_dict(self, pool) -> dict:
+        """What was sent ahead, waited for and kept with the checkpoint (the requests and the tokens sampled for
+        them, and the version that sampled them): a run resumed there trains on the same rollouts as the one that
+        went on (the weights that sampled them are an optimizer step older than the checkpoint's)."""
+        if not self.pending:
+            return {}
+        self.collect_all(pool)
+        return {step: {"version": p.version, "requests": p.requests, "results": p.results}
+                for step, p in self.pending.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pending = {int(step): Pending(int(step), p["version"], p["requests"], [], p["results"])
+                        for step, p in state.items()}
+
 
 def lag(trainer_steps: int, version: int) -> int:
     """How many optimizer steps the policy that trains is ahead of the one that sampled."""
@@ -75,9 +91,9 @@ def ahead_of_time(obj, t, window: list[dict], step: int) -> list[dict]:
     if pending is None:
         if step > 1 and not obj.inflight.started:
             log.warning("step %d: rollout.max_staleness=%d: the rollouts that were in flight for this step are "
-                        "not in the checkpoint (they were sampled by the weights of step %d); they are sampled "
+                        "not in the checkpoint for this rank (it was saved by another world size); they are sampled "
                         "again now, by the current weights, so from here this run is not bit for bit the one "
-                        "that was interrupted", step, obj.staleness, max(step - 2, 0))
+                        "that was interrupted", step, obj.staleness)
         obj._sync(t)
         pending = _send(obj, t, window, step)
     results = pending.collect(engine)

@@ -189,13 +189,16 @@ class GRPOObjective:
         return out
 
     def state_dict(self) -> dict:
-        """This rank's batches of the current generation (rl.num_iterations > 1), for the checkpoint: a run resumed
-        between two of its steps trains on them as the uninterrupted run does."""
-        return {"buffer": self.buffer, "unscored": self.unscored.state_dict()}
+        """This rank's batches of the current generation (rl.num_iterations > 1) and the rollouts it sent ahead
+        (rollout.max_staleness > 0: waited for here), for the checkpoint: a run resumed between two of its steps
+        trains on them as the uninterrupted run does."""
+        return {"buffer": self.buffer, "unscored": self.unscored.state_dict(),
+                "inflight": self.inflight.state_dict(self.engine)}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = state.get("buffer")
         self.unscored.load_state_dict(state.get("unscored", {}))
+        self.inflight.load_state_dict(state.get("inflight") or {})
 
     def _generate(self, t: Trainer, window: list[dict], step: int, rollouts: list[dict] | None = None) -> list[dict]:
         """The window's rollouts (sampled now, or ``rollouts``: an asynchronous run's, sampled ahead) rewarded and

@@ -4,7 +4,7 @@ rollout actor (this machine's two cores), `scaletrain train` with the Ray launch
 within one invocation, medians. Steps/s in the steady state (the steps after the first, which starts the actor and
 sends it the whole model: time/step_s), the whole run's too, and the reward curve of each.
 
-    .venv/bin/python benchmarks/grpo_async.py --rounds 3 --steps 40 --new 32 --lora
+    .venv/bin/python benchmarks/grpo_async.py --rounds 3 --steps 40 --new 8 --lora
 
 The job: builtin:tiny-llama saved once (the same initial weights for both), full fine-tuning, 96 prompts "What is
 a+b?", 16 completions per step in groups of 8, --new completion tokens at most (rollout and training of similar

@@ -78,7 +78,7 @@ def test_no_rank_stops_sampling_before_the_others():
 def test_the_trainers_log_probabilities_are_of_the_logits_over_the_temperature():
     """TRL divides the logits by the sampling temperature before the log-softmax, for the policy, the old policy and
     the reference alike (grpo_trainer.py, _get_per_token_logps_and_entropies): so does completion_logps."""
-    from scaletrain.worker.grpo import completion_logps
+    from scaletrain.worker.completions import completion_logps
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 6, 11, generator=g)

@@ -16,19 +16,11 @@ from scaletrain.errors import ConfigError, TrainingError
 from scaletrain.model.tokenizer import load_tokenizer
 from scaletrain.rl.tools import answer, call_format, parse_calls
 from scaletrain.worker.tool_rollouts import Conversation, ToolRollouts, trained_mask, turn_seed
+from tests.tool_model import TOOLS
 
 REAL = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 
-CALCULATOR = '''
-def add(a: int, b: int) -> int:
-    """Adds two whole numbers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    return a + b
-
+DIVIDE = '''
 
 def divide(a: int, b: int) -> float:
     """Divides a by b.
@@ -38,27 +30,6 @@ def divide(a: int, b: int) -> float:
         b: The divisor.
     """
     return a / b
-'''
-
-GAME = '''
-class Counter:
-    """A small environment: it knows the row's target, counts the guesses, and scores the last one."""
-
-    def reset(self, target=None, **row):
-        self.target, self.guesses, self.last = int(target), 0, None
-
-    def guess(self, n: int) -> str:
-        """Guesses the target.
-
-        Args:
-            n: The guess.
-        """
-        self.guesses += 1
-        self.last = n
-        return "higher" if n < self.target else "lower" if n > self.target else "right"
-
-    def get_reward(self) -> float:
-        return 1.0 if self.last == self.target else 0.0
 '''
 
 USER = {"role": "user", "content": "What is 2+3?"}
@@ -78,10 +49,7 @@ def qwen3(tmp_path_factory):
     tok.chat_template = (REAL / "qwen3_0_6b.jinja").read_text()
     tok.eos_token = "<|im_end|>"
     tok.save_pretrained(str(d))
-    calc = d / "calc.py"
-    calc.write_text(CALCULATOR)
-    game = d / "game.py"
-    game.write_text(GAME)
+    (d / "calc.py").write_text(TOOLS + DIVIDE)  # tests/tool_model.py's add, vowels and Counter, and divide
     return AutoTokenizer.from_pretrained(str(d), local_files_only=True), d
 
 
@@ -213,8 +181,8 @@ def test_an_environment_is_reset_per_completion_its_methods_are_tools_and_it_own
     from scaletrain.worker.grpo import environment_reward
 
     data = tmp_path / "g.jsonl"
-    data.write_text(json.dumps({"prompt": [USER], "target": "4"}) + "\n")
-    cfg = _cfg(d, data, environment=f"{d / 'game.py'}:Counter", reward_funcs=[])
+    data.write_text(json.dumps({"prompt": [USER], "answer": "4"}) + "\n")
+    cfg = _cfg(d, data, environment=f"{d / 'calc.py'}:Counter", reward_funcs=[])
     tools = load_tools(cfg.rl)
     assert [s["function"]["name"] for s in tools.schemas] == ["guess"] and tools.owns_reward
     turns = ['<tool_call>\n{"name": "guess", "arguments": {"n": 3}}\n</tool_call>',
@@ -224,7 +192,7 @@ def test_an_environment_is_reset_per_completion_its_methods_are_tools_and_it_own
     rows = [_first(tok, Scripted(tok, turns), prompt, seed=s) for s in (1, 2)]
     engine = Scripted(tok, turns)
     how = {"max_new_tokens": 256, "eos": tok.eos_token_id, "pad": tok.pad_token_id}
-    extras = [{"prompt": [USER], "columns": {"target": "4"}}, {"prompt": [USER], "columns": {"target": "9"}}]
+    extras = [{"prompt": [USER], "columns": {"answer": "4"}}, {"prompt": [USER], "columns": {"answer": "9"}}]
     from scaletrain.rl.rewards import check
 
     said = check(cfg)  # what the run says at its start
@@ -269,8 +237,7 @@ def test_call_forms_are_read_from_the_template_and_bad_tools_are_one_line(tmp_pa
     from scaletrain.rl.tools import environments_for
 
     talky = tmp_path / "talky.py"
-    talky.write_text(GAME.replace("self.target, self.guesses, self.last = int(target), 0, None",
-                                  "return 'hello'"))
+    talky.write_text(TOOLS.replace("self.answer, self.guesses, self.last = int(answer), 0, None", "return 'hello'"))
     with pytest.raises(TrainingError, match="reset returned text"):
         environments_for(load_tools(_cfg(d, data, environment=f"{talky}:Counter").rl),
-                         [{"prompt": [USER], "columns": {"target": "1"}}])
+                         [{"prompt": [USER], "columns": {"answer": "1"}}])

@@ -18,7 +18,6 @@ averages gradients over ranks). A completion is its tokens through the first end
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -26,18 +25,17 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from scaletrain.data.tools import load_tools
 from scaletrain.rl import loss as rl_loss
 from scaletrain.rl import rewards as rl_rewards
 from scaletrain.rl.advantages import advantages
-from scaletrain.rl.sampling import left_padded
 from scaletrain.rl.unscored import Unscored
 from scaletrain.worker.async_rollouts import InFlight, ahead_of_time
+from scaletrain.worker.completions import completion_batch, completion_logps, first_turns, request_for
 from scaletrain.worker.parallel import all_gather_floats, all_reduce_sum, unwrap
 from scaletrain.worker.rollout import Colocated, RolloutPool, all_done_for, start_engine, sync_engine
-from scaletrain.worker.tool_rollouts import Conversation, ToolRollouts, trained_mask
+from scaletrain.worker.tool_rollouts import ToolRollouts
 
 if TYPE_CHECKING:
     from scaletrain.config.schema import Config, TrainConfig
@@ -46,12 +44,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-
-def prompt_seed(seed: int, step: int, prompt_index: int) -> int:
-    """The sampling seed of one prompt's group at one step (a stable hash, not Python's per-process one)."""
-    digest = hashlib.sha256(f"{seed}:{step}:{prompt_index}".encode()).digest()
-    return int.from_bytes(digest[:7], "little")
 
 
 class GRPOObjective:
@@ -257,29 +249,12 @@ class GRPOObjective:
         return self._finish(t, request, out, sampled, count)
 
     def _request(self, t: Trainer, batch: dict, step: int) -> dict:
-        """What the engine is asked for a micro-batch: its prompts left-padded, each row's seed, how to sample."""
-        cap = self.rl.max_completion_length
-        eos = self.tokenizer.eos_token_id
-        pad = t.spec.pad_token_id
-        extras = [json.loads(e) for e in batch["extra"]]
-        lengths = batch["attention_mask"].sum(-1).tolist()
-        prompts = [batch["input_ids"][i, :lengths[i]].tolist() for i in range(batch["input_ids"].shape[0])]
-        ids, mask = left_padded(prompts, pad)  # every row's completion starts at the same column
-        # each row's own random stream: the prompt's seed and the row's place in its group (rl/sampling.py)
-        seeds = [prompt_seed(self.cfg.train.seed, step, int(batch["prompt_index"][i])) + i % self.rl.num_generations
-                 for i in range(len(prompts))]
-        how = dict(max_new_tokens=cap, eos=eos, pad=pad, temperature=self.rl.temperature, top_p=self.rl.top_p)
-        return {"ids": ids, "mask": mask, "seeds": seeds, "how": how, "prompts": prompts, "extras": extras}
+        return request_for(batch, step, self.cfg, self.tokenizer.eos_token_id, t.spec.pad_token_id)
 
     def _finish(self, t: Trainer, request: dict, out: torch.Tensor, sampled: torch.Tensor, count: bool) -> dict:
         """The engine's tokens for ``request`` made its completion batch (each completion through its first EOS;
         with tools, continued through its calls: worker/tool_rollouts.py)."""
-        cap, eos, pad = self.rl.max_completion_length, request["how"]["eos"], request["how"]["pad"]
-        rows = []
-        for p, seed, row, logps in zip(request["prompts"], request["seeds"], out.tolist(), sampled):
-            ended = eos in row
-            row = row[:row.index(eos) + 1] if ended else row[:cap]
-            rows.append(Conversation(p, seed, row, logps[:len(row)].float().cpu().tolist(), not ended))
+        rows = first_turns(request, out, sampled, self.rl.max_completion_length)
         r = {"extras": request["extras"]}
         if self.conversing is not None:
             together = (lambda v: all_reduce_sum(v, t.ctx.device)) if all_done_for(t) is not None else None
@@ -289,23 +264,11 @@ class GRPOObjective:
             if count:
                 self._add(t, "tool_calls", float(calls.calls))
                 self._add(t, "tool_failures", float(calls.failures))
-        width = max(len(c.prompt) + max(len(c.tokens), 1) for c in rows)
-        c_width = max(max(len(c.tokens) for c in rows), 1)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        sampling_logps = torch.zeros((len(rows), c_width), dtype=torch.float32)  # the engine's, of the same tokens
-        for i, c in enumerate(rows):
-            ids[i, :len(c.prompt) + len(c.tokens)] = torch.tensor(c.prompt + c.tokens)
-            sampling_logps[i, :len(c.tokens)] = torch.tensor(c.logps, dtype=torch.float32)
-            mask[i, :len(c.prompt) + len(c.tokens)] = 1
         if count:
             self._add(t, "length", float(sum(len(c.tokens) for c in rows)))
             self._add(t, "truncated", float(sum(c.truncated for c in rows)))
             self._add(t, "completions", float(len(rows)))
-        return {**r, "input_ids": ids, "attention_mask": mask,
-                "completion_mask": trained_mask(rows, c_width, self.rl.mask_truncated_completions),
-                "starts": torch.tensor([len(c.prompt) for c in rows]), "sampling_logps": sampling_logps,
-                "completion_ids": [c.tokens for c in rows], "truncated": [c.truncated for c in rows]}
+        return {**r, **completion_batch(rows, request["how"]["pad"], self.rl.mask_truncated_completions)}
 
     # -- the engine and its weights (worker/rollout.py) -------------------------------------------------------
 
@@ -501,18 +464,3 @@ class GRPOObjective:
 def environment_reward(environments, **_) -> list[float | None]:
     """``rl.environment``'s own reward (TRL's): each completion's environment's ``get_reward()``."""
     return [e.get_reward() for e in environments]
-
-
-def completion_logps(logits: torch.Tensor, ids: torch.Tensor, starts: torch.Tensor, width: int,
-                     with_entropy: bool = False, temperature: float = 1.0):
-    """Each row's log-probabilities of its completion tokens ([B, width]: token j of row i is at starts[i] + j, its
-    logit one place before) in fp32, of the logits divided by the sampling temperature (TRL's, for the policy, the
-    old policy and the reference alike); with its entropies."""
-    rows = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1)
-    where = (starts.to(ids.device).unsqueeze(1) + torch.arange(width, device=ids.device)).clamp(max=ids.shape[1] - 1)
-    picked = logits[rows, where - 1].float() / temperature  # [B, width, V]
-    logp = F.log_softmax(picked, dim=-1)
-    token_logps = logp.gather(-1, ids[rows, where].unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return token_logps
-    return token_logps, -(logp.exp() * logp).sum(-1)

@@ -23,6 +23,10 @@ demo: install
 
 # -rs: every skipped test says why at the end of the run; --durations=10: the slowest ten; the time at the end.
 # Each tier's measured time, its tests and the date are in docs/development.md (the timing diary lives there).
+# Bytecode caches are written even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on this
+# machine): without them every test process recompiles the package and re-rewrites every test module's asserts
+# (pytest's cache: ~5 s of collection a process); they live in the ignored __pycache__ folders.
+unexport PYTHONDONTWRITEBYTECODE
 PYTEST = $(BIN)/python -m pytest -q -rs --durations=10
 # make test: two pytest workers (-n 2 --dist loadgroup). The tests on the suite's shared Ray keep to one of them
 # (tests/conftest.py); the rest, heads of their own (ray_head) included, run beside them. The suite is CPU-bound on

@@ -1,6 +1,7 @@
 """House rules that keep the code base one shape: each shared name has one owner (checked on the source)."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -16,15 +17,23 @@ def _sources(exclude: tuple[str, ...] = ()):
             yield rel, path.read_text()
 
 
+@functools.lru_cache(maxsize=1)
+def _string_constants() -> dict[str, list[str]]:
+    """Every string constant of the sources but rundir.py (stripped of slashes) -> where it is: parsed once for
+    the tests below, not once each."""
+    found: dict[str, list[str]] = {}
+    for rel, text in _sources(exclude=("rundir.py",)):
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.setdefault(node.value.strip("/"), []).append(f"{rel}:{node.lineno}")
+    return found
+
+
 @pytest.mark.parametrize("name", ["summary.json", "metrics.jsonl", "config.resolved.yaml", "alerts.jsonl",
                                   "main.log", "launch.json", "heartbeat", "checkpoints"])
 def test_run_directory_names_are_spelled_only_in_rundir(name):
-    offenders = []
-    for rel, text in _sources(exclude=("rundir.py",)):
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip("/") in (
-                    name, f"logs/{name}"):
-                offenders.append(f"{rel}:{node.lineno}")
+    constants = _string_constants()
+    offenders = constants.get(name, []) + constants.get(f"logs/{name}", [])
     assert offenders == [], f"{name!r} spelled outside rundir.py: {offenders}"
 
 

@@ -22,16 +22,22 @@ def test_the_closed_form_is_the_mean_of_the_max_over_every_draw():
 def test_the_random_sampler_wait_equals_ranks_drawing_their_own_micro_batches():
     """Brute force: N ranks each draw a micro-batch of 2 rows of a fresh shuffle, padded to its longest; the mean
     of the slowest less the mean of all, per micro-batch, over 200k draws, against the model's (2 x accumulation)."""
-    rng = random.Random(1)
+    import numpy as np
+
+    gen = np.random.default_rng(1)
     model = waits(LENGTHS, WORK, [1, 2, 4, 8], batch=2, accumulation=2)
     assert model[1].wait_s == 0.0
+    lengths = np.array(LENGTHS)
+    cost = np.zeros(max(LENGTHS) + 1)  # a micro-batch's cost by its longest row (the rows padded to it)
+    for n in set(LENGTHS):
+        cost[n] = WORK.padded_s([n, n])
     for n in (2, 4, 8):
-        slowest, mean = [], []
-        for _ in range(200_000 // n):
-            costs = [WORK.padded_s(rng.sample(LENGTHS, 2)) for _ in range(n)]
-            slowest.append(max(costs))
-            mean += costs
-        brute = 2 * (statistics.fmean(slowest) - statistics.fmean(mean))
+        draws = (200_000 // n, n)
+        first = gen.integers(0, len(LENGTHS), draws)
+        second = gen.integers(0, len(LENGTHS) - 1, draws)
+        second += second >= first  # two distinct rows of a shuffle
+        costs = cost[np.maximum(lengths[first], lengths[second])]
+        brute = 2 * (costs.max(axis=1).mean() - costs.mean())
         assert model[n].wait_s == pytest.approx(brute, rel=0.03), n
     assert model[2].wait_s < model[4].wait_s < model[8].wait_s  # the wait grows with the ranks
     assert model[8].spread > 0.3 and model[8].mean_s == pytest.approx(model[2].mean_s)

@@ -11,6 +11,8 @@ resumed onto another world size (whose ranks' rollouts are not the saved ones) s
 Ordering with the weight syncs: an actor runs one caller's tasks in order, but a sync comes from rank 0 and a rollout
 from each rank; every rank collects its own step's rollouts before any sync of that step (``begin`` waits at a
 barrier), and an evaluation collects everything in flight first, so a sync never overtakes a rollout sent before it.
+With one training rank the sync before the next steps' rollouts is sent without waiting (the same caller sends both,
+so the actor loads, then samples, while the step trains); its replies are checked before the next wait.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def ahead_of_time(obj, t, window: list[dict], step: int) -> list[dict]:
         upcoming = t.peek(ahead) if t.peek is not None else None
         if upcoming is None:  # the epoch ends first: its first step samples its own
             break
-        obj._sync(t)
+        obj._sync(t, defer=True)  # with one training rank the actor loads while this step trains
         obj.inflight.pending[later] = _send(obj, t, upcoming, later)
     rollouts = [obj._finish(t, req, out, sampled, True) for req, (out, sampled) in zip(pending.requests, results)]
     behind = lag(held, pending.version)

@@ -277,11 +277,12 @@ class GRPOObjective:
             self.engine = start_engine(t)
         return self.engine
 
-    def _sync(self, t: Trainer, count: bool = True) -> None:
+    def _sync(self, t: Trainer, count: bool = True, defer: bool = False) -> None:
         """The engine brought to the last optimizer step's policy where it holds weights of its own. ``count``: the
-        time is the step's (``time/sync_s``; an evaluation's is not)."""
+        time is the step's (``time/sync_s``; an evaluation's is not). ``defer``: sent, and waited for with the
+        rollouts sent after it (one training rank: worker/rollout.py ``sync_engine``)."""
         t0 = time.perf_counter()
-        mb = sync_engine(t, self._engine(t))
+        mb = sync_engine(t, self._engine(t), defer)
         if mb is not None:
             self.sync_mb = mb
             if count:

@@ -175,6 +175,7 @@ class RolloutPool:
     def __init__(self, names: list[str], handles: list, timeout_s: float, mine: int):
         self.names, self.handles, self.timeout_s, self.mine = names, handles, timeout_s, mine
         self.version: int | None = None
+        self.deferred: tuple | None = None  # a sync sent and not yet waited for (``sync(wait=False)``)
 
     @classmethod
     def start(cls, names: list[str], config: dict, vocab, device: str, timeout_s: float, mine: int,
@@ -200,18 +201,35 @@ class RolloutPool:
 
         return cls(names, [ray.get_actor(n) for n in names], timeout_s, mine)
 
-    def sync(self, version: int, payload: dict, full: bool) -> dict:
-        """``payload`` to every actor (rank 0 calls it); the first reply's record."""
+    def sync(self, version: int, payload: dict, full: bool, wait: bool = True) -> dict:
+        """``payload`` to every actor (rank 0 calls it); the first reply's record. ``wait=False`` (one training
+        rank, asynchronous GRPO): sent, not waited for: the rollouts this rank sends next run after it on the actor
+        (Ray runs one caller's tasks in order), so the trainer trains while the actor loads; the replies are checked,
+        with the same timeout and names, before anything else is waited for (``settle``)."""
         import ray
 
+        self.settle()
         ref = ray.put(payload)
-        replies = self._wait([h.load.remote(version, ref, full) for h in self.handles], version,
-                             "sync (full weights)" if full else "sync (trainable tensors)")
+        refs = [h.load.remote(version, ref, full) for h in self.handles]
+        phase = "sync (full weights)" if full else "sync (trainable tensors)"
+        self.version = version
+        if not wait:
+            self.deferred = (refs, version, phase)
+            return {"version": version, "mb": payload_mb(payload)}
+        return self._checked(self._wait(refs, version, phase), version)
+
+    def settle(self) -> None:
+        """A sync sent without waiting, waited for and checked."""
+        if self.deferred is not None:
+            refs, version, phase = self.deferred
+            self.deferred = None
+            self._checked(self._wait(refs, version, phase), version)
+
+    def _checked(self, replies: list[dict], version: int) -> dict:
         for i, r in enumerate(replies):
             if r["version"] != version:
                 raise TrainingError(f"rollout actor {i} ({self.names[i]}) says it holds version {r['version']} "
                                     f"after the sync of version {version}; a bug: report it")
-        self.version = version
         return replies[0]
 
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, seeds: list[int], **how
@@ -228,7 +246,8 @@ class RolloutPool:
         return h.generate.remote(self.version, ids.cpu(), mask.cpu(), seeds, how), self.version
 
     def collect(self, submitted: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """What ``submit`` started, waited for as ``generate`` waits."""
+        """What ``submit`` started, waited for as ``generate`` waits (a sync sent before it, first)."""
+        self.settle()
         ref, version = submitted
         return self._wait([ref], version, "rollout", timeout=False, first=self.mine)[0]
 
@@ -265,6 +284,7 @@ class RolloutPool:
     def digests(self) -> list[dict[str, str]]:
         import ray
 
+        self.settle()
         return ray.get([h.digest.remote() for h in self.handles], timeout=self.timeout_s)
 
 
@@ -283,7 +303,7 @@ def start_engine(t):
     return _start_pool(t)
 
 
-def sync_engine(t, engine) -> float | None:
+def sync_engine(t, engine, defer: bool = False) -> float | None:
     """An engine with weights of its own brought to the policy of the last optimizer step (its version: the steps
     it holds): the whole model at its first sync, the trainable tensors after (LoRA's adapter only; vLLM takes it as
     peft's files). Returns the payload's MB, or None where nothing was synced (colocated hf, already current)."""
@@ -301,7 +321,9 @@ def sync_engine(t, engine) -> float | None:
         payload = payload_of(unwrap(t.model), lora=True) if t.ctx.is_main else {}
     else:  # a collective under FSDP (the shards gathered to rank 0); under DDP rank 0's replica is the policy
         payload = sync_payload(t.model, full) if t.ctx.is_main or t.cfg.train.strategy == "fsdp" else {}
-    reply = on_rank0(t.ctx, f"weight sync of version {version}", lambda: engine.sync(version, payload, full))
+    # deferred only where one rank sends both the sync and the rollouts after it (their order on the actor is Ray's)
+    wait = not (defer and t.ctx.world_size == 1)
+    reply = on_rank0(t.ctx, f"weight sync of version {version}", lambda: engine.sync(version, payload, full, wait))
     engine.version = version
     return reply["mb"] if reply is not None else 0.0
 

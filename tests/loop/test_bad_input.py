@@ -3,6 +3,7 @@ key or file and a fix that fits the cause, exit != 0, no traceback, nothing writ
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,12 +13,17 @@ import pytest
 from tests.cli import run_cli
 from tests.conftest import without_phases, write_config
 
+LEFTOVERS = re.compile(r"warning: \d+ process\(es\) of an earlier run are still running")
+
 
 def one_line(proc, *needles, absent=()):
     """Exactly one line on stderr besides the start-up phases it got through (no library log line before it),
     the error, last, with every needle in it."""
     assert proc.returncode != 0, proc.stdout
-    lines = without_phases(proc.stderr)
+    # the machine's own state is not the input's: a drill on the other pytest worker that stops a cluster can leave
+    # its ray:: workers orphaned for longer than train's grace (launch/orphans.py), and train rightly says so; that
+    # warning is tested in tests/unit/test_orphans.py, not here
+    lines = [ln for ln in without_phases(proc.stderr) if not LEFTOVERS.match(ln)]
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert proc.stderr.rstrip().endswith(lines[0]), proc.stderr
     for n in needles:

@@ -10,7 +10,6 @@ entry is written to a temporary directory and renamed whole, so a crash never le
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from scaletrain.config.schema import Config
 from scaletrain.config.stages import RL_STAGES
 from scaletrain.data import encode
 from scaletrain.data.encoders import encoder_for
+from scaletrain.data.fingerprint import CACHE_VERSION, cache_key
 from scaletrain.data.images import sources_digest
 from scaletrain.data.labels import Labels, resolve_labels
 from scaletrain.data.lengths import example_lengths, list_lengths
@@ -34,7 +34,6 @@ from scaletrain.data.parts import has_image_parts, images_from_parts
 from scaletrain.data.sources import (
     Loaded,
     Source,
-    content_hash,
     eval_sources,
     exists,
     load,
@@ -44,7 +43,6 @@ from scaletrain.data.spread import Speed, encoded
 from scaletrain.data.template_facts import check_template, conversation_notes
 from scaletrain.data.template_input import template_variables
 from scaletrain.data.templates import TOOL_TEMPLATES, render_advice, resolve_template
-from scaletrain.data.tools import load_tools
 from scaletrain.data.turns import CONVERSATION, one_per_turn, per_turn_cost, supervision_note
 from scaletrain.data.vision import IMAGE_PROBLEM
 from scaletrain.errors import ConfigError, DataError
@@ -54,7 +52,6 @@ log = logging.getLogger("scaletrain.data")
 
 # bump when the tokenization of the same inputs changes (3: packed rows name their examples; 4: labels end at the
 # end-of-turn token and begin after the generation prompt in every mode)
-CACHE_VERSION = 5  # 5: images as references and token counts, never pixels (#73)
 META = "meta.json"
 SHOW_BAD = 5  # record numbers listed per skip reason
 
@@ -106,7 +103,7 @@ def cached_entry(cfg: Config, tokenizer, image_text=None) -> Path | None:
     for src in train_sources + eval_srcs:
         exists(src)  # a missing file: one line naming its key, as train says it
     media = (sources_digest(train_sources + eval_srcs, d.media_dir, d.encoding) if image_text is not None else "")
-    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
+    entry = cache_root(cfg) / cache_key(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
     return entry if (entry / META).is_file() else None
 
 
@@ -134,7 +131,7 @@ def prepare_data(cfg: Config, tokenizer, image_text=None) -> PreparedData:
         exists(src)
     template_notes = check_template(*template, tokenizer) if template[0] else []
     media = (sources_digest(train_sources + eval_srcs, d.media_dir, d.encoding) if image_text is not None else "")
-    entry = cache_root(cfg) / _fingerprint(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
+    entry = cache_root(cfg) / cache_key(cfg, tokenizer, template[1], train_sources + eval_srcs, media)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if (entry / META).is_file() and not d.overwrite_cache:
         meta = json.loads((entry / META).read_text())
@@ -393,31 +390,3 @@ def _materialized(split):
     if len(split) == 0:
         return datasets.Dataset.from_dict({c: [] for c in split.column_names}, features=split.features)
     return split.flatten_indices()
-
-
-def _fingerprint(cfg: Config, tokenizer, template: str, srcs: list[Source], media: str = "") -> str:
-    d = cfg.data
-    keys = d.model_dump(exclude={"preprocessing_num_workers", "overwrite_cache", "cache_dir", "loader_workers",
-                                 "record_examples", "tokenize_on", "train_file", "eval_file", "dataset_dir"})
-    h = hashlib.sha256()
-    h.update(json.dumps({"version": CACHE_VERSION, "data": keys, "task": cfg.model.task, "stage": cfg.train.stage,
-                         "num_labels": cfg.model.num_labels, "seed": cfg.train.seed, "template": template,
-                         "sources": [(s.name, s.formatting, repr(s.columns), s.num_samples, content_hash(s.path))
-                                     for s in srcs],
-                         "tokenizer": _tokenizer_fingerprint(tokenizer), "media": media,
-                         "tools": _declared(cfg)},
-                        sort_keys=True, default=str).encode())
-    return h.hexdigest()[:20]
-
-
-def _declared(cfg: Config) -> list[dict] | None:
-    """The tools a GRPO run's prompts declare (their schemas are tokens of every prompt)."""
-    tools = load_tools(cfg.rl) if cfg.train.stage in RL_STAGES else None
-    return tools.schemas if tools else None
-
-
-def _tokenizer_fingerprint(tokenizer) -> str:
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
-    special = json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)
-    return hashlib.sha256((text + special + str(getattr(tokenizer, "chat_template", ""))).encode()).hexdigest()

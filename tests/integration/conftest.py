@@ -47,25 +47,23 @@ def _say_plain_starts(log: Path) -> None:
 
 def _fork_server(log: Path) -> tuple[int, dict | None]:
     """The fork server `scaletrain up` starts beside its head (launch/warm/forkserver.py, started by the same
-    function), here beside the shared Ray: every process of a job on it (Ray Train's controller and workers) is
-    forked from one that has imported torch, transformers and the worker loop, as on the warm cluster, instead of
-    importing them again (~4-5 CPU-seconds a process on this machine; test_train_ray.py alone: 115 -> 68
-    CPU-seconds, measured). The worker loop is the same code either way; the `ray_head` tests' clusters start their
-    workers the plain way, and test_cluster.py checks that the warm cluster forks. PLAIN_WORKERS=1 turns it off. A
-    worker whose environment differs from the server's (a test's monkeypatched variable) starts plain: the
-    server's log says why. The server imports under RAY_AUTH_MODE=token (fork_server_env), as the workers of Ray
-    2.60's local instance see it: it starts with token authentication. (its process group, the job's runtime_env)"""
-    from scaletrain import envvars
-    from scaletrain.launch.warm import forkserver
-    from scaletrain.launch.warm.cluster import start_forkserver
+    function: two_nodes.worker_forkserver), here beside the shared Ray: every process of a job on it (Ray Train's
+    controller and workers) is forked from one that has imported torch, transformers and the worker loop, as on
+    the warm cluster, instead of importing them again (~4-9 CPU-seconds a process on this machine; test_train_ray.py
+    alone: 115 -> 68 CPU-seconds, measured). The worker loop is the same code either way; the token-auth head of
+    test_token_cluster.py starts its workers the plain way, as Ray does, and test_cluster.py checks that the warm
+    cluster forks. PLAIN_WORKERS=1 turns it off. A worker whose environment differs from the server's (a test's
+    monkeypatched variable) starts plain: the server's log says why. The server imports under RAY_AUTH_MODE=token
+    (fork_server_env), as the workers of Ray 2.60's local instance see it: it starts with token authentication.
+    (its process group, the job's runtime_env)"""
+    from tests.integration.two_nodes import worker_forkserver
 
     if os.environ.get(PLAIN_WORKERS) == "1":
         return 0, None
-    sock, pgid = start_forkserver(str(log.with_name("server.sock")), log)
-    if not sock:
+    runtime_env, pgid = worker_forkserver(log)
+    if runtime_env is None:
         warnings.warn(f"the fork server did not come up (see {log}): Ray workers start plain", stacklevel=2)
-        return 0, None
-    return pgid, {"py_executable": forkserver.command(sock), "env_vars": dict(envvars.WORKER_ENV_DEFAULTS)}
+    return pgid, runtime_env
 
 
 def _own_head(p: psutil.Process) -> bool:

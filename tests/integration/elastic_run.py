@@ -11,6 +11,7 @@ from pathlib import Path
 
 import ray
 from ray.cluster_utils import Cluster
+from two_nodes import plain_starts, worker_runtime_env
 
 from scaletrain.config import validate
 from scaletrain.errors import ScaletrainError
@@ -22,7 +23,8 @@ run = Path(cfg["output"]["output_dir"]) / cfg["output"]["run_name"]
 # no dashboard: its port (8265) stays free for the warm cluster test_cluster.py may start meanwhile
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 node = cluster.add_node(num_cpus=1)
-ray.init(address=cluster.address, log_to_driver=False)
+runtime_env = worker_runtime_env()  # the workers forked pre-imported
+ray.init(address=cluster.address, log_to_driver=False, **({"runtime_env": runtime_env} if runtime_env else {}))
 events = {}
 
 
@@ -106,6 +108,7 @@ for r in read_jsonl(run / "metrics.jsonl"):
             first_after["first_after_add"] = r["time"] - events["added_t"]
 log = (run / "logs" / "main.log").read_text()
 print("RESULT " + json.dumps({"losses": losses, "workers": workers, **events, **first_after,
+                              "plain_starts": plain_starts(), "forked": runtime_env is not None,
                               "resizes": [ln for ln in log.splitlines() if "resize:" in ln],
                               "alerts": [ln.split("alert: ")[1].split(":")[0] for ln in log.splitlines()
                                          if "alert: " in ln]}))

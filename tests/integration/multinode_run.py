@@ -18,11 +18,10 @@ with two_node_cluster():
         stored = run_job(validate(json.loads(Path(sys.argv[2]).read_text())), "multinode.yaml", show_progress=False)
         print("STORED STEPS", stored.summary["steps"])
 
-# commbench across the two nodes: the all-rank rows and the across-nodes rows.
-from scaletrain.comm.bench import BenchParams  # noqa: E402
-from scaletrain.launch.commbench import run_commbench  # noqa: E402
+    # commbench across the same two nodes: the all-rank rows and the across-nodes rows.
+    from scaletrain.comm.bench import BenchParams
+    from scaletrain.launch.commbench import run_commbench
 
-with two_node_cluster():
     rows = run_commbench(BenchParams(("all_reduce",), (65536,), iters=2, warmup_iters=1), 2, "gloo", None, {},
                          None, 60, Path(sys.argv[1]).parent / "bench")
     print("SCOPES", sorted({(r.scope, r.ranks, r.oop_wrong) for r in rows}))

@@ -1,5 +1,5 @@
 """Run by test_tokenize_on_ray.py in its own process: a simulated 2-node Ray cluster (1 CPU each) tokenizes a
-source with Ray tasks (data.tokenize_on: auto, the driver connected to it); then again on a fresh 2-node cluster
+source with Ray tasks (data.tokenize_on: auto, the driver connected to it); then again on the same cluster,
 whose second node is killed while its task runs (the task is redone on the head node); and the driver alone does
 it again."""
 
@@ -45,9 +45,8 @@ def kill_the_second_node_while_it_encodes(cluster, killed: dict) -> None:
     killed["at"] = time.monotonic()
 
 
-with two_node_cluster():
-    on_ray = prepared("auto")
 with two_node_cluster() as cluster:
+    on_ray = prepared("auto")
     killed: dict = {}
     watcher = threading.Thread(target=kill_the_second_node_while_it_encodes, args=(cluster, killed))
     watcher.start()

@@ -23,22 +23,28 @@ sys.meta_path.insert(0, _NoRay())
 '''
 
 
-@pytest.fixture
-def no_ray(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCK_RAY)
+@pytest.fixture(scope="module")
+def no_ray_env(tmp_path_factory):
+    """This environment with `import ray` failing (a sitecustomize that blocks it), checked once for the module."""
     import os
 
+    site = tmp_path_factory.mktemp("site")
+    (site / "sitecustomize.py").write_text(BLOCK_RAY)
     env = {**os.environ, "PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    check = subprocess.run([sys.executable, "-c", "import ray"], env=env, capture_output=True, text=True)
+    assert check.returncode != 0 and "No module named 'ray'" in check.stderr  # the block is in place
+    scaletrain_env = subprocess.run([sys.executable, "-m", "scaletrain", "env"], env=env, capture_output=True,
+                                    text=True, timeout=300)
+    assert scaletrain_env.returncode == 0 and "ray" not in scaletrain_env.stderr.lower()
+    return env
 
+
+@pytest.fixture
+def no_ray(no_ray_env, tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
-                              env=env, timeout=300, cwd=tmp_path)
+                              env=no_ray_env, timeout=300, cwd=tmp_path)
 
-    assert run("env").returncode == 0 and "ray" not in run("env").stderr.lower()  # the block is in place:
-    check = subprocess.run([sys.executable, "-c", "import ray"], env=env, capture_output=True, text=True)
-    assert check.returncode != 0 and "No module named 'ray'" in check.stderr
     return run
 
 

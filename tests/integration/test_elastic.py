@@ -19,15 +19,15 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     """num_workers: [1, 2] on a simulated 2-node cluster: a node is lost mid-run and the run goes on with 1 worker
     (accumulation doubled); the node comes back and the run grows to 2 workers again (accumulation halved).
     Every step's loss equals the fixed 2-worker run's: the same samples (each once), global batch and LR
-    schedule. The elastic run's rank 0 sleeps 400 ms before each step (a `pause` fault: the losses do not change,
-    and no CPU is spent, where a `slow` one's busy-wait cost 64 CPU-seconds of the suite) so that its 160 steps
-    outlast the shrink and the grow-back, 12-35 s after the node returns (~step 30, at most ~90
-    on a slower machine, whose steps are slower too), by a wide margin; the fixed reference runs at full speed
-    (under torchrun: any launcher gives the same curve, test_torchrun.py)."""
+    schedule. The elastic run's rank 0 sleeps 650 ms before each step (a `pause` fault: the losses do not change,
+    and no CPU is spent, where a `slow` one's busy-wait cost 64 CPU-seconds of the suite) so that its 100 steps
+    outlast the shrink and the grow-back, 12-35 s after the node returns (~step 40-60 at this pause; 160 steps at
+    400 ms lasted as long and trained 60% more steps, twice over: ~100 CPU-seconds of the suite), by a margin;
+    the fixed reference runs at full speed (under torchrun: any launcher gives the same curve, test_torchrun.py)."""
     import os
     import sys
 
-    steps = 160
+    steps = 100
     # enough data and a gentle LR that the run learns rather than memorises: memorising 400 examples for 30
     # epochs amplifies float rounding (the order of a 2-term sum) into 1e-1 loss differences within 100 steps
     common = dict(steps=steps, batch=2, save_steps=5, rows=4000, learning_rate=5e-4)
@@ -46,7 +46,7 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     (tmp_path / "elastic.json").write_text(json.dumps(cfg))
     # After the loss Ray's first restart still asks for 2 workers and waits out the worker group's start timeout
     # (60 s by default; RESULTS.md) before it tries 1: 30 s here, still 4x the 7 s a 1-worker start takes
-    env = {**os.environ, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30", "SCALETRAIN_FAULTS": "pause:0:1:400"}
+    env = {**os.environ, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30", "SCALETRAIN_FAULTS": "pause:0:1:650"}
     proc = run_own_group([sys.executable, str(Path(__file__).with_name("elastic_run.py")),
                           str(tmp_path / "elastic.json")], timeout=600, env=env)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)

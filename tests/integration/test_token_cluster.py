@@ -173,8 +173,17 @@ def test_jobs_with_the_token_in_the_environment_and_in_a_token_path(token_head, 
                    ).stdout.strip().splitlines()[-1]
     stop = _cli("jobs", "stop", long_id, "--address", token_head.dashboard, env=env)
     assert stop.returncode == 0 and "stop requested" in stop.stdout, stop.stderr[-2000:]
+    deadline = time.time() + 120  # (a job stopped before its driver ran ends all the same)
+    while _cli("jobs", "status", long_id, "--address", token_head.dashboard, env=env).stdout.strip() not in (
+            "STOPPED", "FAILED"):
+        assert time.time() < deadline, "the stopped job did not stop"
+        time.sleep(2)
     listed = _cli("jobs", "list", "--address", token_head.dashboard, env=env)
     assert job_id in listed.stdout and long_id in listed.stdout, listed.stderr[-2000:]
+    assert "SUCCEEDED" in listed.stdout
+    missing = _cli("jobs", "status", "raysubmit_doesnotexist", "--address", token_head.dashboard, env=env)
+    assert missing.returncode != 0 and "does not exist on this cluster" in missing.stderr
+    assert "Traceback" not in missing.stderr
     assert TOKEN not in sub.stdout + sub.stderr + follow.stdout + follow.stderr + listed.stdout + listed.stderr
 
 

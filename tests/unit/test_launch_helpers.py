@@ -215,6 +215,22 @@ def test_torchrun_env_keeps_the_shells_thread_count(monkeypatch):
     node.close()
 
 
+def test_the_local_loop_keeps_the_shells_thread_count_as_torchrun_does(monkeypatch):
+    """One worker trained in the command's own process gets torchrun's threads: the shell's or comm.env's
+    OMP_NUM_THREADS where set (the same float sums under either launcher), else the worker's CPUs."""
+    from scaletrain.launch.local import _thread_count
+    from scaletrain.launch.plan import ClusterPlan
+
+    plan = ClusterPlan(False, "gloo", {"CPU": 2})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert _thread_count({}, plan) == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert _thread_count({}, plan) == 1
+    assert _thread_count({"OMP_NUM_THREADS": "3"}, plan) == 3  # comm.env's over the shell's
+    monkeypatch.setenv("OMP_NUM_THREADS", "x")
+    assert _thread_count({}, plan) == 2
+
+
 def test_node_zero_over_several_nodes_uses_the_shared_run_dir_and_checks_the_port():
     cfg = _torchrun_cfg(nnodes=2, num_workers=2, master_port=free_port())
     node = torchrun_launcher.node_zero(cfg)

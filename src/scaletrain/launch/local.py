@@ -49,7 +49,7 @@ class LocalLauncher:
         # The spec as the other launchers hand it over: secrets masked (this process's environment has them).
         spec = dataclasses.replace(spec, config=self.redact.mapping(spec.config))
         env = envvars.worker_env(effective_env(self.cfg.comm.profile, self.cfg.comm.env), envvars.snapshot())
-        with envvars.applied(env), _threads(int(plan.resources_per_worker["CPU"])), _worker_logging(), \
+        with envvars.applied(env), _threads(_thread_count(env, plan)), _worker_logging(), \
                 _process_group(spec, self.cfg.comm.timeout_s, plan.use_gpu) as ctx:
             try:
                 run_loop(ctx, spec)
@@ -72,6 +72,14 @@ def run_loop(ctx: DistContext, spec: JobSpec) -> dict:
     from scaletrain.worker.loop import train
 
     return train(ctx, spec)
+
+
+def _thread_count(env: dict[str, str], plan: ClusterPlan) -> int:
+    """The loop's intra-op threads: the user's OMP_NUM_THREADS (the shell's or comm.env's) where set, as a torchrun
+    worker's (comm/launch_env.py torchrun_agent_env: a user's value wins), else the worker's CPUs; one launcher or
+    the other then trains with the same threads, and the same float sums."""
+    value = envvars.read(envvars.OMP_NUM_THREADS, {**envvars.snapshot(), **env})
+    return int(value) if value and value.isdigit() and int(value) > 0 else int(plan.resources_per_worker["CPU"])
 
 
 @contextlib.contextmanager

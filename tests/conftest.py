@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import re
@@ -226,9 +227,14 @@ def run_own_group(args: list[str], timeout: float, env: dict | None = None):
 
 
 def _kill_session(sid: int) -> None:
-    """SIGKILL every process of session ``sid`` (Ray's own start in process groups of their own, in the session)."""
+    """SIGKILL every process of session ``sid`` (Ray's own start in process groups of their own, in the session),
+    and what its leader started in sessions of their own while it runs (a fork server: two_nodes.py)."""
     import psutil
 
+    with contextlib.suppress(psutil.Error):
+        for p in psutil.Process(sid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
     for p in psutil.process_iter():
         try:
             if os.getsid(p.pid) == sid:

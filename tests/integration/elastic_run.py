@@ -3,15 +3,14 @@ A node is removed mid-run (the run goes on with 1 worker), then added back (it g
 losses and worker counts by step (the last record of each step: a step trained again after a resize counts as
 its newer run), the resize lines and the events' times as JSON."""
 
+import contextlib
 import json
 import sys
 import threading
 import time
 from pathlib import Path
 
-import ray
-from ray.cluster_utils import Cluster
-from two_nodes import plain_starts, worker_runtime_env
+from two_nodes import plain_starts, two_node_cluster, worker_runtime_env
 
 from scaletrain.config import validate
 from scaletrain.errors import ScaletrainError
@@ -20,11 +19,9 @@ from scaletrain.metrics.records import read_jsonl
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
 run = Path(cfg["output"]["output_dir"]) / cfg["output"]["run_name"]
-# no dashboard: its port (8265) stays free for the warm cluster test_cluster.py may start meanwhile
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-node = cluster.add_node(num_cpus=1)
-runtime_env = worker_runtime_env()  # the workers forked pre-imported
-ray.init(address=cluster.address, log_to_driver=False, **({"runtime_env": runtime_env} if runtime_env else {}))
+stack = contextlib.ExitStack()  # the cluster ends in the finally below
+cluster = stack.enter_context(two_node_cluster())
+node = cluster.list_all_nodes()[1]
 events = {}
 
 
@@ -91,8 +88,7 @@ try:
     job.join(timeout=max(1.0, deadline - time.time()))
     events.setdefault("status", "still running at the deadline")
 finally:
-    ray.shutdown()
-    cluster.shutdown()
+    stack.close()
 losses = {}
 workers = {}
 first_after = {}
@@ -108,7 +104,7 @@ for r in read_jsonl(run / "metrics.jsonl"):
             first_after["first_after_add"] = r["time"] - events["added_t"]
 log = (run / "logs" / "main.log").read_text()
 print("RESULT " + json.dumps({"losses": losses, "workers": workers, **events, **first_after,
-                              "plain_starts": plain_starts(), "forked": runtime_env is not None,
+                              "plain_starts": plain_starts(), "forked": worker_runtime_env() is not None,
                               "resizes": [ln for ln in log.splitlines() if "resize:" in ln],
                               "alerts": [ln.split("alert: ")[1].split(":")[0] for ln in log.splitlines()
                                          if "alert: " in ln]}))

@@ -14,6 +14,3 @@ cfg = json.loads(Path(sys.argv[1]).read_text())
 with two_node_cluster():
     result = run_job(validate(cfg), "exclusion.yaml", show_progress=False)
     print("STEPS", result.summary["steps"])
-from two_nodes import plain_starts  # noqa: E402
-
-print("PLAIN", plain_starts())

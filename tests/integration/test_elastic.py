@@ -21,9 +21,10 @@ def test_elastic_run_shrinks_on_a_lost_node_and_grows_back_with_the_same_curve(t
     Every step's loss equals the fixed 2-worker run's: the same samples (each once), global batch and LR
     schedule. The elastic run's rank 0 sleeps 650 ms before each step (a `pause` fault: the losses do not change,
     and no CPU is spent, where a `slow` one's busy-wait cost 64 CPU-seconds of the suite) so that its 100 steps
-    outlast the shrink and the grow-back, 12-35 s after the node returns (~step 40-60 at this pause; 160 steps at
-    400 ms lasted as long and trained 60% more steps, twice over: ~100 CPU-seconds of the suite), by a margin;
-    the fixed reference runs at full speed (under torchrun: any launcher gives the same curve, test_torchrun.py)."""
+    outlast the shrink and the grow-back, 12-35 s after the node returns (step 25 on a quiet machine with its
+    workers forked; 160 steps at 400 ms lasted as long and trained 60% more steps, twice over: ~100 CPU-seconds
+    of the suite), by a margin; the fixed reference runs at full speed (under torchrun: any launcher gives the
+    same curve, test_torchrun.py)."""
     import os
     import sys
 

@@ -1,6 +1,6 @@
 """Fitting big models on the shared local Ray, 2 CPU workers: sharded checkpoints resume on another world size,
 async saves (the memory levers, the memory estimate and bf16 checkpoints: test_fit_torchrun.py; elastic resizing on
-simulated clusters: test_elastic.py)."""
+a simulated 2-node cluster: test_two_nodes.py)."""
 
 import shutil
 

@@ -1,5 +1,5 @@
-"""A simulated 2-node Ray cluster (1 CPU each) for the scripts that test_multinode.py, test_elastic.py and
-test_tokenize_on_ray.py run in their own process; and the fork server that starts the Ray workers of the suite's
+"""A simulated 2-node Ray cluster (1 CPU each) for the harness test_two_nodes.py runs in its own process
+(two_node_drills.py: every 2-node drill on one cluster); and the fork server that starts the Ray workers of the suite's
 clusters pre-imported (worker_forkserver: the shared Ray's too, tests/integration/conftest.py)."""
 
 import atexit

@@ -308,10 +308,21 @@ def pytest_collection_modifyitems(config, items):
     """Under ``pytest -n 2`` (make test): the tests that start or join a Ray cluster run one after another on one
     worker, so a ``ray.init()`` never finds another test's ``ray start --head`` cluster (it looks for a running one
     first) and the shared local Ray starts once; the other tests (the in-process and pure tiers, torchrun and object
-    storage without Ray) run on the other worker meanwhile."""
+    storage without Ray) run on the other workers meanwhile, a module whose tests share a module-scoped fixture on
+    one of them."""
     for item in items:
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif not item.get_closest_marker("xdist_group") and _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _shares_a_module_fixture(item) -> bool:
+    """Whether ``item`` uses a module-scoped fixture (a head of its own, a finished run, a pool of ranks): its
+    module's tests then keep to one pytest worker, which builds the fixture once. Spread over the workers, each
+    built its own (measured: the token head started twice under -n 2, the GPU check script ran twice under -n 3)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,6 +20,7 @@ import yaml
 
 from scaletrain.launch.cluster_auth import ask_dashboard, ask_gcs
 from scaletrain.launch.warm.cluster import _kill_group
+from tests.cli import run_cli
 from tests.conftest import OWN_HEAD
 from tests.integration.test_cluster import _project  # the same project folder (relative data path)
 
@@ -94,6 +95,8 @@ def _answers(gcs: str) -> bool:
 
 
 def _cli(*args, env, cwd=None, timeout=300):
+    """A command in a process of its own: where it talks to the cluster through Ray's own client (a job, its logs,
+    status and list: Ray's token is read once per process) or trains on it."""
     return subprocess.run([sys.executable, "-m", "scaletrain", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
 
@@ -149,8 +152,8 @@ def test_jobs_with_the_token_in_the_environment_and_in_a_token_path(token_head, 
     (job / "data.jsonl").rename(job / "data" / "train.jsonl")
     (job / ".gitignore").write_text("data/\n*.log\n")
     (job / "data" / "other.jsonl").write_text("not for the job\n")
-    outside = _cli("submit", "config.yaml", "data.train_file=../outside.jsonl", "--address", token_head.dashboard,
-                   cwd=job, env=env)
+    outside = run_cli("submit", "config.yaml", "data.train_file=../outside.jsonl", "--address",
+                      token_head.dashboard, cwd=job, env=env)
     assert outside.returncode != 0 and len(outside.stderr.strip().splitlines()) == 1
     assert "data.train_file=../outside.jsonl: outside the working directory" in outside.stderr
     sub = _cli("submit", "config.yaml", "train.max_steps=3", "data.train_file=data/train.jsonl", "--address",
@@ -187,13 +190,15 @@ def test_jobs_with_the_token_in_the_environment_and_in_a_token_path(token_head, 
     assert TOKEN not in sub.stdout + sub.stderr + follow.stdout + follow.stderr + listed.stdout + listed.stderr
 
 
+# The refusals below are said before Ray is imported or joined (launch/cluster_auth.py): in this process, as
+# tests/cli.py runs a command, each with the environment a user's shell would give it.
 @pytest.mark.parametrize("command", ["train", "jobs"])
 def test_a_missing_or_refused_token_is_one_line(token_head, tmp_path, demo_dir, command):
     project = _project(tmp_path, demo_dir, "refused")
     args = (["train", "config.yaml", f"scaling.address={token_head.gcs}"] if command == "train"
             else ["jobs", "list", "--address", token_head.dashboard])
-    missing = _cli(*args, cwd=project, env=_env(tmp_path / "empty-home"))
-    refused = _cli(*args, cwd=project, env=_env(tmp_path / "empty-home", RAY_AUTH_TOKEN="0" * 64))
+    missing = run_cli(*args, cwd=project, env=_env(tmp_path / "empty-home"))
+    refused = run_cli(*args, cwd=project, env=_env(tmp_path / "empty-home", RAY_AUTH_TOKEN="0" * 64))
     for out, says in ((missing, "requires Ray's token authentication and no token was found here; Ray looks in "
                                 "RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token"),
                       (refused, "the cluster refused the token from RAY_AUTH_TOKEN")):
@@ -207,16 +212,16 @@ def test_a_missing_or_refused_token_is_one_line(token_head, tmp_path, demo_dir, 
 def test_an_address_that_answers_but_is_not_ray(token_head, tmp_path, demo_dir):
     project = _project(tmp_path, demo_dir, "not-ray")
     port = token_head.dashboard.rsplit(":", 1)[1]
-    train = _cli("train", "config.yaml", f"scaling.address=127.0.0.1:{port}", cwd=project, env=_env(tmp_path))
+    train = run_cli("train", "config.yaml", f"scaling.address=127.0.0.1:{port}", cwd=project, env=_env(tmp_path))
     assert train.returncode != 0 and "something answers there but it is not a Ray cluster" in train.stderr
     assert "GCS address" in train.stderr and "Traceback" not in train.stderr
-    jobs = _cli("jobs", "list", "--address", f"http://{token_head.gcs}", env=_env(tmp_path))
+    jobs = run_cli("jobs", "list", "--address", f"http://{token_head.gcs}", env=_env(tmp_path))
     assert jobs.returncode != 0 and "not a Ray cluster" in jobs.stderr and "dashboard address" in jobs.stderr
     assert "Traceback" not in jobs.stderr
 
 
 def test_our_token_mode_disabled_against_a_token_cluster_is_one_line(token_head, tmp_path, demo_dir):
     project = _project(tmp_path, demo_dir, "disabled")
-    out = _cli("train", "config.yaml", f"scaling.address={token_head.gcs}", cwd=project,
-               env=_env(tmp_path, RAY_AUTH_MODE="disabled", RAY_AUTH_TOKEN=TOKEN))
+    out = run_cli("train", "config.yaml", f"scaling.address={token_head.gcs}", cwd=project,
+                  env=_env(tmp_path, RAY_AUTH_MODE="disabled", RAY_AUTH_TOKEN=TOKEN))
     assert out.returncode != 0 and "RAY_AUTH_MODE=disabled here" in out.stderr and "Traceback" not in out.stderr

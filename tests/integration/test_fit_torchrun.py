@@ -32,6 +32,42 @@ def test_fsdp_levers_and_checkpointing_keep_the_curve(tmp_path):
     assert compare(ddp, ddp_ckpt)["max_rel_loss_diff"] < 1e-5  # LoRA: the checkpointed blocks have a graph
 
 
+@pytest.fixture(scope="session")  # (per pytest worker: the memory runs spread over them)
+def _measuring_server(tmp_path_factory, torchrun_forkserver):
+    """A fork server that imports under the allocator setting the memory runs' workers start with (glibc's mmap
+    threshold at 64 KiB, and none of the CPU worker defaults that setting replaces: envvars.cpu_worker_env), so
+    those workers are forked pre-imported too, where the suite's own server (other allocator settings) would
+    start each plain (~7 CPU-seconds of imports; 8 workers). A forked worker measures as a fresh one: the peak is
+    the resident set's growth over its size when training starts (memory/measure.py), after the imports either
+    way. None where the suite runs its workers plain."""
+    if torchrun_forkserver is None:
+        yield None
+        return
+    import os
+    import signal
+
+    from scaletrain import envvars
+    from scaletrain.launch.warm.cluster import start_forkserver
+
+    d = tmp_path_factory.mktemp("measuring-forkserver")
+    env = {k: v for k, v in {**envvars.WORKER_ENV_DEFAULTS, **envvars.snapshot()}.items()
+           if not k.startswith("MALLOC_")}
+    sock, pgid = start_forkserver(str(d / "s.sock"), d / "server.log",
+                                  env={**env, MALLOC_MMAP_THRESHOLD: CPU_MMAP_THRESHOLD_BYTES})
+    yield sock or None
+    if pgid:
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture
+def measuring_forkserver(_measuring_server, monkeypatch):
+    from scaletrain import envvars
+
+    if _measuring_server:
+        monkeypatch.setenv(envvars.SCALETRAIN_FORKSERVER, _measuring_server)
+    return _measuring_server
+
+
 @pytest.mark.parametrize("name,workers,train", [
     ("full-ddp-1", 1, {"strategy": "ddp"}),
     ("lora-ddp-1-ckpt", 1, {"strategy": "ddp", "finetuning_type": "lora", "gradient_checkpointing": True}),
@@ -39,7 +75,8 @@ def test_fsdp_levers_and_checkpointing_keep_the_curve(tmp_path):
     ("lora-fsdp-2", 2, {"strategy": "fsdp", "finetuning_type": "lora"}),
     ("full-ddp-2-ckpt", 2, {"strategy": "ddp", "gradient_checkpointing": True}),
 ])
-def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, workers, train):
+def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, workers, train,
+                                                                     measuring_forkserver):
     # freed tensors leave the resident set (glibc's mmap threshold fixed, envvars.py): it measures live memory
     run = _run(tmp_path, name, model="builtin:llama-100m", workers=workers, steps=2, batch=2, max_length=256,
                comm_env={MALLOC_MMAP_THRESHOLD: CPU_MMAP_THRESHOLD_BYTES}, launcher="torchrun", **train)

@@ -48,11 +48,40 @@ def no_ray(no_ray_env, tmp_path):
     return run
 
 
-def test_the_commands_that_need_no_ray_run_without_it(no_ray, classify_cfg, tmp_path):
+# Several commands in one interpreter where `import ray` fails, each as tests/cli.py runs a command (its own output,
+# exit code, environment and working directory): one import of torch and transformers for all of them.
+IN_ONE = """
+import json, sys
+from tests.cli import run_cli
+
+done = [run_cli(*args) for args in json.loads(sys.argv[1])]
+print("RESULTS " + json.dumps([[p.returncode, p.stderr] for p in done]))
+"""
+
+
+@pytest.fixture
+def no_ray_in_one(no_ray_env, tmp_path):
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**no_ray_env, "PYTHONPATH": no_ray_env["PYTHONPATH"] + os.pathsep + str(root)}
+
+    def run(*commands) -> list[subprocess.CompletedProcess]:
+        proc = subprocess.run([sys.executable, "-c", IN_ONE, json.dumps([list(map(str, c)) for c in commands])],
+                              capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")), None)
+        assert proc.returncode == 0 and line, proc.stderr[-3000:]
+        return [subprocess.CompletedProcess(c, code, "", err)
+                for c, (code, err) in zip(commands, json.loads(line[len("RESULTS "):]), strict=True)]
+
+    return run
+
+
+def test_the_commands_that_need_no_ray_run_without_it(no_ray, no_ray_in_one, classify_cfg, tmp_path):
     cfg = write_config(tmp_path / "c.yaml", {**classify_cfg, "scaling": {"launcher": "torchrun", "num_workers": 2}})
-    for args in (("topo",), ("plan", cfg, "--device", "h100"), ("doctor", cfg, "--no-smoke")):
-        proc = no_ray(*args)
-        assert proc.returncode == 0, (args, proc.stderr[-1500:])
+    for proc in no_ray_in_one(("topo",), ("plan", cfg, "--device", "h100"), ("doctor", cfg, "--no-smoke")):
+        assert proc.returncode == 0, (proc.args, proc.stderr[-1500:])
     train = no_ray("train", cfg, "output.run_name=tr", "--no-progress")
     assert train.returncode == 0, train.stderr[-2000:]
     run = tmp_path / "runs" / "tr"
@@ -72,11 +101,10 @@ def test_the_commands_that_need_no_ray_run_without_it(no_ray, classify_cfg, tmp_
     summary = json.loads((run / "summary.json").read_text())
     assert summary["memory/tree_peak_processes"] >= 4
     assert summary["memory/tree_peak_bytes"] > sum(summary["memory/peak_bytes_per_rank"])
-    report = no_ray("report", run)
-    assert report.returncode == 0, report.stderr[-1500:]
     # the default launcher (auto) trains a single local worker in the command's own process, and says so
     single = write_config(tmp_path / "one.yaml", classify_cfg)
-    auto = no_ray("train", single, "output.run_name=one", "--no-progress")
+    report, auto = no_ray_in_one(("report", run), ("train", single, "output.run_name=one", "--no-progress"))
+    assert report.returncode == 0, report.stderr[-1500:]
     assert auto.returncode == 0, auto.stderr[-2000:]
     assert "1 worker on this machine and no restarts asked: it runs in this process" in auto.stderr
     one = tmp_path / "runs" / "one"

@@ -2,6 +2,7 @@
 README's set-up commands against the Makefile, and every command in the README (the config and command reference
 pages are generated: test_reference_docs.py)."""
 
+import functools
 import re
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def test_the_troubleshooting_table_has_a_row_for_every_error_the_preflight_raise
     assert sorted(user_errors - {"ScaletrainError"} - set(rows)) == []  # and every class a user meets has one
 
 
+@functools.cache  # the package parsed once for the tests that read it
 def _message_texts() -> str:
     """Every string the code can say, an f-string's literal parts kept apart (a value goes between them), and
     the operating system's error texts (``strerror``) that messages quote."""

@@ -13,14 +13,14 @@ from tests.conftest import write_config
 
 pytestmark = pytest.mark.ray
 
-SHELL = {"HF_TOKEN": "hf_ShellTokenAbcdefghijklmnop"}
+SHELL = {"HF_TOKEN": "hf_ShellTokenAbcdefghijklmnop", "MY_SERVICE_API_KEY": "svc-key-9876543210fedcba"}
 COMM_ENV = {
     "WANDB_API_KEY": "wandb-key-0123456789abcdef",  # secret by name
     "MLFLOW_TRACKING_TOKEN": "mlflow-tok-0123456789abcd",  # by name
     "AUTH_HEADER": "Bearer sk-live-0123456789abcdefXYZ",  # by shape only: AUTH_HEADER is no secret name
     "NCCL_DEBUG": "WARN",  # not a secret: still travels in Ray's runtime_env
 }
-SECRET_VALUES = [SHELL["HF_TOKEN"], *(v for k, v in COMM_ENV.items() if k != "NCCL_DEBUG"),
+SECRET_VALUES = [*SHELL.values(), *(v for k, v in COMM_ENV.items() if k != "NCCL_DEBUG"),
                  "sk-live-0123456789abcdefXYZ"]
 
 
@@ -66,6 +66,13 @@ def test_no_secret_in_ray_logs_run_directory_or_output(classify_cfg, tmp_path, m
     assert "NCCL_DEBUG: WARN" in resolved
     worker_log = (run_dir / "logs" / f"worker-{0 if one else 1}.log").read_text()
     assert "'AUTH_HEADER': '***'" in worker_log  # the comm.env line, masked (by shape: no secret name)
+    assert "'WANDB_API_KEY': '***'" in worker_log  # (by name)
+    # the run directory is the user's and their group's only: 0750, no file anyone may read. Ray's own bookkeeping
+    # (ray/) follows the umask of the Ray instance, which this shared test instance got before scaletrain ran; it
+    # still sits inside the 0750 run directory.
+    assert run_dir.stat().st_mode & 0o777 == 0o750
+    files = [p for p in run_dir.rglob("*") if p.is_file() and "ray" not in p.relative_to(run_dir).parts]
+    assert len(files) > 10 and [str(p) for p in files if p.stat().st_mode & 0o007] == []
 
 
 def test_a_failing_run_leaks_nothing_either(classify_cfg, tmp_path, monkeypatch, capfd, ray_local, no_orphans):

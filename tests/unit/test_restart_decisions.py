@@ -1,6 +1,6 @@
 """A Ray run's restart decisions without a cluster (Ray Train's own tests drive its controller's decisions the same
 way: a fake worker group, the real policy). The drills that kill real processes run once each under a real Ray
-(tests/integration/test_reliability.py: kill -9 and resume; test_elastic.py: a lost node and its return); here,
+(tests/integration/test_reliability.py: kill -9 and resume; test_two_nodes.py: a lost node and its return); here,
 in milliseconds, the decisions those drills rest on: which failures are retried (fault_tolerance.max_failures as
 scaletrain hands it to Ray), which size a restart asks for (scaling.num_workers' range, whole context-parallel
 groups), and which checkpoint the restarted workers resume from (the newest usable one)."""
@@ -115,3 +115,22 @@ def test_the_restarted_workers_resume_from_the_newest_usable_checkpoint(tmp_path
             (d / "manifest.json").write_text(json.dumps({"files": files}))
     assert _resume_notes(run) == ["resuming from step-4: the newer checkpoint(s) are unusable (step-6: no manifest "
                                   "(partial write))"]
+
+
+@pytest.mark.parametrize("hang_retries,failures,decisions", [
+    (0, ["hang"], ["raise"]),  # no retries: the first hang ends the run (its error: the crash path's)
+    (1, ["hang", "hang"], ["retry", "raise"]),  # the default: one retry, the second hang ends it
+    (-1, ["hang"] * 5, ["retry"] * 5),  # always
+    (2, ["crash"], ["raise"]),  # a crash is Ray's to retry (max_failures), never the hang policy's
+])
+def test_a_hang_is_retried_as_hang_retries_says(hang_retries, failures, decisions):
+    """The policy job.py's hang loop asks after each failed attempt (test_reliability.py drills the default: a real
+    hang, detected, named, retried from the newest checkpoint)."""
+    from scaletrain.launch.failures import HangRetryPolicy
+
+    policy, used, said = HangRetryPolicy(hang_retries), 0, []
+    for failure in failures:
+        decision = policy.decide(failure == "hang", used).value
+        said.append(decision)
+        used += decision == "retry"
+    assert said == decisions

@@ -5,6 +5,7 @@ makes the caller run the plain interpreter instead."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,6 +248,43 @@ def test_torchruns_workers_are_forked_where_a_fork_server_answers(server, monkey
     worker = ["-m", "scaletrain.launch.torchrun_entry", str(node.handoff)]
     assert node.command()[-10:] == ["--max-restarts=0", "--no-python", sys.executable, "-u", "-m", forkserver.MODULE,
                                     sock, *worker]
+    agent = [sys.executable, "-m", "scaletrain.launch.torchrun_agent", str(os.getpid())]
+    assert node.command()[:5] == [*agent, f"--fork-server={sock}"]  # the agent is forked too
     monkeypatch.setenv(envvars.SCALETRAIN_FORKSERVER, str(tmp_path / "nobody.sock"))  # answers nothing: plain
     assert node.command()[-4:] == ["--max-restarts=0", *worker]
+    assert node.command()[:5] == [*agent, "--nnodes=1"]
     node.close()
+
+
+DRIVER = """import os, subprocess, sys
+agent = subprocess.Popen([sys.executable, "-m", "scaletrain.launch.torchrun_agent", str(os.getpid()),
+                          f"--fork-server={sys.argv[1]}", "--standalone", "--nproc-per-node=1", "--no-python",
+                          "sleep", "600"], start_new_session=True)
+print(agent.pid, flush=True)
+agent.wait()
+"""
+
+
+def test_a_forked_torchrun_agent_and_its_worker_end_when_the_driver_is_killed(server, tmp_path):
+    """torchrun's agent forked by the node's fork server (torchrun_agent --fork-server): the process the driver
+    started stands for it, tied to the driver, so the driver's SIGKILL still reaches the agent (a SIGTERM), and
+    torchrun stops its worker: nothing is left behind, as with the agent started plainly."""
+    import psutil
+
+    sock, proc, log, env = server
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, sock], stdout=subprocess.PIPE, text=True, env=env,
+                              cwd=tmp_path, start_new_session=True)
+    stub = int(driver.stdout.readline())
+    deadline, agent, worker = time.time() + 120, None, None
+    while worker is None:
+        assert time.time() < deadline and driver.poll() is None, log.read_text()
+        forked = [int(pid) for pid in re.findall(r"^forked (\d+)$", log.read_text(), re.M)]
+        if forked:
+            agent = psutil.Process(forked[0])
+            worker = next((p for p in agent.children(recursive=True) if p.name() == "sleep"), None)
+        time.sleep(0.1)
+    assert agent.ppid() == proc.pid and psutil.Process(stub).ppid() == driver.pid  # forked; its stand-in the driver's
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    _, alive = psutil.wait_procs([agent, worker, psutil.Process(stub)], timeout=40)
+    assert not alive, [p.cmdline()[:3] for p in alive]

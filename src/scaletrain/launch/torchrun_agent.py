@@ -1,9 +1,15 @@
 """torchrun's elastic agent, tied to the driver that started it.
 
-``python -m scaletrain.launch.torchrun_agent DRIVER_PID [torchrun arguments]``: on Linux the agent gets
-SIGTERM when the driver dies (prctl PR_SET_PDEATHSIG), and torchrun stops its workers on SIGTERM, so a
-killed driver leaves no agent or worker behind. The agent runs in its own session (the driver's Ctrl-C
+``python -m scaletrain.launch.torchrun_agent DRIVER_PID [--fork-server=SOCK] [torchrun arguments]``: on Linux
+the agent gets SIGTERM when the driver dies (prctl PR_SET_PDEATHSIG), and torchrun stops its workers on SIGTERM, so
+a killed driver leaves no agent or worker behind. The agent runs in its own session (the driver's Ctrl-C
 is the driver's to handle), so it cannot rely on the terminal's signals.
+
+With a fork server on the node (``--fork-server``: the one that forks the workers, launch/warm/forkserver.py), the
+agent is forked pre-imported too (torch: ~2.5 CPU-seconds a start here) and this process, the driver's child tied to
+it as above, stands for it: it passes on the signals it gets (the driver's SIGTERM, the one its death sends) and
+ends as the agent ended; where the server would not fork it (another environment), it execs the agent plainly,
+still the driver's child.
 
 The agent also says how the first of its workers to fail ended (``EXIT_LINE``, before torchrun restarts or
 gives up): a rank killed by a signal writes no error of its own, and its peers may be stopped before they
@@ -61,12 +67,27 @@ def _say_exits() -> None:
     LocalElasticAgent._monitor_workers = monitor_and_say
 
 
+MODULE = "scaletrain.launch.torchrun_agent"
+FORK_SERVER = "--fork-server="
+FORKED = "--forked"  # the agent itself, in the fork (or exec'd in its place) of the process tied to the driver
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == [FORKED]:
+        return _agent(argv[1:])
     driver = int(argv[0])
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != driver:  # the driver died before the line above took effect
         return 1
+    if argv[1:2] and argv[1].startswith(FORK_SERVER):
+        from scaletrain.launch.warm import forkserver
+
+        return forkserver.call(argv[1][len(FORK_SERVER):], ["-m", MODULE, FORKED, *argv[2:]])
+    return _agent(argv[1:])
+
+
+def _agent(torchrun_args: list[str]) -> int:
     import logging
 
     from torch.distributed.run import main as torchrun
@@ -75,7 +96,7 @@ def main(argv: list[str]) -> int:
     # INFO lines: the driver reads them to say each restart in main.log and on the console.
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.INFO)
     _say_exits()
-    torchrun(argv[1:])
+    torchrun(torchrun_args)
     return 0
 
 

@@ -29,6 +29,7 @@ from scaletrain.comm.launch_env import torchrun_agent_env
 from scaletrain.comm.ports import free_port, port_free
 from scaletrain.config.schema import Config
 from scaletrain.errors import LaunchError
+from scaletrain.launch import torchrun_agent
 from scaletrain.launch.failures import DEAD_PROCESS, RankFailures, failures_by_rank, format_groups
 from scaletrain.launch.plan import ClusterPlan, plan_node
 from scaletrain.launch.torchrun_agent import describe_exit, parse_exit
@@ -166,10 +167,11 @@ class TorchrunNode:
         # c10d rendezvous (not the static master-addr one): after a failure the restarted workers rendezvous
         # again, which the static backend does not do reliably; the first node to bind the endpoint hosts it.
         worker = ["-m", "scaletrain.launch.torchrun_entry", str(self.handoff)]
+        agent = [sys.executable, "-m", torchrun_agent.MODULE, str(os.getpid())]
         if sock := node_forkserver():  # each worker forked pre-imported, or (its environment differs) exec'd plain
             worker = ["--no-python", sys.executable, "-u", "-m", forkserver.MODULE, sock, *worker]
-        return [sys.executable, "-m", "scaletrain.launch.torchrun_agent", str(os.getpid()),
-                f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
+            agent.append(f"{torchrun_agent.FORK_SERVER}{sock}")  # the agent too
+        return [*agent, f"--nnodes={s.nnodes}", f"--node-rank={s.node_rank}",
                 f"--nproc-per-node={s.num_workers // s.nnodes}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={s.master_addr}:{self.port}", f"--rdzv-id={self.rdzv_id}",
                 f"--rdzv-conf=join_timeout={self.cfg.comm.timeout_s}",

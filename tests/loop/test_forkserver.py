@@ -102,6 +102,30 @@ def test_an_environment_the_preloaded_imports_would_not_match_runs_the_plain_int
     assert "exec: MALLOC_ARENA_MAX differs from the fork server's" in text and "secret-value" not in text
 
 
+def test_a_forked_child_counts_in_its_callers_process_tree(server, tmp_path):
+    """The child is the server's, not the caller's: the server notes it for the caller (forked.py), so the driver's
+    process tree (its memory in summary.json) holds the process that does the work; the note goes with the child."""
+    import psutil
+
+    from scaletrain import forked
+    from scaletrain.metrics.sampler import TreeMemory
+
+    sock, proc, log, env = server
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    caller = _call(sock, script, "sleep", env=env, cwd=tmp_path)
+    child = json.loads(caller.stdout.readline())["pid"]
+    assert forked.child_of(psutil.Process(caller.pid)).pid == child
+    assert {p.pid for p in TreeMemory(psutil.Process(caller.pid)).processes()} == {caller.pid, child}
+    assert forked.child_of(psutil.Process(proc.pid)) is None  # the server itself is no caller
+    caller.kill()
+    caller.wait()
+    deadline = time.time() + 30
+    while (Path(f"{sock}.forked") / str(caller.pid)).exists():
+        assert time.time() < deadline, "the note outlived the child"
+        time.sleep(0.05)
+
+
 def test_the_child_dies_with_its_caller_and_a_sigterm_reaches_it(server, tmp_path):
     sock, proc, log, env = server
     script = tmp_path / "worker.py"

@@ -68,7 +68,7 @@ def test_the_registry_is_the_ground_floor():
 # and from lower layers, never from its own layer or above. Written once, here; a new package gets its place.
 LAYERS = (
     ("__init__", "errors", "console", "credentials"),
-    ("envvars", "rundir", "textfile", "usercode"),
+    ("envvars", "forked", "rundir", "textfile", "usercode"),
     ("redact", "storage"),
     ("config",),
     ("comm", "data"),

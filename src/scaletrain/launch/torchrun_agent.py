@@ -25,6 +25,8 @@ import re
 import signal
 import sys
 
+from scaletrain import forked
+
 PR_SET_PDEATHSIG = 1
 EXIT_LINE = "scaletrain-agent: rank {rank} exited with code {code}"
 _EXIT_LINE = re.compile(r"scaletrain-agent: rank (\d+) exited with code (-?\d+)")
@@ -68,7 +70,7 @@ def _say_exits() -> None:
 
 
 MODULE = "scaletrain.launch.torchrun_agent"
-FORK_SERVER = "--fork-server="
+FORK_SERVER = forked.FORK_SERVER_ARG
 FORKED = "--forked"  # the agent itself, in the fork (or exec'd in its place) of the process tied to the driver
 
 

@@ -88,9 +88,9 @@ class CpuShare:
 
 class TreeMemory:
     """The driver's whole process tree (itself and every descendant: an embedded Ray's GCS, raylet, dashboard
-    agents, workers; a torchrun agent and its workers): the peak of its summed resident set, sampled by the
-    driver's monitor. Resident sets count shared pages in each process, as `ps` and LLaMA-Factory comparisons
-    do; it is the figure that must fit the host."""
+    agents, workers; a torchrun agent and its workers, forked by a fork server or not): the peak of its summed
+    resident set, sampled by the driver's monitor. Resident sets count shared pages in each process, as `ps` and
+    LLaMA-Factory comparisons do; it is the figure that must fit the host."""
 
     def __init__(self, proc: psutil.Process | None = None):
         self.proc = proc or psutil.Process()
@@ -98,7 +98,7 @@ class TreeMemory:
 
     def sample(self) -> int:
         total, count = 0, 0
-        for p in (self.proc, *self.proc.children(recursive=True)):
+        for p in self.processes():
             try:
                 total += p.memory_info().rss
                 count += 1
@@ -108,6 +108,25 @@ class TreeMemory:
             self.peak_bytes, self.peak_processes = total, count
         self.samples += 1
         return total
+
+    def processes(self) -> list[psutil.Process]:
+        """The driver and its descendants, and for each process a fork server forked for one of them (a torchrun
+        agent's, a worker's caller: forked.py) that process and its own descendants."""
+        from scaletrain import forked
+
+        found, todo = {}, [self.proc]
+        while todo:
+            p = todo.pop()
+            if p.pid in found:
+                continue
+            found[p.pid] = p
+            try:
+                todo += p.children()
+            except psutil.Error:
+                continue
+            if (child := forked.child_of(p)) is not None:
+                todo.append(child)
+        return list(found.values())
 
     def summary(self) -> dict:
         return {"memory/tree_peak_bytes": self.peak_bytes, "memory/tree_peak_processes": self.peak_processes}

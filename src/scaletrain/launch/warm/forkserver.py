@@ -28,7 +28,7 @@ import os
 import socket
 import sys
 
-from scaletrain import envvars
+from scaletrain import envvars, forked
 
 # Not Ray: its C++ core reads its RAY_* configuration (the worker's job id among it) once, when first used, so
 # a worker must import Ray itself; Ray Train's own dependencies are imported here (they halve what is left of
@@ -41,7 +41,7 @@ PRELOAD = ("torch", "transformers", "peft", "scaletrain.worker.loop", "scaletrai
            "pandas", "pyarrow", "requests", "google.protobuf", "jsonschema", "click", "colorful", "msgpack",
            "pydantic", "aiohttp", "attr", "dateutil")
 READY = "ready"
-MODULE = "scaletrain.launch.warm.forkserver"  # what `python -m` runs: the server, or a caller Ray started
+MODULE = forked.CALLER_MODULE  # what `python -m` runs: the server, or a caller Ray started
 
 def fork_mismatch(requested: dict[str, str], server: dict[str, str],
                   set_by_imports: dict[str, str] | None = None) -> str | None:
@@ -256,6 +256,7 @@ class ForkServer:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, self._stop)
         self.children: dict[int, socket.socket] = {}  # pid -> its caller
+        self.callers: dict[int, int] = {}  # pid -> its caller's pid
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "child")
@@ -309,6 +310,9 @@ class ForkServer:
             os.close(fd)
         print(f"forked {pid}", flush=True)
         self.children[pid] = conn
+        self.callers[pid] = _caller_pid(conn)
+        if self.callers[pid]:  # for what follows the caller's process tree (forked.py)
+            forked.note(self.sock_path, self.callers[pid], pid)
         self.sel.register(conn, selectors.EVENT_READ, pid)
         if not _send(conn, {"pid": pid}):
             _kill(pid)  # reaped, and its connection closed, with the other exits
@@ -335,6 +339,7 @@ class ForkServer:
             if pid == 0:
                 return
             conn = self.children.pop(pid, None)
+            self._forget(pid)
             code = os.waitstatus_to_exitcode(status)
             print(f"exited {pid} {code}", flush=True)
             if conn is not None:
@@ -345,11 +350,27 @@ class ForkServer:
     def hang_up(self, pid: int) -> None:
         """A caller hung up (Ray killed the process it started): its worker goes with it."""
         conn = self.children.pop(pid, None)
+        self._forget(pid)
         print(f"caller of {pid} hung up", flush=True)
         if conn is not None:
             self.sel.unregister(conn)
             conn.close()
             _kill(pid)
+
+
+    def _forget(self, pid: int) -> None:
+        if caller := self.callers.pop(pid, 0):
+            forked.forget(self.sock_path, caller)
+
+
+def _caller_pid(conn: socket.socket) -> int:
+    """The pid of the process at the other end of ``conn`` (the kernel's SO_PEERCRED), 0 where it cannot say."""
+    import struct
+
+    try:
+        return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+    except (OSError, AttributeError):
+        return 0
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:

@@ -1,7 +1,8 @@
 """``final/`` of a full fine-tune sharded by FSDP over 2 ranks is written by every rank (DCP's Hugging Face writer,
 then each rank assembling its share of the output files): the same files' tensors, bit for bit, as rank 0's
 gathered ``save_pretrained`` (the tied weight once), config.json naming the dtype, nothing of the per-rank
-pieces left, and transformers loads it. Two gloo processes on this machine."""
+pieces left, and transformers loads it. Two gloo processes on this machine, started once for the module
+(tests/ranks.py)."""
 
 import json
 import os
@@ -11,11 +12,30 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from scaletrain.worker.final import file_of_each
 
 pytestmark = [pytest.mark.loop, pytest.mark.slow]  # two spawned gloo processes (~10 s each)
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """2 gloo ranks for the module (tests/ranks.py), started with glibc's mmap threshold fixed (envvars.py): freed
+    tensors leave the resident set, so the memory test measures live memory; the other does not mind."""
+    from scaletrain import envvars
+    from tests.ranks import Ranks
+
+    before = os.environ.get(envvars.MALLOC_MMAP_THRESHOLD)
+    os.environ[envvars.MALLOC_MMAP_THRESHOLD] = str(envvars.CPU_MMAP_THRESHOLD_BYTES)  # read when a process starts
+    try:
+        pool = Ranks(2)
+    finally:
+        if before is None:
+            os.environ.pop(envvars.MALLOC_MMAP_THRESHOLD)
+        else:
+            os.environ[envvars.MALLOC_MMAP_THRESHOLD] = before
+    yield pool
+    pool.close()
 
 
 def _tiny():
@@ -65,12 +85,12 @@ def _tensors(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_two_ranks_write_final_equal_to_save_pretrained(tmp_path):
+def test_two_ranks_write_final_equal_to_save_pretrained(ranks, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from tests.conftest import free_port
 
-    mp.spawn(_worker, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
+    ranks.run(_worker, 2, 2, str(tmp_path), free_port())
     every, gathered = tmp_path / "every" / "final", tmp_path / "gathered" / "final"
     ours, theirs = _tensors(every), _tensors(gathered)
     # tied: written once (the gathered dict holds two copies, so save_pretrained cannot tell and writes both)
@@ -99,7 +119,7 @@ def test_output_files_are_about_equal_and_four_per_rank_at_least():
     assert set(file_of_each({"a": torch.empty(4)}, 4).values()) == {1}  # never an empty file
 
 
-def _memory_worker(rank: int, world: int, root: str, port: int, peaks):
+def _memory_worker(rank: int, world: int, root: str, port: int):
     from torch.distributed.fsdp import fully_shard
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -121,21 +141,19 @@ def _memory_worker(rank: int, world: int, root: str, port: int, peaks):
         getattr(final, "_save_sharded" if how == "every" else "_save_gathered")(
             _fake_trainer(model, Path(root) / how, rank, world), "bf16")
         dist.barrier()
-        peaks[f"{how}-{rank}"] = peak.peak_bytes()
+        (Path(root) / f"peak-{how}-{rank}").write_text(str(peak.peak_bytes()))
     dist.destroy_process_group()
 
 
-def test_no_rank_holds_the_whole_model_while_writing_final(tmp_path, monkeypatch):
+def test_no_rank_holds_the_whole_model_while_writing_final(ranks, tmp_path):
     """The growth of each rank's peak resident set while it writes final/: under its half of the bf16 model plus
     the largest tensor (and a little for the files' buffers; measured 45 MiB a rank for a 68 MiB model); rank 0's
     gathered save_pretrained takes the whole fp32 model (measured 204 MiB), which is what this test tells apart."""
-    from scaletrain import envvars
     from tests.conftest import free_port
 
-    monkeypatch.setenv(envvars.MALLOC_MMAP_THRESHOLD, str(envvars.CPU_MMAP_THRESHOLD_BYTES))  # freed tensors leave
-    manager = mp.Manager()
-    peaks = manager.dict()
-    mp.spawn(_memory_worker, args=(2, str(tmp_path), free_port(), peaks), nprocs=2, join=True)
+    ranks.run(_memory_worker, 2, 2, str(tmp_path), free_port())
+    peaks = {f"{how}-{rank}": int((tmp_path / f"peak-{how}-{rank}").read_text())
+             for how in ("every", "gathered") for rank in (0, 1)}
     params = sum(t.numel() for t in _tensors(tmp_path / "every" / "final").values())
     bf16, largest = params * 2, 8192 * 512 * 2
     mib = 2**20

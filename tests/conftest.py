@@ -305,7 +305,7 @@ def save_tiny_qwen3_moe(d: Path, dtype=None) -> Path:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n 2`` (make test): the tests that start or join a Ray cluster run one after another on one
+    """Under ``pytest -n N`` (make test): the tests that start or join a Ray cluster run one after another on one
     worker, so a ``ray.init()`` never finds another test's ``ray start --head`` cluster (it looks for a running one
     first) and the shared local Ray starts once; the other tests (the in-process and pure tiers, torchrun and object
     storage without Ray) run on the other workers meanwhile, a module whose tests share a module-scoped fixture on

@@ -357,7 +357,6 @@ class ForkServer:
             conn.close()
             _kill(pid)
 
-
     def _forget(self, pid: int) -> None:
         if caller := self.callers.pop(pid, 0):
             forked.forget(self.sock_path, caller)

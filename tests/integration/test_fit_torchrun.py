@@ -78,7 +78,9 @@ def measuring_forkserver(_measuring_server, monkeypatch):
 def test_the_memory_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, workers, train,
                                                                      measuring_forkserver):
     # freed tensors leave the resident set (glibc's mmap threshold fixed, envvars.py): it measures live memory
-    run = _run(tmp_path, name, model="builtin:llama-100m", workers=workers, steps=2, batch=2, max_length=256,
+    # 128 tokens a sequence: predicted/measured 0.98-1.00 (full) and 0.94-0.95 (LoRA), as at 256 (0.91-1.01), in
+    # ~20% less time (48 s against 59 s for the five, one after another on a quiet machine)
+    run = _run(tmp_path, name, model="builtin:llama-100m", workers=workers, steps=2, batch=2, max_length=128,
                comm_env={MALLOC_MMAP_THRESHOLD: CPU_MMAP_THRESHOLD_BYTES}, launcher="torchrun", **train)
     summary = json.loads((run / "summary.json").read_text())
     assert "freed tensors leave it" in summary["memory/measured_as"]

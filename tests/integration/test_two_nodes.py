@@ -49,7 +49,7 @@ def drills(tmp_path_factory, demo_dir, s3_server):
                                                                  "run_name": "spread"},
               "storage": {"endpoint_url": s3_server, "mirror_dir": str(tmp / "mirror"),
                           "node_dir": str(tmp / "nodes")}}
-    spec["spread"] = {"cfg": cfg, "stored": stored, "bench_dir": str(tmp / "bench"), "bucket": bucket}
+    spec["spread"] = {"cfg": cfg, "stored": stored, "bench_dir": str(tmp / "bench")}
 
     # exclusion: the one worker fails with a GPU fault (injected: the ECC count a CPU cannot raise) at step 3
     cfg = classify_dict(demo_dir, tmp)

@@ -48,7 +48,8 @@ def test_compiled_blocks_train_to_the_eager_loss_and_compile_time_is_apart(data,
     compiled = _train(_cfg(data, True), tmp_path / "compiled")
     assert [r["train/loss"] for r in compiled] == pytest.approx([r["train/loss"] for r in eager], rel=TOLERANCE)
     assert "time/compile_s" not in eager[0] and compiled[0]["time/compile_s"] > 0  # the first step compiles
-    assert all(r["time/step_s"] < 5 for r in compiled)  # the compile is not in the step time
+    # the compile is not in the step time: the first step, which compiled, took less than its compile did
+    assert compiled[0]["time/step_s"] < compiled[0]["time/compile_s"]
     log = (tmp_path / "compiled" / "logs" / "main.log").read_text()
     assert ("train.compile: 2 decoder blocks compiled regionally and the chunked loss's per-chunk step (inductor"
             in log)

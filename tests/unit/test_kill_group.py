@@ -49,14 +49,12 @@ def _alive(pgid: int) -> list[str]:
     return [p.info["name"] for p in _live_members(pgid)]
 
 
+@pytest.mark.timeout(120)  # a grace waited out (an hour) is a hang, ended here
 def test_the_raylet_ends_on_its_own_then_what_never_does_is_killed(tmp_path):
     leader, marker = _group(tmp_path, "raylet", exit_after=1.5)
-    t0 = time.time()
-    _kill_group(leader.pid, grace_s=20)
-    took = time.time() - t0
+    _kill_group(leader.pid, grace_s=3600)  # returns once the raylet ended: the leader ignoring SIGTERM not waited for
     leader.wait(timeout=10)
     assert marker.read_text() == "exited"  # waited for its graceful exit
-    assert 1.5 <= took < 10, took  # not the 20 s grace: the leader that ignores SIGTERM was not waited for
     assert _alive(leader.pid) == []
 
 

@@ -123,14 +123,9 @@ def test_a_hang_is_detected_names_the_rank_saves_stacks_and_is_retried_once_by_d
     assert "resume: from step-4" in log
     assert "maybe_fire" in (run_dir / "stacks" / "rank-1.txt").read_text()  # the sleeping frame
     assert "backward" in (run_dir / "stacks" / "rank-0.txt").read_text()  # waiting in the gradient all-reduce
-    # detected within timeout_s + 60 s of the hang (both times from this run's own files: step 4's record, the
-    # failure's line); ~15 s when the machine is idle, the margin is for a loaded 2-core machine where Ray's
-    # teardown itself can take half a minute
-    import datetime
-
-    step_4 = next(r["time"] for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("step") == 4)
-    failed_at = datetime.datetime.strptime(failure[:19], "%Y-%m-%d %H:%M:%S").timestamp()
-    assert failed_at - step_4 < 10 + 60
+    # detected by the collective timeout the run set (comm.timeout_s), not gloo's default of 30 minutes: gloo's own
+    # words on the waiting rank name it
+    assert "Timed out waiting 10000ms for recv operation to complete" in log
 
 
 def test_ctrl_c_checkpoints_then_resume_is_bit_identical(classify_cfg, tmp_path, reference, no_orphans):

@@ -58,14 +58,29 @@ def test_the_raylet_ends_on_its_own_then_what_never_does_is_killed(tmp_path):
     assert _alive(leader.pid) == []
 
 
-@pytest.mark.slow  # a whole run or several seconds: make test, not make test-fast
-def test_a_process_that_may_hold_a_job_gets_the_whole_grace(tmp_path):
+class _Clock:
+    """Time as _kill_group sees it: each of its sleeps moves the clock on, none waits."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_process_that_may_hold_a_job_gets_the_whole_grace(tmp_path, monkeypatch):
+    from scaletrain.launch.warm import cluster
+
     leader, marker = _group(tmp_path, "worker", exit_after=-1)  # ignores SIGTERM: not a Ray control process
-    t0 = time.time()
-    _kill_group(leader.pid, grace_s=2)
-    took = time.time() - t0
+    clock = _Clock()
+    monkeypatch.setattr(cluster, "time", clock)
+    _kill_group(leader.pid, grace_s=20)
+    monkeypatch.undo()
     leader.wait(timeout=10)
-    assert took >= 2, took
+    assert clock.now >= 20, clock.now  # SIGKILL only once the whole grace had passed
     deadline = time.time() + 5
     while _alive(leader.pid) and time.time() < deadline:
         time.sleep(0.1)

@@ -9,6 +9,7 @@ import json
 import math
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,15 +44,20 @@ def _cfg(data, finetuning: str = "lora", placement: str = "separate", **rollout)
             "scaling": {"num_workers": 1}}
 
 
-@pytest.fixture
-def sums(tmp_path):
+def write_sums(folder) -> Path:
+    """32 prompts asking a sum (TRL's prompt-only rows with an ``answer``) and rewards.py beside them."""
     rng = random.Random(0)
     rows = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": str(a + b)}
             for a, b in ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(32))]
-    path = tmp_path / "sums.jsonl"
+    path = folder / "sums.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "rewards.py").write_text(REWARD)
+    (folder / "rewards.py").write_text(REWARD)
     return path
+
+
+@pytest.fixture
+def sums(tmp_path):
+    return write_sums(tmp_path)
 
 
 def _start(sums, timeout_s: float, run_dir=None):

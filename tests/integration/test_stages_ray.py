@@ -5,21 +5,16 @@ workers parity is proven under torchrun (test_preference_torchrun.py, tests/loop
 tests/loop/test_vision_run.py), where a job starts faster."""
 
 import json
-import random
 
 import pytest
 
 from scaletrain.data.demo import preference_rows
 from scaletrain.metrics.records import read_jsonl
+from tests.integration.test_rollout_ray import _cfg as rollout_cfg
+from tests.integration.test_rollout_ray import write_sums
 from tests.integration.train_checks import run
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
-
-VOWELS = '''
-def vowels(prompts, completions, **kwargs):
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch in "aeiou" for ch in t) / max(1, len(t)) for t in texts]
-'''
 
 
 def _dpo(tmp_path) -> dict:
@@ -32,18 +27,9 @@ def _dpo(tmp_path) -> dict:
 
 
 def _grpo(tmp_path) -> dict:
-    rng = random.Random(0)
-    rows = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": str(a + b)}
-            for a, b in ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(32))]
-    data = tmp_path / "sums.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "rewards.py").write_text(VOWELS)
-    return {"model": {"name_or_path": "builtin:tiny-llama", "task": "causal-lm", "finetuning_type": "lora",
-                      "dropout": 0.0},
-            "data": {"train_file": str(data), "formatting": "messages", "max_length": 64, "eval_ratio": 0},
-            "train": {"stage": "grpo", "per_device_train_batch_size": 8, "max_steps": 3, "learning_rate": 5e-3},
-            "rl": {"reward_funcs": [f"{tmp_path / 'rewards.py'}:vowels", "accuracy"], "num_generations": 4,
-                   "max_completion_length": 6}}
+    cfg = rollout_cfg(write_sums(tmp_path), placement="colocated")  # the Ray rollout tests' GRPO job
+    cfg.pop("scaling")
+    return cfg
 
 
 def _vision(tmp_path) -> dict:

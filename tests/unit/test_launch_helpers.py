@@ -145,7 +145,7 @@ def test_a_rank_the_agent_saw_die_is_named_first_with_its_signal(tmp_path):
     assert failures_from_logs(tmp_path, 1, logs / "t.log").groups == [([0], "RuntimeError: Connection closed by peer")]
 
 
-def test_the_agent_says_the_first_failed_workers_exit_code_by_global_rank(monkeypatch, capsys):
+def test_the_agent_says_the_first_failed_workers_exit_code_by_global_rank_a_killed_one_first(monkeypatch, capsys):
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -160,7 +160,9 @@ def test_the_agent_says_the_first_failed_workers_exit_code_by_global_rank(monkey
     # found first (before torchrun stopped the others), same second as the one it stopped; then an earlier one
     failed = RunResult(state=WorkerState.FAILED, failures={3: failure(1, -9, 100), 2: failure(0, -15, 100)})
     earlier = RunResult(state=WorkerState.FAILED, failures={3: failure(1, -15, 101), 2: failure(0, 1, 100)})
-    results = iter([RunResult(state=WorkerState.HEALTHY), failed, earlier])
+    # a forked worker's stand-in reports its SIGKILL after its peer exited with the broken connection's error
+    peer_first = RunResult(state=WorkerState.FAILED, failures={0: failure(0, 1, 100), 1: failure(1, -9, 101)})
+    results = iter([RunResult(state=WorkerState.HEALTHY), failed, earlier, peer_first])
     monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, group: next(results))
     torchrun_agent._say_exits()
     assert LocalElasticAgent._monitor_workers(None, None).state == WorkerState.HEALTHY
@@ -169,6 +171,8 @@ def test_the_agent_says_the_first_failed_workers_exit_code_by_global_rank(monkey
     assert [torchrun_agent.parse_exit(line) for line in capsys.readouterr().err.splitlines()] == [(3, -9)]
     assert LocalElasticAgent._monitor_workers(None, None) is earlier
     assert [torchrun_agent.parse_exit(line) for line in capsys.readouterr().err.splitlines()] == [(2, 1)]
+    assert LocalElasticAgent._monitor_workers(None, None) is peer_first
+    assert [torchrun_agent.parse_exit(line) for line in capsys.readouterr().err.splitlines()] == [(1, -9)]
     assert torchrun_agent.describe_exit(-9) == "killed by SIGKILL (exit code -9)"
     assert torchrun_agent.describe_exit(-200) == "killed by signal 200 (exit code -200)"
     assert torchrun_agent.describe_exit(2) == "exit code 2"

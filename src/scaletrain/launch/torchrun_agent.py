@@ -14,7 +14,8 @@ still the driver's child.
 The agent also says how the first of its workers to fail ended (``EXIT_LINE``, before torchrun restarts or
 gives up): a rank killed by a signal writes no error of its own, and its peers may be stopped before they
 report theirs, so the exit status is the one fact the driver always has about the rank that died. Only the
-first: the others' exits (SIGTERM) are torchrun stopping them because of it.
+first (a rank killed by a signal before one that exited: _say_exits): the others' exits (SIGTERM) are torchrun
+stopping them because of it.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ def _say_exits() -> None:
 
     The agent's failures are keyed by global rank, in the order it found them: those it saw fail first, then
     those it stopped. The first is torchrun's own choice (its "failed (exitcode ...)" line): the earliest
-    timestamp, the first found on a tie (``min`` keeps the first of equals).
+    timestamp, the first found on a tie (``min`` keeps the first of equals); but a rank killed by a signal torchrun
+    does not send (SIGKILL, SIGSEGV, ...; it stops the others with SIGTERM) comes before any that exited: it died
+    and its peers' errors follow from it. A forked worker's stand-in (launch/warm/forkserver.py) learns of its
+    child's death from the server a moment after a peer may have exited with the broken connection's error, so
+    torchrun can find the peer first (seen under make test).
     """
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -62,7 +67,8 @@ def _say_exits() -> None:
     def monitor_and_say(self, worker_group):
         result = monitor(self, worker_group)
         if result.failures:
-            rank, failure = min(result.failures.items(), key=lambda kv: kv[1].timestamp)
+            killed = {r: f for r, f in result.failures.items() if f.exitcode < 0 and f.exitcode != -signal.SIGTERM}
+            rank, failure = min((killed or result.failures).items(), key=lambda kv: kv[1].timestamp)
             print(EXIT_LINE.format(rank=rank, code=failure.exitcode), file=sys.stderr, flush=True)
         return result
 

@@ -212,6 +212,10 @@ def test_a_run_on_object_storage_outlives_its_driver_and_a_killed_worker_without
 
     bucket = make_bucket(s3_server, "st-driver")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)  # for data.train_file's URI: the standard chain
+    # rank 0 sleeps 600 ms before each step (the losses do not change): the 16 steps after step-8 outlast the
+    # reaper's 5 s of grace, so both sessions are killed mid-run (at ~35 ms a step, a fast machine's workers once
+    # finished all 24 steps and saved step-24 before they ended, and the resumed session had nothing left to kill)
+    monkeypatch.setenv("SCALETRAIN_FAULTS", "pause:0:1:600")
     fs = fsspec.filesystem("s3", endpoint_url=s3_server, skip_instance_cache=True)
     fs.put_file(str(demo_dir / "sentiment.jsonl"), f"{bucket}/input/sentiment.jsonl")
     cfg = _store_cfg(classify_cfg, tmp_path, s3_server, bucket, "lost", fault_tolerance={"max_failures": 2})

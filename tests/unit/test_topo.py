@@ -171,3 +171,18 @@ def test_cpu_only_machine_says_no_gpu(monkeypatch):
 def test_unknown_pair_is_reported_as_unknown():
     t = Topology("x", ["GPU0", "GPU1"], {(0, 1): LinkInfo(Link.UNKNOWN)})
     assert t.link(1, 0).label == "?" and t.warnings() == []
+
+
+def test_topo_prints_a_saved_tables_links_and_refuses_gpus_it_does_not_have():
+    """`scaletrain topo --from-file` in this process (tests/cli.py): the table of links and NUMA nodes; GPUs the
+    node does not have are one line naming them."""
+    from tests.cli import run_cli
+
+    path = reference_file("nvidia-smi-topo-4xA10-SYS.txt")
+    shown = run_cli("topo", "--from-file", path, "--gpus", "0,2")
+    text = shown.stdout + shown.stderr
+    assert shown.returncode == 0 and "GPU topology (nvidia-smi topo -m)" in text
+    assert "│ GPU2 │ SYS  │ SYS  │ X    │ SYS  │ 0    │" in text
+    refused = run_cli("topo", "--from-file", path, "--gpus", "0,9")
+    assert refused.returncode != 0 and "--gpus 0,9: this node has GPUs 0-3" in refused.stderr
+    assert "Traceback" not in refused.stderr
